@@ -1,0 +1,19 @@
+# The README's two commands are `make site` and `make test`; both set everything up first.
+VENV ?= .venv
+
+.PHONY: setup site test check-freeze clean
+
+setup:
+	scripts/setup.sh $(VENV)
+
+site: setup
+	VENV=$(VENV) scripts/render.sh
+
+test: setup
+	$(VENV)/bin/python -m pytest
+
+check-freeze: setup
+	$(VENV)/bin/finetune-lab check-freeze
+
+clean:
+	rm -rf _site _freeze .quarto

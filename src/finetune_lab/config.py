@@ -1,0 +1,81 @@
+"""Every path the project reads or writes, from one place (cookiecutter-data-science style).
+
+Raw inputs are read-only and live outside the repository (the *data root*); derived files that
+are one-to-one copies of them go to the git-ignored *work dir*; what the project itself produces
+and commits (run logs, manifests, metric tables, the pretrained checkpoint) lives under ``data/``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune_lab.errors import DataRootError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+"""The repository root (``src/finetune_lab/config.py`` -> two levels up)."""
+
+DATA_ROOT_ENV = "FINETUNE_LAB_DATA_ROOT"
+WORK_DIR_ENV = "FINETUNE_LAB_WORK_DIR"
+RUNS_DIR_ENV = "FINETUNE_LAB_RUNS_DIR"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Resolved locations. Build it with :func:`paths` so environment overrides apply."""
+
+    project: Path
+    data_root: Path
+    work: Path
+    runs: Path
+    checkpoints: Path
+    summaries: Path
+
+    @property
+    def user_dir(self) -> Path:
+        """The fairseq ``--user-dir`` plugin that registers ``roberta_small``."""
+        return Path(__file__).resolve().parent / "fairseq_user_dir"
+
+
+def default_data_root() -> Path:
+    """``$FINETUNE_LAB_DATA_ROOT``, else ``../shared/data`` beside the checkout."""
+    env = os.environ.get(DATA_ROOT_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    return (PROJECT_ROOT.parent / "shared" / "data").resolve()
+
+
+def paths() -> Paths:
+    """The project's paths, honouring the ``FINETUNE_LAB_*`` environment variables."""
+    data = PROJECT_ROOT / "data"
+    work = os.environ.get(WORK_DIR_ENV)
+    runs = os.environ.get(RUNS_DIR_ENV)
+    return Paths(
+        project=PROJECT_ROOT,
+        data_root=default_data_root(),
+        work=Path(work).expanduser().resolve() if work else data / "work",
+        runs=Path(runs).expanduser().resolve() if runs else data / "runs",
+        checkpoints=data / "checkpoints",
+        summaries=data / "summaries",
+    )
+
+
+def require_data_root(*relative: str, root: Path | None = None) -> Path:
+    """Return the data root after checking that each ``relative`` path exists under it.
+
+    Raises :class:`DataRootError` naming the missing path and the two ways to fix it.
+    """
+    base = root if root is not None else default_data_root()
+    if not base.is_dir():
+        raise DataRootError(
+            f"data root {base} does not exist. Set {DATA_ROOT_ENV}=/path/to/data "
+            "(the folder holding webis-cls-10/, eltec-fra/ and qa/; see README, 'Data')."
+        )
+    for rel in relative:
+        if not (base / rel).exists():
+            raise DataRootError(
+                f"{base / rel} is missing from the data root {base}. Point {DATA_ROOT_ENV} at a "
+                "complete copy of the data (see README, 'Data')."
+            )
+    return base

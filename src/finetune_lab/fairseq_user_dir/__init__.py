@@ -1,0 +1,39 @@
+"""fairseq ``--user-dir`` plugin: registers the course's ``roberta_small`` architecture.
+
+Upstream fairseq has no ``roberta_small``; the course's fork did. Use it with
+``fairseq-train --user-dir $(finetune-lab user-dir) --arch roberta_small ...`` or, from Python,
+``import finetune_lab.fairseq_user_dir``. Importing it twice (once by fairseq under the bare
+module name, once as part of the package) is harmless: registration happens once.
+"""
+
+from __future__ import annotations
+
+from finetune_lab.fairseq_compat import preserved_root_logger
+
+with preserved_root_logger():
+    from fairseq.models import ARCH_MODEL_REGISTRY, register_model_architecture
+    from fairseq.models.roberta.model import base_architecture
+
+ARCH = "roberta_small"
+
+# The course model: 4 layers, width 512, FFN 512, 8 heads, 256 usable positions (258 learned
+# rows once fairseq adds padding_idx + 1); everything else as roberta_base.
+ROBERTA_SMALL = {
+    "encoder_layers": 4,
+    "encoder_embed_dim": 512,
+    "encoder_ffn_embed_dim": 512,
+    "encoder_attention_heads": 8,
+    "max_positions": 256,
+}
+
+
+def roberta_small_architecture(args) -> None:
+    """Fill unset arguments with the roberta_small sizes, then the roberta_base defaults."""
+    for name, value in ROBERTA_SMALL.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    base_architecture(args)
+
+
+if ARCH not in ARCH_MODEL_REGISTRY:
+    register_model_architecture("roberta", ARCH)(roberta_small_architecture)
