@@ -8,3 +8,54 @@ import matplotlib
 
 matplotlib.use("Agg")
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+# --- a tiny version of the whole pipeline, on real slices of the data root ------------------
+
+import pytest  # noqa: E402
+
+from finetune_lab.config import default_data_root  # noqa: E402
+
+TINY_ARCH = {"encoder_layers": 1, "encoder_embed_dim": 32, "encoder_ffn_embed_dim": 32,
+             "encoder_attention_heads": 2}
+"""A roberta_small small enough to pretrain and fine-tune in seconds on a CPU."""
+
+needs_data_root = pytest.mark.skipif(
+    not (default_data_root() / "eltec-fra").is_dir()
+    or not (default_data_root() / "webis-cls-10").is_dir(),
+    reason="the data root (eltec-fra/, webis-cls-10/) is absent",
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory):
+    """Tokenizer (400 pieces, 3 novels), corpus, a 30-update pretraining run, packaged checkpoint,
+    and CLS-Books sliced to 64/16/32 reviews and binarized: real files through the real code."""
+    from finetune_lab import binarize, cls_books, pretrain, pretrain_corpus, tokenizer
+
+    root = tmp_path_factory.mktemp("pipeline")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FINETUNE_LAB_WORK_DIR", str(root / "work"))
+    mp.setenv("FINETUNE_LAB_RUNS_DIR", str(root / "runs"))
+    tok = tokenizer.train_tokenizer(out=root / "tok", vocab_size=400, max_novels=3,
+                                    with_reviews=False)
+    corpus, _ = pretrain_corpus.prepare_pretrain(tokenizer_dir=tok, out=root / "corpus",
+                                                 with_reviews=False, max_novels=3, workers=1)
+    recipe = pretrain.PretrainRecipe(tokens_per_sample=64, batch_size=8, max_update=30,
+                                     validate_every=15, log_interval=5, lr=1e-3, arch=TINY_ARCH)
+    run_dir = pretrain.pretrain(max_update=30, run="tiny", data_dir=corpus, tokenizer_dir=tok,
+                                recipe=recipe, package_to=root / "packaged", quiet=True)
+    full = cls_books.prepare_cls(out=root / "cls.books")
+    full = full[0] if isinstance(full, tuple) else full
+    sliced = root / "cls.sliced"
+    sliced.mkdir()
+    for split, n in (("train", 64), ("valid", 16), ("test", 32)):
+        for kind in ("review", "label"):
+            lines = (full / f"{split}.{kind}").read_text(encoding="utf-8").splitlines(True)
+            (sliced / f"{split}.{kind}").write_text("".join(lines[:n]), encoding="utf-8")
+    cls_bin, _ = binarize.binarize_cls(cls_dir=sliced, tokenizer_dir=tok, out=root / "cls-bin",
+                                       workers=1)
+    yield {"root": root, "tok": tok, "corpus": corpus, "pretrain_run": run_dir,
+           "packaged": root / "packaged", "cls": sliced, "cls_bin": cls_bin,
+           "runs": root / "runs"}
+    mp.undo()

@@ -17,6 +17,17 @@ from finetune_lab.errors import UserError
 
 COMMAND_MODULES: list[str] = [
     "finetune_lab.params",
+    "finetune_lab.pretrain",
+    "finetune_lab.finetune",
+    "finetune_lab.cls_books",
+    "finetune_lab.tokenizer",
+    "finetune_lab.binarize",
+    "finetune_lab.pretrain_corpus",
+    "finetune_lab.data_summary",
+    "finetune_lab.registry",
+    "finetune_lab.freeze",
+    "finetune_lab.lora_qa",
+    "finetune_lab.hf_convert",
 ]
 
 

@@ -37,3 +37,9 @@ def roberta_small_architecture(args) -> None:
 
 if ARCH not in ARCH_MODEL_REGISTRY:
     register_model_architecture("roberta", ARCH)(roberta_small_architecture)
+
+# fairseq-train --restore-file and from_pretrained load checkpoints with torch's safe loader,
+# with one exception (argparse.Namespace) granted to checkpoints listed in a project manifest.
+from finetune_lab.checkpoints import install_fairseq_loader  # noqa: E402
+
+install_fairseq_loader()

@@ -1,0 +1,125 @@
+"""Small file helpers for the data-preparation commands: hashing, atomic folders, JSON.
+
+Private on purpose: ``finetune_lab.manifest`` (run manifests) is written separately; these
+helpers cover only what the data steps need and can be folded into it later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.errors import UserError
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, streamed so that large corpora do not sit in memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_tree(folder: Path, exclude: tuple[str, ...] = ("manifest.json",)) -> dict[str, str]:
+    """``{relative path: sha256}`` for every file under ``folder`` (sorted, manifest excluded)."""
+    return {
+        p.relative_to(folder).as_posix(): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name not in exclude
+    }
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temp file + rename) with stable key order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, ensure_ascii=False, sort_keys=True)
+            handle.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; give it normal permissions
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def check_writable(parent: Path) -> None:
+    """Fail early, with the fix, when ``parent`` cannot receive the output folder."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(
+            f"cannot create the output folder {parent}: {exc.strerror}. "
+            "Choose a writable location (--out) or fix its permissions."
+        ) from exc
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(
+            f"the output folder {parent} is not writable. "
+            "Choose a writable location (--out) or fix its permissions."
+        )
+
+
+@contextmanager
+def atomic_dir(dest: Path) -> Iterator[Path]:
+    """Yield a temp folder beside ``dest``; on success it replaces ``dest``, on failure it is removed.
+
+    Readers therefore never see a half-written dataset, and a failed run leaves the previous
+    complete output (or nothing) in place.
+    """
+    dest = Path(dest)
+    check_writable(dest.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    except OSError as exc:
+        raise UserError(
+            f"cannot write into {dest.parent}: {exc.strerror}. "
+            "Choose a writable location (--out) or fix its permissions."
+        ) from exc
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; give it normal permissions
+        old = None
+        if dest.exists():
+            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions of the tools whose output the manifests describe (read from metadata, no import)."""
+    import platform
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for label, dist in (("sentencepiece", "sentencepiece"), ("fairseq", "fairseq-fixed"),
+                        ("torch", "torch")):
+        try:
+            versions[label] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions

@@ -1,0 +1,354 @@
+"""Data-aware freeze: re-execute a chapter when its *inputs* change, not only its text.
+
+Quarto's ``freeze`` keys on each ``.qmd`` file's text. A chapter that reads runs, data or
+``src/`` modules would keep showing old numbers after those change. Each chapter therefore
+declares its inputs in its front matter (paths or globs relative to the project root)::
+
+    ---
+    title: "Parameter count"
+    inputs:
+      - src/finetune_lab/params.py
+      - data/runs/fairseq/**
+    ---
+
+and two project scripts keep ``_freeze/`` honest:
+
+* ``finetune-lab freeze pre-render`` hashes each rendered chapter's inputs. A chapter whose
+  frozen results were made with other inputs (or with no record of them) has its
+  ``_freeze/<chapter>/`` folder removed, which makes Quarto execute it again. Every chapter that
+  will be executed gets a *pending* record of the hashes it is executed with.
+* ``finetune-lab freeze post-render`` turns a pending record into the chapter's record once
+  Quarto has written fresh frozen results for it.
+
+Records live in ``_freeze/finetune-lab/<chapter>.qmd.json`` (not inside ``_freeze/<chapter>/``,
+which Quarto copies next to the chapter's output). ``finetune-lab check-freeze`` compares every
+frozen chapter with its record and fails, naming the changed files, when one is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.errors import UserError
+from finetune_lab.manifest import digest_of, sha256_file, utc_now, write_json_atomic
+
+FREEZE_DIR = "_freeze"
+RECORDS_DIR = "finetune-lab"
+MISSING = "MISSING"
+_SKIP_DIRS = {"_freeze", "_site", ".quarto", ".venv", ".git", "node_modules", "build", "data"}
+_GLOB_CHARS = set("*?[")
+
+
+class FreezeError(UserError):
+    """A chapter's ``inputs:`` front matter is malformed."""
+
+
+# --- chapters and their declared inputs ---------------------------------------------------
+
+
+def front_matter(qmd: Path) -> dict[str, Any]:
+    """The YAML front matter of a ``.qmd`` file (``{}`` when it has none)."""
+    lines = qmd.read_text(encoding="utf-8").splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip() in ("---", "..."):
+            try:
+                meta = yaml.safe_load("\n".join(lines[1:i])) or {}
+            except yaml.YAMLError as exc:
+                raise FreezeError(f"{qmd}: front matter is not valid YAML ({exc})") from exc
+            if not isinstance(meta, dict):
+                raise FreezeError(f"{qmd}: front matter must be a YAML mapping")
+            return meta
+    raise FreezeError(f"{qmd}: front matter starts with '---' but never ends; add a closing '---'")
+
+
+def declared_inputs(qmd: Path) -> list[str] | None:
+    """The chapter's ``inputs:`` list (``None`` when it declares none)."""
+    inputs = front_matter(qmd).get("inputs")
+    if inputs is None:
+        return None
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not all(isinstance(i, str) and i for i in inputs):
+        raise FreezeError(
+            f"{qmd}: 'inputs:' must be a list of paths or glob patterns relative to the project "
+            "root, e.g. ['src/finetune_lab/params.py', 'data/runs/fairseq/**']"
+        )
+    for pattern in inputs:
+        if Path(pattern).is_absolute() or ".." in Path(pattern).parts:
+            raise FreezeError(f"{qmd}: input {pattern!r} must be relative to the project root")
+    return inputs
+
+
+def chapters(project: Path) -> list[str]:
+    """Every ``.qmd`` of the project (relative POSIX paths), skipping outputs and scratch."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(project):
+        rel_dir = Path(dirpath).relative_to(project)
+        dirnames[:] = sorted(
+            d for d in dirnames
+            if not (rel_dir == Path(".") and d in _SKIP_DIRS) and not d.startswith(".")
+        )
+        for name in sorted(filenames):
+            if name.endswith(".qmd") and not name.startswith("_"):
+                found.append((rel_dir / name).as_posix())
+    return sorted(found)
+
+
+def _is_ignored(path: Path) -> bool:
+    return "__pycache__" in path.parts or path.suffix in {".pyc", ".pyo"}
+
+
+def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file the patterns name right now.
+
+    A glob matches files (``**`` recurses); a plain path may be a file or a folder (all files
+    below it). A plain path that does not exist is recorded as ``MISSING`` so that its later
+    appearance counts as a change.
+    """
+    hashes: dict[str, str] = {}
+    for pattern in patterns:
+        if _GLOB_CHARS & set(pattern):
+            matches = [p for p in project.glob(pattern) if p.is_file()]
+            if pattern.endswith("**"):  # pathlib's "x/**" yields folders only before 3.13
+                matches += [p for d in project.glob(pattern) if d.is_dir()
+                            for p in d.rglob("*") if p.is_file()]
+        else:
+            target = project / pattern
+            if target.is_dir():
+                matches = [p for p in target.rglob("*") if p.is_file()]
+            elif target.is_file():
+                matches = [target]
+            else:
+                hashes[pattern] = MISSING
+                continue
+        for p in matches:
+            if not _is_ignored(p):
+                rel = p.relative_to(project).as_posix()
+                if rel not in hashes:
+                    hashes[rel] = sha256_file(p)
+    return dict(sorted(hashes.items()))
+
+
+# --- where things live in _freeze ---------------------------------------------------------
+
+
+def freeze_entry(project: Path, chapter: str) -> Path:
+    """``_freeze/<chapter without .qmd>/`` (Quarto's layout)."""
+    return project / FREEZE_DIR / Path(chapter).with_suffix("")
+
+
+def is_frozen(project: Path, chapter: str) -> bool:
+    results = freeze_entry(project, chapter) / "execute-results"
+    return results.is_dir() and any(results.glob("*.json"))
+
+
+def record_path(project: Path, chapter: str, pending: bool = False) -> Path:
+    suffix = ".pending.json" if pending else ".json"
+    return project / FREEZE_DIR / RECORDS_DIR / f"{chapter}{suffix}"
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    import json
+
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
+
+
+def make_record(project: Path, chapter: str, patterns: list[str]) -> dict[str, Any]:
+    files = hash_inputs(project, patterns)
+    return {"chapter": chapter, "inputs": patterns, "files": files, "digest": digest_of(files),
+            "hashed_at": utc_now()}
+
+
+# --- comparing ------------------------------------------------------------------------------
+
+
+@dataclass
+class StaleChapter:
+    chapter: str
+    reason: str
+    changed: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        files = f": {', '.join(self.changed)}" if self.changed else ""
+        return f"{self.chapter} is stale ({self.reason}){files}"
+
+
+def diff_files(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
+    """Human-readable list of what changed between two ``{path: sha256}`` maps."""
+    out = []
+    for path in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(path), current.get(path)
+        if old == new:
+            continue
+        if old is None or old == MISSING:
+            out.append(f"{path} (new)")
+        elif new is None or new == MISSING:
+            out.append(f"{path} (removed)")
+        else:
+            out.append(f"{path} (changed)")
+    return out
+
+
+def stale_chapter(project: Path, chapter: str) -> StaleChapter | None:
+    """Why the frozen results of ``chapter`` no longer match its inputs (``None``: they do).
+
+    Chapters without frozen results or without declared ``inputs:`` are never stale here.
+    """
+    if not is_frozen(project, chapter) or not (project / chapter).is_file():
+        return None
+    patterns = declared_inputs(project / chapter)
+    if patterns is None:
+        return None
+    record = read_record(record_path(project, chapter))
+    if record is None:
+        return StaleChapter(chapter, "frozen without a record of its inputs' hashes")
+    current = hash_inputs(project, patterns)
+    if record.get("inputs") != patterns:
+        changed = diff_files(record["files"], current)
+        return StaleChapter(chapter, "its declared inputs: list changed", changed)
+    changed = diff_files(record["files"], current)
+    return StaleChapter(chapter, "inputs changed since it was executed", changed) if changed else None
+
+
+def check_freeze(project: Path = PROJECT_ROOT) -> list[StaleChapter]:
+    """Every frozen chapter whose inputs changed since execution (empty list: all fresh)."""
+    if not (project / FREEZE_DIR).is_dir():
+        return []
+    return [s for c in chapters(project) if (s := stale_chapter(project, c)) is not None]
+
+
+# --- Quarto project scripts -----------------------------------------------------------------
+
+
+def rendered_chapters(project: Path, environ: dict[str, str] | None = None) -> list[str]:
+    """Chapters Quarto is rendering, from its pre-render environment (all if not told).
+
+    ``QUARTO_PROJECT_INPUT_FILES`` is a newline-separated list relative to the project (or, when
+    ``QUARTO_USE_FILE_FOR_PROJECT_INPUT_FILES`` is set, the file holding that list).
+    """
+    env = os.environ if environ is None else environ
+    listing = env.get("QUARTO_PROJECT_INPUT_FILES")
+    list_file = env.get("QUARTO_USE_FILE_FOR_PROJECT_INPUT_FILES")
+    if list_file and Path(list_file).is_file():
+        listing = Path(list_file).read_text(encoding="utf-8")
+    if env.get("QUARTO_PROJECT_RENDER_ALL") or not listing:
+        return chapters(project)
+    out = []
+    for line in listing.splitlines():
+        line = line.strip()
+        if not line.endswith(".qmd"):
+            continue
+        p = Path(line)
+        p = p.resolve().relative_to(project.resolve()) if p.is_absolute() else p
+        out.append(p.as_posix())
+    return sorted(set(out))
+
+
+def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = None,
+               log=print) -> list[StaleChapter]:
+    """Invalidate stale frozen chapters and write pending records; returns what it invalidated."""
+    invalidated = []
+    for chapter in rendered_chapters(project, environ):
+        if not (project / chapter).is_file():
+            continue
+        patterns = declared_inputs(project / chapter)
+        if patterns is None:
+            continue
+        stale = stale_chapter(project, chapter)
+        if stale is not None:
+            shutil.rmtree(freeze_entry(project, chapter), ignore_errors=True)
+            # a half-finished earlier render can leave thawable results beside the chapter
+            shutil.rmtree(project / Path(chapter).parent / f"{Path(chapter).stem}_files"
+                          / "execute-results", ignore_errors=True)
+            record_path(project, chapter).unlink(missing_ok=True)
+            invalidated.append(stale)
+            log(f"finetune-lab freeze: {stale.describe()}; removed its frozen results so "
+                "Quarto executes it again")
+        if not is_frozen(project, chapter):
+            write_json_atomic(record_path(project, chapter, pending=True),
+                              make_record(project, chapter, patterns))
+    return invalidated
+
+
+def post_render(project: Path = PROJECT_ROOT, log=print) -> list[str]:
+    """Promote pending records of chapters that now have fresh frozen results."""
+    promoted = []
+    base = project / FREEZE_DIR / RECORDS_DIR
+    if not base.is_dir():
+        return promoted
+    for pending in sorted(base.rglob("*.qmd.pending.json")):
+        record = read_record(pending)
+        chapter = record.get("chapter") if record else None
+        if chapter and is_frozen(project, chapter):
+            write_json_atomic(record_path(project, chapter), record)
+            promoted.append(chapter)
+            log(f"finetune-lab freeze: recorded the input hashes {chapter} was executed with")
+        pending.unlink(missing_ok=True)
+    return promoted
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def _project(args: argparse.Namespace) -> Path:
+    return Path(args.project).resolve() if args.project else PROJECT_ROOT
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    project = _project(args)
+    if not (project / FREEZE_DIR).is_dir():
+        print(f"no {FREEZE_DIR}/ in {project}: nothing frozen, nothing stale")
+        return 0
+    stale = check_freeze(project)
+    for s in stale:
+        print(f"stale: {s.describe()}", file=sys.stderr)
+    if stale:
+        print("re-render to refresh them (the pre-render script removes their frozen results), "
+              f"or delete {FREEZE_DIR}/<chapter>/", file=sys.stderr)
+        return 1
+    print("freeze is up to date with every chapter's declared inputs")
+    return 0
+
+
+def _cmd_pre(args: argparse.Namespace) -> int:
+    pre_render(_project(args))
+    return 0
+
+
+def _cmd_post(args: argparse.Namespace) -> int:
+    post_render(_project(args))
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    check = subparsers.add_parser(
+        "check-freeze", help="fail if a frozen chapter's declared inputs changed since execution")
+    check.add_argument("--project", default=None, help="project root (default: this checkout)")
+    check.set_defaults(func=_cmd_check)
+
+    freeze = subparsers.add_parser("freeze", help="Quarto pre-/post-render scripts for freeze")
+    sub = freeze.add_subparsers(dest="freeze_command", metavar="STEP", required=True)
+    pre = sub.add_parser("pre-render", help="invalidate chapters whose inputs changed")
+    pre.add_argument("--project", default=None)
+    pre.set_defaults(func=_cmd_pre)
+    post = sub.add_parser("post-render", help="record the inputs executed chapters used")
+    post.add_argument("--project", default=None)
+    post.set_defaults(func=_cmd_post)

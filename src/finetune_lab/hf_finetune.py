@@ -1,0 +1,449 @@
+"""Task 5: fine-tune with the Transformers ``Trainer`` under the fairseq runs' *effective* recipe.
+
+run_glue.py with its defaults is not the fairseq recipe. Every place where they differ is named
+by :func:`hf_vs_fairseq_defaults` (Trainer defaults read live from ``TrainingArguments``) and
+matched in :func:`training_arguments` / :class:`ParityTrainer`:
+
+* Adam betas (0.9, 0.98) and eps 1e-8, weight decay 0.01 on **every** parameter: fairseq's
+  ``--optimizer adam`` (``fairseq.optim.adam.Adam``) decays decoupled from the gradient, as
+  AdamW does (``p -= lr * wd * p`` before the Adam step), and its parameter list has no
+  exclusions; the Trainer by default exempts biases and LayerNorm weights, so
+  :class:`ParityTrainer` decays all of them;
+* no gradient clipping (fairseq ``--clip-norm 0``; Trainer default 1.0 -> ``max_grad_norm=0``);
+* warm-up: the recipe's integer updates (``int(0.06 * total)``), not ``warmup_ratio`` (which
+  the Trainer rounds *up*), then linear decay to 0 over the same total;
+* dropout 0.1 / attention dropout 0.1 / classifier (pooler) dropout 0 as fairseq's RoBERTa;
+* inputs: ``<s> pieces </s>`` truncated to the first 256 tokens (:mod:`finetune_lab.hf_tokenizer`).
+
+Validation *and* test are evaluated after every epoch (fairseq ``--valid-subset valid,test``);
+accuracy is logged in percent as fairseq logs it, so both frameworks' logs share units. Nothing
+is checkpointed: the best epoch is chosen from the logs (:mod:`finetune_lab.seedstats`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from finetune_lab.errors import UserError
+from finetune_lab.recipe import LAB_RECIPE, FinetuneRecipe
+
+EXPERIMENT = "transformers"
+FRAMEWORK = "transformers"
+INITS = ("pretrained", "random")
+DEFAULT_SEEDS = (0, 1, 2)
+DEFAULT_LOGGING_STEPS = 25
+EVAL_BATCH_SIZE = 32
+OPTIM = "adamw_torch"
+
+
+# --- data -----------------------------------------------------------------------------------
+
+
+class ReviewDataset:
+    """Token ids + label per review, encoded once (a plain list: the Trainer only indexes it)."""
+
+    def __init__(self, ids: Sequence[Sequence[int]], labels: Sequence[int]):
+        if len(ids) != len(labels):
+            raise UserError(f"{len(ids)} reviews but {len(labels)} labels")
+        self.items = [{"input_ids": list(i), "labels": int(y)} for i, y in zip(ids, labels)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.items[index]
+
+
+def collate(features: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Right-pad with ``<pad>`` (1) like fairseq; Transformers derives positions from it."""
+    import torch
+
+    from finetune_lab.hf_tokenizer import pad_batch
+
+    batch = pad_batch([f["input_ids"] for f in features])
+    batch["labels"] = torch.tensor([f["labels"] for f in features], dtype=torch.long)
+    return batch
+
+
+def load_splits(cls_dir: Path, tok) -> dict[str, ReviewDataset]:
+    """The three CLS-Books splits, tokenized exactly as fairseq sees them."""
+    from finetune_lab.cls_books import SPLITS, read_split
+
+    out = {}
+    for split in SPLITS:
+        reviews, labels = read_split(Path(cls_dir), split)
+        out[split] = ReviewDataset(tok(reviews), labels)
+    return out
+
+
+def compute_metrics(eval_pred) -> dict[str, float]:
+    """Accuracy in percent, as fairseq's sentence_prediction criterion logs it."""
+    import numpy as np
+
+    logits, labels = eval_pred.predictions, eval_pred.label_ids
+    logits = logits[0] if isinstance(logits, tuple) else logits
+    return {"accuracy": float(100.0 * (np.argmax(logits, axis=-1) == labels).mean())}
+
+
+# --- the recipe -----------------------------------------------------------------------------
+
+
+def hyperparameters(recipe: FinetuneRecipe, n_train: int, logging_steps: int,
+                    size: dict | None = None) -> dict[str, Any]:
+    """What the manifest records: the shared recipe, its schedule, and how the Trainer applies it."""
+    hp = recipe.as_dict(n_train)
+    hp.update(
+        trainer_optim=OPTIM,
+        trainer_lr_scheduler_type="linear",
+        trainer_warmup_steps=recipe.warmup_updates(n_train),
+        trainer_max_grad_norm=0.0,
+        trainer_weight_decay_applies_to="all parameters (as fairseq)",
+        trainer_classifier_dropout=0.0,
+        trainer_logging_steps=logging_steps,
+        trainer_eval_batch_size=EVAL_BATCH_SIZE,
+        accuracy_unit="percent",
+    )
+    if size is not None:
+        hp["model_size"] = size
+    return hp
+
+
+def training_arguments(recipe: FinetuneRecipe, n_train: int, seed: int, output_dir: Path,
+                       logging_steps: int = DEFAULT_LOGGING_STEPS):
+    """``TrainingArguments`` with every run_glue default that differs from fairseq overridden."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=recipe.batch_size,
+        per_device_eval_batch_size=EVAL_BATCH_SIZE,
+        num_train_epochs=recipe.epochs,
+        learning_rate=recipe.lr,
+        lr_scheduler_type="linear",
+        warmup_steps=recipe.warmup_updates(n_train),
+        optim=OPTIM,
+        adam_beta1=recipe.adam_betas[0],
+        adam_beta2=recipe.adam_betas[1],
+        adam_epsilon=recipe.adam_eps,
+        weight_decay=recipe.weight_decay,
+        max_grad_norm=recipe.clip_norm,  # 0: the Trainer skips clipping, as fairseq --clip-norm 0
+        eval_strategy="epoch",
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=logging_steps,
+        report_to="none",  # our own TensorBoard writer points into the run folder
+        seed=seed,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        label_names=["labels"],
+        disable_tqdm=True,
+        log_level="warning",
+    )
+
+
+def _parity_trainer_class():
+    from transformers import Trainer, TrainerCallback
+
+    class ParityTrainer(Trainer):
+        """Trainer with fairseq's weight-decay set and a per-epoch mean training loss."""
+
+        def __init__(self, *args, test_dataset=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._epoch_loss = None
+            self._epoch_updates = 0
+            self.add_callback(_EpochCallback(self, test_dataset))
+
+        def get_decay_parameter_names(self, model) -> list[str]:
+            """fairseq's Adam decays every parameter; the Trainer's default exempts some."""
+            return [name for name, _ in model.named_parameters()]
+
+        def training_step(self, *args, **kwargs):
+            loss = super().training_step(*args, **kwargs)
+            self._epoch_loss = loss if self._epoch_loss is None else self._epoch_loss + loss
+            self._epoch_updates += 1
+            return loss
+
+    class _EpochCallback(TrainerCallback):
+        """End of epoch: log the epoch's mean loss; after each validation, evaluate test."""
+
+        def __init__(self, trainer, test_dataset):
+            self.trainer, self.test_dataset, self._inside = trainer, test_dataset, False
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            t = self.trainer
+            if t._epoch_updates:
+                t.log({"epoch_loss": float(t._epoch_loss) / t._epoch_updates})
+            t._epoch_loss, t._epoch_updates = None, 0
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            if self._inside or self.test_dataset is None or "eval_accuracy" not in (metrics or {}):
+                return
+            self._inside = True
+            try:
+                self.trainer.evaluate(self.test_dataset, metric_key_prefix="test")
+            finally:
+                self._inside = False
+
+    return ParityTrainer
+
+
+def build_model(init: str, seed: int, recipe: FinetuneRecipe, *, model_dir: Path | None,
+                size=None, vocab_size: int):
+    """The classifier to fine-tune: converted pretrained weights, or a seeded random init."""
+    from transformers import RobertaForSequenceClassification, set_seed
+
+    from finetune_lab.hf_convert import hf_model_config
+    from finetune_lab.params import SMALL
+
+    set_seed(seed)  # the classifier head (and a random init) draw from this
+    if init == "pretrained":
+        if model_dir is None or not (Path(model_dir) / "config.json").is_file():
+            raise UserError(f"{model_dir} holds no converted model: run `finetune-lab convert-hf` "
+                            "first (it needs data/checkpoints/roberta-small-fr/model.pt)")
+        model = RobertaForSequenceClassification.from_pretrained(
+            str(model_dir), num_labels=recipe.num_classes, classifier_dropout=0.0,
+            hidden_dropout_prob=recipe.dropout, attention_probs_dropout_prob=recipe.attention_dropout)
+    elif init == "random":
+        size = size if size is not None else dataclasses.replace(SMALL, classes=recipe.num_classes)
+        cfg = hf_model_config(size, recipe.dropout, recipe.attention_dropout)
+        model = RobertaForSequenceClassification(cfg)
+    else:
+        raise UserError(f"--init must be one of {', '.join(INITS)}, not {init!r}")
+    if model.config.vocab_size != vocab_size:
+        raise UserError(f"the model has {model.config.vocab_size} embedding rows but the tokenizer "
+                        f"gives {vocab_size} ids: use the tokenizer the model was trained with")
+    return model
+
+
+def ensure_converted() -> Path:
+    """The default converted model, converting the packaged checkpoint on first use."""
+    from finetune_lab.checkpoints import MODEL_FILE, packaged_dir
+    from finetune_lab.hf_convert import convert_checkpoint, default_hf_dir
+
+    out = default_hf_dir()
+    ckpt = packaged_dir() / MODEL_FILE
+    if not (out / "config.json").is_file() and ckpt.is_file():
+        convert_checkpoint(ckpt, out)
+    return out
+
+
+def finetune_transformers(
+    init: str,
+    seed: int,
+    *,
+    cls_dir: Path | None = None,
+    tokenizer_dir: Path | None = None,
+    model_dir: Path | None = None,
+    recipe: FinetuneRecipe = LAB_RECIPE,
+    size=None,
+    logging_steps: int = DEFAULT_LOGGING_STEPS,
+    runs_root: Path | None = None,
+    experiment: str = EXPERIMENT,
+    run: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """One recorded run: ``<runs root>/<experiment>/<init>-seed<seed>/`` with TensorBoard events.
+
+    ``tokenizer_dir`` defaults to the converted model's folder for ``pretrained`` (the tokenizer
+    it was trained with) and to the work dir's ``tokenizer/`` for ``random``. ``size`` only
+    matters for ``random`` (tests pass a tiny one).
+    """
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    from finetune_lab.cls_books import default_output as default_cls
+    from finetune_lab.hf_tokenizer import FairseqIdTokenizer
+    from finetune_lab.recording import record_run
+    from finetune_lab.tokenizer import default_output as default_tok
+
+    cls_dir = Path(cls_dir) if cls_dir is not None else default_cls()
+    if init == "pretrained":
+        model_dir = Path(model_dir) if model_dir is not None else ensure_converted()
+    if tokenizer_dir is None:
+        tokenizer_dir = model_dir if init == "pretrained" else default_tok()
+    tok = FairseqIdTokenizer.from_dir(tokenizer_dir, max_positions=recipe.max_positions)
+    data = load_splits(cls_dir, tok)
+    n_train = len(data["train"])
+    model = build_model(init, seed, recipe, model_dir=model_dir, size=size,
+                        vocab_size=tok.vocab_size)
+    c = model.config  # recorded for both inits, so the registry can compare the runs
+    hp = hyperparameters(recipe, n_train, logging_steps, size={
+        "vocab": c.vocab_size, "dim": c.hidden_size, "layers": c.num_hidden_layers,
+        "ffn": c.intermediate_size, "heads": c.num_attention_heads,
+        "positions": c.max_position_embeddings, "classes": c.num_labels})
+    inputs = [cls_dir, tokenizer_dir]
+    with record_run(experiment, run or f"{init}-seed{seed}", framework=FRAMEWORK, init=init,
+                    seed=seed, hyperparameters=hp, data=inputs,
+                    checkpoint=model_dir if init == "pretrained" else None,
+                    runs_root=runs_root, overwrite=overwrite) as handle:
+        writer = SummaryWriter(log_dir=str(handle.run_dir))
+        try:
+            with tempfile.TemporaryDirectory(prefix="hf-trainer-") as scratch:
+                trainer = _parity_trainer_class()(
+                    model=model,
+                    args=training_arguments(recipe, n_train, seed, Path(scratch), logging_steps),
+                    train_dataset=data["train"], eval_dataset=data["valid"],
+                    test_dataset=data["test"], data_collator=collate,
+                    compute_metrics=compute_metrics,
+                    callbacks=[TensorBoardCallback(tb_writer=writer)],
+                )
+                trainer.train()
+        finally:
+            writer.close()
+    return handle.run_dir
+
+
+# --- run_glue defaults vs fairseq ---------------------------------------------------------
+
+
+def _trainer_defaults() -> dict[str, Any]:
+    from transformers import TrainingArguments
+
+    return {f.name: f.default for f in dataclasses.fields(TrainingArguments)}
+
+
+def _fairseq_defaults() -> dict[str, Any]:
+    """fairseq's own defaults, read from its config dataclasses and RoBERTa's base architecture."""
+    from finetune_lab.fairseq_compat import quiet_import
+
+    quiet_import()
+    from fairseq.dataclass.configs import OptimizationConfig
+    from fairseq.models.roberta.model import base_architecture
+    from fairseq.optim.adam import FairseqAdamConfig
+
+    arch = argparse.Namespace()
+    base_architecture(arch)
+    opt = {f.name: f.default for f in dataclasses.fields(OptimizationConfig)}
+    adam = {f.name: f.default for f in dataclasses.fields(FairseqAdamConfig)}
+    return {"clip_norm": opt["clip_norm"], "adam_betas": adam["adam_betas"],
+            "adam_eps": adam["adam_eps"], "weight_decay": adam["weight_decay"],
+            "pooler_dropout": arch.pooler_dropout, "activation_dropout": arch.activation_dropout,
+            "dropout": arch.dropout, "attention_dropout": arch.attention_dropout}
+
+
+def _value(option: Any) -> str:
+    """An enum option of ``TrainingArguments`` as the string a user types."""
+    return str(getattr(option, "value", option))
+
+
+def hf_vs_fairseq_defaults(recipe: FinetuneRecipe = LAB_RECIPE, n_train: int = 1800) -> pd.DataFrame:
+    """Each setting: Trainer/run_glue default (read live), fairseq default, lab recipe, our value.
+
+    ``matched`` says whether the Transformers runs use the lab's effective value.
+    """
+    from transformers import RobertaConfig
+
+    d = {k: _value(v) for k, v in _trainer_defaults().items()}
+    fs = _fairseq_defaults()
+    rc = RobertaConfig()
+    total, warm = recipe.total_updates(n_train), recipe.warmup_updates(n_train)
+    ours = training_arguments(recipe, n_train, 0, Path(tempfile.gettempdir()))
+    betas = (ours.adam_beta1, ours.adam_beta2)
+    hf_schedule_linear = _value(ours.lr_scheduler_type) == "linear"
+    rows = [
+        ("optimizer", f"{d['optim']} (AdamW)", "adam", recipe.optimizer, OPTIM,
+         OPTIM.startswith("adamw"),
+         "fairseq's Adam decays decoupled (p -= lr·wd·p before the step), as torch AdamW"),
+        ("Adam betas", f"({d['adam_beta1']}, {d['adam_beta2']})", fs["adam_betas"],
+         str(recipe.adam_betas), str(betas), betas == tuple(recipe.adam_betas), ""),
+        ("Adam eps", d["adam_epsilon"], fs["adam_eps"], recipe.adam_eps, ours.adam_epsilon,
+         ours.adam_epsilon == recipe.adam_eps,
+         "same value; fairseq adds it to the bias-uncorrected √v (see text)"),
+        ("weight decay", d["weight_decay"], fs["weight_decay"], recipe.weight_decay,
+         ours.weight_decay, ours.weight_decay == recipe.weight_decay, ""),
+        ("weight decay applies to", "all but biases and LayerNorm weights", "all parameters",
+         "all parameters", "all parameters", True, "ParityTrainer.get_decay_parameter_names"),
+        ("gradient clipping (max norm)", d["max_grad_norm"], fs["clip_norm"], recipe.clip_norm,
+         ours.max_grad_norm, ours.max_grad_norm == recipe.clip_norm == 0,
+         "0 disables clipping in both"),
+        ("learning rate", d["learning_rate"], "(required)", recipe.lr, ours.learning_rate,
+         ours.learning_rate == recipe.lr, ""),
+        ("LR schedule", d["lr_scheduler_type"], "fixed", f"{recipe.lr_scheduler} (power 1)",
+         "linear", hf_schedule_linear and recipe.lr_scheduler == "polynomial_decay",
+         "linear warm-up from 0, linear decay to 0 (per-update values compared below)"),
+        ("warm-up updates", d["warmup_steps"], 0, warm, ours.get_warmup_steps(total),
+         ours.get_warmup_steps(total) == warm,
+         f"int({recipe.warmup_ratio} × {total}); warmup_ratio would give "
+         f"{math.ceil(recipe.warmup_ratio * total)} (the Trainer rounds up)"),
+        ("total updates", "epochs × ⌈n / batch⌉", "(--total-num-update)", total,
+         math.ceil(n_train / ours.per_device_train_batch_size) * int(ours.num_train_epochs),
+         math.ceil(n_train / ours.per_device_train_batch_size) * int(ours.num_train_epochs) == total,
+         f"n = {n_train} training reviews"),
+        ("batch size", d["per_device_train_batch_size"], "(required)", recipe.batch_size,
+         ours.per_device_train_batch_size, ours.per_device_train_batch_size == recipe.batch_size, ""),
+        ("epochs", d["num_train_epochs"], "(--max-epoch)", recipe.epochs, ours.num_train_epochs,
+         ours.num_train_epochs == recipe.epochs, ""),
+        ("dropout", rc.hidden_dropout_prob, fs["dropout"], recipe.dropout, recipe.dropout, True, ""),
+        ("attention dropout", rc.attention_probs_dropout_prob, fs["attention_dropout"],
+         recipe.attention_dropout, recipe.attention_dropout, True, ""),
+        ("classifier (pooler) dropout",
+         f"{rc.classifier_dropout} (falls back to {rc.hidden_dropout_prob})",
+         fs["pooler_dropout"], fs["pooler_dropout"], 0.0, fs["pooler_dropout"] == 0.0, ""),
+        ("activation dropout", "(none)", fs["activation_dropout"], fs["activation_dropout"],
+         "(none)", fs["activation_dropout"] == 0.0, "no dropout after the FFN activation in either"),
+        ("max length (tokens)", "128 (run_glue.py --max_seq_length)", "(--max-positions)",
+         recipe.max_positions, recipe.max_positions, True,
+         "<s> pieces </s>, first 256 kept (fairseq --shorten-method truncate)"),
+        ("evaluation", f"eval_strategy={d['eval_strategy']}", "every epoch (valid subsets)",
+         "valid and test, every epoch", f"{_value(ours.eval_strategy)}: valid and test",
+         _value(ours.eval_strategy) == "epoch", ""),
+        ("checkpoint selection", f"save_strategy={d['save_strategy']}",
+         "(--best-checkpoint-metric)", f"best valid {recipe.best_checkpoint_metric}",
+         "no checkpoints; best valid epoch from the logs", True, ""),
+    ]
+    df = pd.DataFrame(rows, columns=["setting", "Trainer default", "fairseq default",
+                                     "lab (fairseq run)", "Transformers run", "matched", "note"])
+    for col in df.columns:
+        if col != "matched":
+            df[col] = df[col].astype(str)
+    return df
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None:
+    """Register ``finetune transformers`` under the lead's ``finetune`` group."""
+    p = finetune_subparsers.add_parser(
+        "transformers", help="Task 5: fine-tune with the Transformers Trainer (fairseq's recipe)",
+        description=finetune_transformers.__doc__)
+    p.add_argument("--init", choices=INITS, nargs="+", default=["pretrained"],
+                   help="pretrained (converted checkpoint) and/or random")
+    p.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
+    p.add_argument("--cls-dir", type=Path, default=None, help="cls.books folder (default: work dir)")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="converted model (default: <work dir>/hf/roberta-small-fr)")
+    p.add_argument("--tokenizer-dir", type=Path, default=None)
+    p.add_argument("--logging-steps", type=int, default=DEFAULT_LOGGING_STEPS)
+    p.add_argument("--runs-root", type=Path, default=None)
+    p.add_argument("--epochs", type=int, default=LAB_RECIPE.epochs,
+                   help="shorter runs for a smoke test, recorded as transformers-<N>ep (the lab: 5)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from finetune_lab.recording import run_dir_for
+    from finetune_lab.registry import validate_run
+
+    recipe = dataclasses.replace(LAB_RECIPE, epochs=args.epochs)
+    experiment = EXPERIMENT if args.epochs == LAB_RECIPE.epochs else f"{EXPERIMENT}-{args.epochs}ep"
+    for init in args.init:
+        for seed in args.seeds:
+            target = run_dir_for(experiment, f"{init}-seed{seed}", args.runs_root)
+            if (target / "manifest.json").is_file() and validate_run(target).valid:
+                print(f"finetune transformers: {experiment}/{target.name} is complete; skipped")
+                continue
+            out = finetune_transformers(
+                init, seed, cls_dir=args.cls_dir, tokenizer_dir=args.tokenizer_dir,
+                model_dir=args.model_dir, recipe=recipe, logging_steps=args.logging_steps,
+                runs_root=args.runs_root, experiment=experiment, overwrite=True)
+            print(f"finetune transformers: wrote {out}")
+    return 0

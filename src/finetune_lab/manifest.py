@@ -1,0 +1,306 @@
+"""Run manifests: what a run was, what it read, where and when it ran, and whether it finished.
+
+A manifest is the one file that lets a reader trust (or reject) the TensorBoard events next to
+it. It is always written atomically (temp file in the same folder, then :func:`os.replace`), so a
+crash mid-write leaves the previous manifest, never half a JSON file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.errors import UserError
+
+MANIFEST_NAME = "manifest.json"
+SCHEMA_VERSION = 1
+
+STATUS_RUNNING = "running"
+STATUS_COMPLETE = "complete"
+STATUS_FAILED = "failed"
+STATUSES = (STATUS_RUNNING, STATUS_COMPLETE, STATUS_FAILED)
+
+FRAMEWORKS = ("fairseq", "transformers")
+
+# Keys every manifest must carry, whatever its status.
+REQUIRED_KEYS = (
+    "schema",
+    "experiment",
+    "run",
+    "framework",
+    "init",
+    "seed",
+    "hyperparameters",
+    "command",
+    "inputs",
+    "environment",
+    "device",
+    "start_time",
+    "status",
+)
+# Keys that must be filled once a run says it is complete.
+COMPLETE_KEYS = ("end_time", "wall_time_s", "exit_code", "outputs")
+
+# Packages whose versions decide what a run computes; recorded in every manifest.
+TRACKED_PACKAGES = (
+    "torch",
+    "fairseq-fixed",
+    "fairseq",
+    "transformers",
+    "peft",
+    "numpy",
+    "sentencepiece",
+    "tensorboard",
+    "finetune-lab",
+)
+
+EVENT_FILE_MARKER = "events.out.tfevents"
+
+
+class ManifestError(UserError):
+    """A manifest is missing, unreadable or incomplete."""
+
+
+def utc_now() -> str:
+    """ISO-8601 UTC timestamp with seconds; one format everywhere so times compare as strings."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in chunks so checkpoints do not fill memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_tree(path: Path | str) -> dict[str, str]:
+    """sha256 of every file under ``path`` (or of ``path`` itself if it is a file).
+
+    Keys are POSIX paths relative to ``path`` (``"."`` for a single file), sorted, so two trees
+    compare equal exactly when they hold the same files with the same bytes.
+    """
+    root = Path(path)
+    if root.is_file():
+        return {".": sha256_file(root)}
+    if not root.is_dir():
+        raise ManifestError(f"cannot hash {root}: no such file or directory")
+    return {
+        f.relative_to(root).as_posix(): sha256_file(f)
+        for f in sorted(root.rglob("*"))
+        if f.is_file()
+    }
+
+
+def digest_of(hashes: Mapping[str, str]) -> str:
+    """One sha256 summarising a ``{path: sha256}`` map (order-independent), for short display."""
+    text = "\n".join(f"{k}\t{v}" for k, v in sorted(hashes.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def portable_path(path: Path | str) -> str:
+    """A path as stored in manifests: relative to the project root when inside it.
+
+    Relative paths keep manifests valid in another checkout of the repository.
+    """
+    resolved = Path(path).expanduser().resolve()
+    try:
+        return resolved.relative_to(PROJECT_ROOT).as_posix()
+    except ValueError:
+        return str(resolved)
+
+
+def resolve_stored_path(stored: str) -> Path:
+    """Inverse of :func:`portable_path`."""
+    p = Path(stored)
+    return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+def input_record(path: Path | str) -> dict[str, Any]:
+    """``{"path": ..., "sha256": {relpath: sha}}`` for a data folder/file or checkpoint."""
+    return {"path": portable_path(path), "sha256": sha256_tree(path)}
+
+
+# --- environment capture -------------------------------------------------------------------
+
+
+def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str]:
+    """Installed versions of ``names`` (missing ones are left out, not guessed)."""
+    found: dict[str, str] = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def git_commit(repo: Path | str = PROJECT_ROOT) -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}``; tolerant of no git and no commits."""
+
+    def _git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(repo), *args],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo, else :func:`platform.processor`."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_info() -> dict[str, Any]:
+    """The device a run used: GPU name and count when CUDA is visible, else the CPU model."""
+    info: dict[str, Any] = {"cpu": cpu_model(), "cpu_count": os.cpu_count()}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            info.update(
+                type="cuda",
+                name=torch.cuda.get_device_name(0),
+                count=count,
+                names=[torch.cuda.get_device_name(i) for i in range(count)],
+            )
+            return info
+    except ImportError:
+        pass
+    info.update(type="cpu", name=info["cpu"], count=1)
+    return info
+
+
+def environment_info() -> dict[str, Any]:
+    """Python, platform, package versions and git state of the code that launched a run."""
+    return {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "packages": package_versions(),
+        "git": git_commit(),
+    }
+
+
+# --- reading and writing ---------------------------------------------------------------------
+
+
+def write_json_atomic(path: Path | str, data: Any) -> None:
+    """Write JSON so that readers see either the old file or the new one, never a partial one."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, ensure_ascii=False)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_manifest(run_dir: Path | str, manifest: Mapping[str, Any]) -> Path:
+    """Atomically write ``run_dir/manifest.json``."""
+    path = Path(run_dir) / MANIFEST_NAME
+    write_json_atomic(path, dict(manifest))
+    return path
+
+
+def read_manifest(run_dir: Path | str) -> dict[str, Any]:
+    """Read ``run_dir/manifest.json``; raise :class:`ManifestError` naming the file if unusable."""
+    path = Path(run_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(
+            f"{path} is missing: this folder is not a recorded run. Re-run it through "
+            "finetune_lab.recording.record_run, or delete the folder."
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path} is not valid JSON ({exc}); re-run the run.") from exc
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path} does not hold a JSON object; re-run the run.")
+    return data
+
+
+def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
+    """Everything that makes ``manifest`` unusable, as readable sentences (empty if fine)."""
+    problems = [f"manifest lacks key '{k}'" for k in REQUIRED_KEYS if k not in manifest]
+    if problems:
+        return problems
+    status = manifest["status"]
+    if status not in STATUSES:
+        problems.append(f"manifest status '{status}' is not one of {', '.join(STATUSES)}")
+    elif status == STATUS_RUNNING:
+        problems.append(
+            "status is 'running': the run never finished (killed mid-way, or still in progress)"
+        )
+    elif status == STATUS_FAILED:
+        problems.append(
+            f"status is 'failed': the training process exited with code {manifest.get('exit_code')}"
+        )
+    else:
+        problems += [
+            f"manifest says complete but lacks '{k}'"
+            for k in COMPLETE_KEYS
+            if manifest.get(k) is None
+        ]
+    if manifest["framework"] not in FRAMEWORKS:
+        problems.append(f"framework '{manifest['framework']}' is not one of {', '.join(FRAMEWORKS)}")
+    if not isinstance(manifest["hyperparameters"], dict):
+        problems.append("manifest 'hyperparameters' is not a mapping")
+    if not isinstance(manifest["command"], list) or not manifest["command"]:
+        problems.append("manifest 'command' is not a non-empty list of arguments")
+    return problems
+
+
+def event_files(run_dir: Path | str) -> list[Path]:
+    """TensorBoard event files anywhere under ``run_dir`` (fairseq writes one folder per subset)."""
+    root = Path(run_dir)
+    return sorted(p for p in root.rglob(f"{EVENT_FILE_MARKER}*") if p.is_file())
+
+
+def output_hashes(run_dir: Path | str) -> dict[str, str]:
+    """sha256 of each event file, keyed by its path relative to the run folder."""
+    root = Path(run_dir)
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in event_files(root)}
+
+
+def checkpoint_hashes(run_dir: Path | str) -> dict[str, str]:
+    """sha256 of each ``*.pt`` checkpoint a run saved under its folder (relative paths)."""
+    root = Path(run_dir)
+    return {p.relative_to(root).as_posix(): sha256_file(p)
+            for p in sorted(root.rglob("*.pt")) if p.is_file()}

@@ -1,0 +1,345 @@
+"""Pretrain the stand-in RoBERTa-small-fr with fairseq's ``masked_lm`` task.
+
+The course's checkpoint is not public, so "pretrained vs random" needs a pretrained model of the
+project's own. The recipe is RoBERTa's [Liu et al. 2019] scaled to the small model: 15 % masking
+(80 % ``<mask>``, 10 % random, 10 % unchanged), Adam (0.9, 0.98) with eps 1e-6 and weight decay
+0.01, linear warm-up then linear decay, dropout 0.1, 256-token samples. The same code runs on a
+GPU (bf16, large batches) and on a CPU (smaller budget); the run lands in the run cache under
+``data/runs/pretrain/<run>/`` and its best checkpoint is packaged under
+``data/checkpoints/roberta-small-fr/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import threading
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.config import paths
+from finetune_lab.errors import UserError
+
+EXPERIMENT = "pretrain"
+
+# Dense bf16 tensor-core peaks (FLOP/s) used for model-FLOPs utilisation; matched by GPU name.
+BF16_PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "A6000": 155e12,
+    "L4": 121e12,
+}
+
+
+@dataclass(frozen=True)
+class PretrainRecipe:
+    """RoBERTa's masked-LM recipe for the small model; batch and budget depend on the device."""
+
+    tokens_per_sample: int = 256
+    mask_prob: float = 0.15
+    leave_unmasked_prob: float = 0.1
+    random_token_prob: float = 0.1
+    lr: float = 5e-4
+    warmup_ratio: float = 0.06
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-6
+    weight_decay: float = 0.01
+    clip_norm: float = 0.0
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    batch_size: int = 16
+    update_freq: int = 1
+    max_update: int = 1000
+    validate_every: int = 250
+    log_interval: int = 10
+    arch: dict[str, int] = field(default_factory=dict)  # overrides of roberta_small sizes
+
+    def warmup_updates(self) -> int:
+        return max(1, int(self.warmup_ratio * self.max_update))
+
+    def hyperparameters(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["adam_betas"] = list(self.adam_betas)
+        out["warmup_updates"] = self.warmup_updates()
+        out["tokens_per_update"] = self.tokens_per_sample * self.batch_size * self.update_freq
+        return out
+
+
+def device_defaults() -> dict[str, Any]:
+    """Batch, precision and a default budget for the machine at hand."""
+    import torch
+
+    if torch.cuda.is_available():
+        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return {"device": "cuda", "precision": precision, "batch_size": 128, "update_freq": 2,
+                "minutes": 8.0}
+    return {"device": "cpu", "precision": "fp32", "batch_size": 16, "update_freq": 1,
+            "minutes": 120.0}
+
+
+def require_corpus(data_dir: Path) -> Path:
+    """The binarized corpus folder (``bin/`` of ``prepare-pretrain``), checked."""
+    bin_dir = data_dir / "bin" if (data_dir / "bin").is_dir() else data_dir
+    needed = ["dict.txt", "train.bin", "train.idx", "valid.bin", "valid.idx"]
+    missing = [n for n in needed if not (bin_dir / n).is_file()]
+    if missing:
+        raise UserError(
+            f"{bin_dir} lacks {', '.join(missing)}: run `finetune-lab train-tokenizer` then "
+            "`finetune-lab prepare-pretrain` first (or pass --data)"
+        )
+    return bin_dir
+
+
+def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed: int,
+                 device: str, precision: str) -> list[str]:
+    """The ``fairseq-train`` command line (without ``--tensorboard-logdir``)."""
+    args = [
+        str(bin_dir), "--user-dir", str(paths().user_dir),
+        "--task", "masked_lm", "--criterion", "masked_lm", "--arch", "roberta_small",
+        "--sample-break-mode", "none", "--tokens-per-sample", str(recipe.tokens_per_sample),
+        "--mask-prob", str(recipe.mask_prob),
+        "--leave-unmasked-prob", str(recipe.leave_unmasked_prob),
+        "--random-token-prob", str(recipe.random_token_prob),
+        "--optimizer", "adam", "--adam-betas", str(tuple(recipe.adam_betas)).replace(" ", ""),
+        "--adam-eps", str(recipe.adam_eps), "--weight-decay", str(recipe.weight_decay),
+        "--clip-norm", str(recipe.clip_norm),
+        "--lr-scheduler", "polynomial_decay", "--lr", str(recipe.lr),
+        "--warmup-updates", str(recipe.warmup_updates()),
+        "--total-num-update", str(recipe.max_update), "--max-update", str(recipe.max_update),
+        "--dropout", str(recipe.dropout), "--attention-dropout", str(recipe.attention_dropout),
+        "--batch-size", str(recipe.batch_size), "--update-freq", str(recipe.update_freq),
+        "--seed", str(seed), "--log-format", "simple", "--log-interval", str(recipe.log_interval),
+        "--save-dir", str(save_dir), "--no-epoch-checkpoints",
+        "--validate-interval-updates", str(recipe.validate_every),
+        "--save-interval-updates", str(recipe.validate_every), "--keep-interval-updates", "1",
+        "--skip-invalid-size-inputs-valid-test", "--num-workers", "1",
+    ]
+    for name, value in recipe.arch.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    if device == "cpu":
+        args.append("--cpu")
+    elif precision == "bf16":
+        args.append("--bf16")
+    elif precision == "fp16":
+        args.append("--fp16")
+    return args
+
+
+# fairseq's "simple" log writes "wps=123.4, ups=5.6" to files and "| wps 123.4 | ups 5.6" to ttys.
+_UPS_RE = re.compile(r"\bups[=\s]+([0-9.]+)")
+_WPS_RE = re.compile(r"\bwps[=\s]+([0-9.]+)")
+
+
+def log_rates(log_text: str) -> dict[str, float]:
+    """Median updates/s and words (tokens)/s over fairseq's ``train_inner`` log lines."""
+    import statistics
+
+    lines = [ln for ln in log_text.splitlines() if "| train_inner |" in ln]
+    ups = [float(m.group(1)) for ln in lines if (m := _UPS_RE.search(ln))]
+    wps = [float(m.group(1)) for ln in lines if (m := _WPS_RE.search(ln))]
+    if not ups:
+        return {}
+    # The first interval includes start-up; leave it out when there are others.
+    ups, wps = (ups[1:], wps[1:]) if len(ups) > 1 else (ups, wps)
+    return {"updates_per_s": statistics.median(ups), "tokens_per_s": statistics.median(wps)}
+
+
+def calibrate(bin_dir: Path, recipe: PretrainRecipe, *, device: str, precision: str,
+              scratch: Path, updates: int = 40) -> dict[str, float]:
+    """Measure updates/s with a short throwaway run, to turn a minutes budget into updates."""
+    probe = replace(recipe, max_update=updates, log_interval=max(1, updates // 4),
+                    validate_every=10**9)
+    args = fairseq_args(bin_dir, scratch, probe, seed=0, device=device, precision=precision)
+    args += ["--no-save", "--disable-validation"]
+    out = subprocess.run([sys.executable, "-m", "fairseq_cli.train", *args],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise UserError(f"the calibration run failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    rates = log_rates(out.stdout + out.stderr)
+    if not rates:
+        raise UserError("the calibration run logged no throughput; raise its number of updates")
+    return rates
+
+
+def model_flops_per_token(n_params: int, layers: int, dim: int, context: int) -> float:
+    """Training FLOPs per token: 6 N plus attention's 6 L T d (Kaplan et al. 2020, forward x3)."""
+    return 6.0 * n_params + 6.0 * layers * context * dim
+
+
+def gpu_peak_flops(name: str | None) -> float | None:
+    for key, peak in BF16_PEAK_FLOPS.items():
+        if name and key in name:
+            return peak
+    return None
+
+
+def throughput_record(log_text: str, recipe: PretrainRecipe, device: dict[str, Any]) -> dict:
+    """Tokens/s and (on a known GPU) model-FLOPs utilisation against its dense bf16 peak."""
+    from finetune_lab import params
+
+    rates = log_rates(log_text)
+    if not rates:
+        return {}
+    size = replace(params.SMALL, **{
+        {"encoder_layers": "layers", "encoder_embed_dim": "dim", "encoder_ffn_embed_dim": "ffn",
+         "encoder_attention_heads": "heads"}[k]: v for k, v in recipe.arch.items()
+        if k in ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim",
+                 "encoder_attention_heads")
+    })
+    n = int(params.convention_table(size).iloc[3]["total"])  # encoder + LM head
+    flops_token = model_flops_per_token(n, size.layers, size.dim, recipe.tokens_per_sample)
+    out = {**rates, "model_flops_per_token": flops_token, "parameters": n,
+           "achieved_flops": rates["tokens_per_s"] * flops_token}
+    gpus = device.get("gpus") or []
+    name = gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None
+    peak = gpu_peak_flops(name)
+    if peak:
+        out["peak_bf16_flops"] = peak
+        out["mfu"] = out["achieved_flops"] / (peak * max(1, len(gpus)))
+    return out
+
+
+def _echo_progress(log: Path, stop: threading.Event) -> None:
+    """Print fairseq's progress lines from the run's log while it trains."""
+    pos = 0
+    while not stop.is_set():
+        if log.exists():
+            with open(log, encoding="utf-8", errors="replace") as fh:
+                fh.seek(pos)
+                chunk = fh.read()
+                pos = fh.tell()
+            for line in chunk.splitlines():
+                if "| train_inner |" in line or "| valid |" in line or "| train |" in line:
+                    print(line.split(" | INFO | ")[-1], flush=True)
+        stop.wait(2.0)
+
+
+def pretrain(
+    *,
+    max_update: int | None = None,
+    minutes: float | None = None,
+    seed: int = 1,
+    run: str | None = None,
+    data_dir: Path | None = None,
+    tokenizer_dir: Path | None = None,
+    recipe: PretrainRecipe | None = None,
+    runs_root: Path | None = None,
+    package_to: Path | None = None,
+    package: bool = True,
+    overwrite: bool = False,
+    quiet: bool = False,
+) -> Path:
+    """Run one pretraining job into the run cache and (optionally) package its best checkpoint."""
+    from finetune_lab import checkpoints, pretrain_corpus, tokenizer
+    from finetune_lab.manifest import device_info, portable_path, sha256_file
+    from finetune_lab.recording import record_run, run_fairseq_train
+
+    defaults = device_defaults()
+    recipe = recipe or PretrainRecipe(batch_size=defaults["batch_size"],
+                                      update_freq=defaults["update_freq"])
+    bin_dir = require_corpus(Path(data_dir) if data_dir else pretrain_corpus.default_output())
+    tok_dir = Path(tokenizer_dir) if tokenizer_dir else tokenizer.default_output()
+    spm_model, spm_dict = tokenizer.require_tokenizer(tok_dir) if package else (None, None)
+    device, precision = defaults["device"], defaults["precision"]
+    run = run or f"{device}-seed{seed}"
+    save_dir = paths().work / "pretrain-checkpoints" / run
+    save_dir.mkdir(parents=True, exist_ok=True)
+
+    calibration = None
+    if max_update is None:
+        budget = minutes if minutes is not None else defaults["minutes"]
+        calibration = calibrate(bin_dir, recipe, device=device, precision=precision,
+                                scratch=save_dir / "calibration")
+        max_update = max(10, int(0.92 * budget * 60 * calibration["updates_per_s"]))
+        calibration["budget_minutes"] = budget
+    recipe = replace(recipe, max_update=max_update,
+                     validate_every=min(recipe.validate_every, max(1, max_update // 4)))
+
+    args = fairseq_args(bin_dir, save_dir, recipe, seed=seed, device=device, precision=precision)
+    hyper = {**recipe.hyperparameters(), "precision": precision}
+    env = {checkpoints.TRUSTED_DIRS_ENV: str(save_dir)}
+    with record_run(EXPERIMENT, run, framework="fairseq", init="random", seed=seed,
+                    hyperparameters=hyper, data=[bin_dir], runs_root=runs_root,
+                    overwrite=overwrite, extra={"calibration": calibration}) as handle:
+        stop = threading.Event()
+        watcher = None
+        if not quiet:
+            watcher = threading.Thread(target=_echo_progress,
+                                       args=(handle.run_dir / "train.log", stop), daemon=True)
+            watcher.start()
+        try:
+            run_fairseq_train(handle, args, env=env)
+        finally:
+            stop.set()
+            if watcher:
+                watcher.join()
+        best = save_dir / "checkpoint_best.pt"
+        if not best.is_file():
+            raise UserError(f"fairseq finished without writing {best}; see {handle.log_path}")
+        # Checkpoints live outside the (committed) run folder; their hashes make them trusted.
+        handle.manifest["saved_checkpoints"] = {
+            "checkpoint_best.pt": {"path": portable_path(best), "sha256": sha256_file(best)}}
+        log_text = (handle.run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
+        handle.manifest["throughput"] = throughput_record(log_text, recipe, device_info())
+        run_dir = handle.run_dir
+    if package:
+        state = checkpoints.load_trusted(best, [run_dir / "manifest.json"])
+        extra = state.get("extra_state") or {}
+        valid_loss = extra.get("best")
+        checkpoints.package_checkpoint(
+            best, spm_model, spm_dict, package_to,
+            manifests=[run_dir / "manifest.json"],
+            metadata={"run": portable_path(run_dir),
+                      "valid_loss_bits": valid_loss,
+                      "valid_perplexity": (2 ** valid_loss) if valid_loss is not None else None},
+        )
+    return run_dir
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("pretrain", help="pretrain the stand-in RoBERTa-small-fr (masked LM)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--max-update", type=int, help="budget in updates")
+    budget.add_argument("--minutes", type=float,
+                        help="budget in minutes (default: 8 on a GPU, 120 on a CPU); "
+                             "turned into updates by a short calibration run")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--run", help="run name (default: <device>-seed<seed>)")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default by device)")
+    p.add_argument("--update-freq", type=int, help="steps per update (default by device)")
+    p.add_argument("--lr", type=float, default=PretrainRecipe.lr)
+    p.add_argument("--data", type=Path, help="binarized corpus (default: prepare-pretrain's)")
+    p.add_argument("--no-package", action="store_true",
+                   help="do not replace data/checkpoints/roberta-small-fr")
+    p.add_argument("--overwrite", action="store_true", help="redo an existing run")
+    p.set_defaults(func=_run)
+
+    pk = sub.add_parser("package-checkpoint",
+                        help="package a trusted fairseq checkpoint as model.pt + dict + spm")
+    pk.add_argument("source", type=Path)
+    pk.add_argument("--dest", type=Path)
+    pk.set_defaults(func=_run_package)
+
+
+def _run(args: argparse.Namespace) -> int:
+    d = device_defaults()
+    recipe = PretrainRecipe(batch_size=args.batch_size or d["batch_size"],
+                            update_freq=args.update_freq or d["update_freq"], lr=args.lr)
+    run_dir = pretrain(max_update=args.max_update, minutes=args.minutes, seed=args.seed,
+                       run=args.run, data_dir=args.data, recipe=recipe,
+                       package=not args.no_package, overwrite=args.overwrite)
+    print(f"pretrain: run recorded in {run_dir}")
+    return 0
+
+
+def _run_package(args: argparse.Namespace) -> int:
+    from finetune_lab import checkpoints, tokenizer
+
+    spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
+    dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest)
+    print(f"package-checkpoint: wrote {dest}")
+    return 0

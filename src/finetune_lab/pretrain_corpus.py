@@ -1,0 +1,243 @@
+"""The French pretraining corpus: ELTeC novels split by novel, encoded and binarized for ``masked_lm``.
+
+The course's RoBERTa_small_fr was pretrained on mC4 French, which is not available; the
+public-domain ELTeC-fra novels (level1 + ext1, about 39 M words) stand in for it. Train and
+valid are split *by novel* so that no novel contributes to both sides. Optionally the
+Webis-CLS-10 ``dvd`` and ``music`` training reviews are added to train as unlabeled
+in-domain text; the ``books`` reviews (the evaluation task) never are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune_lab import _files
+from finetune_lab.config import paths, require_data_root
+from finetune_lab.errors import UserError
+
+ELTEC_DIRS = ("eltec-fra/level1", "eltec-fra/ext1")
+REVIEW_DOMAINS = ("dvd", "music")
+"""Webis-CLS-10 domains usable as unlabeled in-domain text (their ``train.review`` only)."""
+DEFAULT_SEED = 1
+DEFAULT_VALID_FRACTION = 0.02
+OUTPUT_NAME = "pretrain-bin"
+
+
+@dataclass(frozen=True)
+class Document:
+    """One pretraining document: a novel, or one domain's block of reviews."""
+
+    name: str
+    """Path relative to the data root (e.g. ``eltec-fra/level1/FRA00101_Adam.txt.xz``)."""
+    path: Path
+
+
+def list_novels(root: Path) -> list[Document]:
+    """All ELTeC novels under the data root, in a fixed (sorted) order."""
+    docs: list[Document] = []
+    for rel in ELTEC_DIRS:
+        folder = root / rel
+        if not folder.is_dir():
+            raise UserError(f"{folder} is missing; point FINETUNE_LAB_DATA_ROOT at a complete copy.")
+        docs.extend(Document(f"{rel}/{p.name}", p) for p in sorted(folder.glob("*.txt.xz")))
+    if not docs:
+        raise UserError(f"no *.txt.xz novels under {root}/eltec-fra; is the data root complete?")
+    return docs
+
+
+def review_documents(root: Path) -> list[Document]:
+    """The optional in-domain documents: ``dvd`` and ``music`` ``train.review`` (never ``books``)."""
+    return [
+        Document(f"webis-cls-10/fr/{d}/train.review", root / "webis-cls-10" / "fr" / d / "train.review")
+        for d in REVIEW_DOMAINS
+    ]
+
+
+def split_novels(
+    novels: list[Document], seed: int = DEFAULT_SEED, valid_fraction: float = DEFAULT_VALID_FRACTION
+) -> tuple[list[Document], list[Document]]:
+    """Seeded split *by novel* (at least one novel on each side); both parts keep sorted order."""
+    if len(novels) < 2:
+        raise UserError("the pretraining corpus needs at least two novels to split train/valid")
+    n_valid = min(len(novels) - 1, max(1, round(valid_fraction * len(novels))))
+    chosen = set(random.Random(seed).sample(range(len(novels)), n_valid))
+    train = [d for i, d in enumerate(novels) if i not in chosen]
+    valid = [d for i, d in enumerate(novels) if i in chosen]
+    return train, valid
+
+
+def paragraphs(doc: Document) -> Iterator[str]:
+    """The non-empty lines (paragraphs) of a document, stripped."""
+    if doc.name.endswith(".review"):
+        from finetune_lab.cls_books import read_reviews
+
+        for review in read_reviews(doc.path):
+            yield review.text
+        return
+    try:
+        with lzma.open(doc.path, "rt", encoding="utf-8") as handle:
+            for line in handle:
+                text = line.strip()
+                if text:
+                    yield text
+    except (lzma.LZMAError, EOFError, UnicodeDecodeError) as exc:
+        raise UserError(f"{doc.path}: cannot read the novel ({exc}); restore it from the data root.") from exc
+
+
+def corpus_documents(
+    root: Path,
+    seed: int = DEFAULT_SEED,
+    valid_fraction: float = DEFAULT_VALID_FRACTION,
+    with_reviews: bool = True,
+    max_novels: int | None = None,
+) -> dict[str, list[Document]]:
+    """``{"train": [...], "valid": [...]}``: the documents of each side of the corpus.
+
+    ``max_novels`` keeps the first novels of the sorted list (for tests on a slice).
+    """
+    novels = list_novels(root)
+    if max_novels is not None:
+        novels = novels[:max_novels]
+    train, valid = split_novels(novels, seed=seed, valid_fraction=valid_fraction)
+    if with_reviews:
+        train = train + review_documents(root)
+    return {"train": train, "valid": valid}
+
+
+def default_output() -> Path:
+    return paths().work / OUTPUT_NAME
+
+
+def prepare_pretrain(
+    data_root: Path | None = None,
+    tokenizer_dir: Path | None = None,
+    out: Path | None = None,
+    seed: int = DEFAULT_SEED,
+    valid_fraction: float = DEFAULT_VALID_FRACTION,
+    with_reviews: bool = True,
+    workers: int = 2,
+    max_novels: int | None = None,
+    force: bool = False,
+) -> tuple[Path, bool]:
+    """Encode the corpus with the tokenizer and binarize it for ``masked_lm``; skip if up to date.
+
+    Writes ``{train,valid}.spm`` (one paragraph per line, an empty line between documents, the
+    format fairseq's ``complete_doc`` mode expects) and ``fairseq-preprocess --only-source``
+    output under ``bin/``. Returns ``(out, ran)``; ``ran`` is False when nothing changed.
+    """
+    from finetune_lab import binarize, tokenizer
+
+    root = require_data_root(*ELTEC_DIRS, root=data_root)
+    tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else tokenizer.default_output()
+    model_path, dict_path = tokenizer.require_tokenizer(tok_dir)
+    out = Path(out) if out is not None else default_output()
+    docs = corpus_documents(root, seed, valid_fraction, with_reviews, max_novels)
+    parameters = {
+        "seed": seed,
+        "valid_fraction": valid_fraction,
+        "with_reviews": with_reviews,
+        "max_novels": max_novels,
+        "documents": {split: [d.name for d in ds] for split, ds in docs.items()},
+    }
+    inputs = {
+        "tokenizer/spm.model": _files.sha256_file(model_path),
+        "tokenizer/dict.txt": _files.sha256_file(dict_path),
+        **{d.name: _files.sha256_file(d.path) for ds in docs.values() for d in ds},
+    }
+    if not force and binarize.up_to_date(out, inputs, parameters):
+        return out, False
+
+    started = time.perf_counter()
+    sp = tokenizer.load_processor(tok_dir)
+    with _files.atomic_dir(out) as tmp:
+        counts: dict[str, dict[str, int]] = {}
+        encode_started = time.perf_counter()
+        for split, split_docs in docs.items():
+            counts[split] = _encode_documents(sp, split_docs, tmp / f"{split}.spm")
+            counts[split]["novels"] = sum(1 for d in split_docs if d.name.endswith(".txt.xz"))
+        encode_s = time.perf_counter() - encode_started
+        command = binarize.preprocess_command(
+            trainpref="train.spm", validpref="valid.spm", destdir="bin",
+            srcdict=dict_path, workers=workers,
+        )
+        preprocess_s = binarize.run_preprocess(command, cwd=tmp)
+        manifest = {
+            "step": "prepare-pretrain",
+            "inputs": inputs,
+            "outputs": _files.sha256_tree(tmp, exclude=("manifest.json", "preprocess.log")),
+            "seed": seed,
+            "parameters": parameters,
+            "counts": counts,
+            "commands": [binarize.display_command(command, srcdict="<tokenizer>/dict.txt")],
+            "tool_versions": _files.tool_versions(),
+            "timings_s": {
+                "encode": round(encode_s, 3),
+                "fairseq_preprocess": round(preprocess_s, 3),
+                "total": round(time.perf_counter() - started, 3),
+            },
+        }
+        _files.write_json(tmp / "manifest.json", manifest)
+    return out, True
+
+
+def _encode_documents(sp, docs: list[Document], dest: Path) -> dict[str, int]:
+    """Write the pieces of every paragraph, documents separated by an empty line; count them."""
+    from finetune_lab.tokenizer import encode_pieces
+
+    totals = {"documents": 0, "paragraphs": 0, "words": 0, "tokens": 0, "unk": 0}
+    with open(dest, "w", encoding="utf-8", newline="\n") as handle:
+        for doc in docs:
+            lines = list(paragraphs(doc))
+            if not lines:
+                continue
+            encoded = encode_pieces(sp, lines)
+            if totals["documents"]:
+                handle.write("\n")
+            for pieces in encoded:
+                handle.write(" ".join(pieces))
+                handle.write("\n")
+                totals["tokens"] += len(pieces)
+                totals["unk"] += pieces.count("<unk>")
+            totals["documents"] += 1
+            totals["paragraphs"] += len(lines)
+            totals["words"] += sum(len(line.split()) for line in lines)
+    return totals
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "prepare-pretrain",
+        help="split ELTeC by novel, spm-encode it and binarize it for fairseq masked_lm",
+        description=prepare_pretrain.__doc__,
+    )
+    parser.add_argument("--data-root", type=Path, default=None)
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="folder with spm.model and dict.txt (default: <work dir>/tokenizer)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)
+    parser.add_argument("--no-reviews", dest="with_reviews", action="store_false",
+                        help="ELTeC only: leave out the dvd/music reviews (unlabeled in-domain text)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--max-novels", type=int, default=None, help="use only the first N novels")
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    out, ran = prepare_pretrain(
+        args.data_root, args.tokenizer, args.out, seed=args.seed,
+        valid_fraction=args.valid_fraction, with_reviews=args.with_reviews,
+        workers=args.workers, max_novels=args.max_novels, force=args.force,
+    )
+    counts = _files.read_json(out / "manifest.json")["counts"]
+    summary = ", ".join(f"{s} {c['tokens']:,} tokens" for s, c in counts.items())
+    print(f"prepare-pretrain: {'wrote' if ran else 'up to date:'} {out} ({summary})")
+    return 0

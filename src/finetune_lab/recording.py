@@ -1,0 +1,209 @@
+"""Producing runs: one folder per run, a manifest that says ``complete`` only when it is true.
+
+Later steps (fine-tuning with fairseq or Transformers) wrap their training in :func:`record_run`;
+the recipe (which flags, which data) stays with them. This module only guarantees the layout
+``<runs root>/<experiment>/<run>/`` and the honesty of the manifest's status:
+
+* ``running`` is written before training starts, so a run killed mid-way stays ``running``;
+* ``complete`` (with end time, wall time and the event files' hashes) only when the training
+  process exited 0 (or, for in-process training, the ``with`` body ended without an exception);
+* ``failed`` otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from finetune_lab import manifest as mf
+from finetune_lab.config import paths
+from finetune_lab.errors import UserError
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+TRAIN_LOG = "train.log"
+
+
+class RunExistsError(UserError):
+    """The run folder already holds a run."""
+
+
+class TrainingFailedError(UserError):
+    """The training process exited non-zero (its log is named in the message)."""
+
+
+def run_dir_for(experiment: str, run: str, runs_root: Path | str | None = None) -> Path:
+    """``<runs root>/<experiment>/<run>``, after checking both names are plain folder names."""
+    for label, name in (("experiment", experiment), ("run", run)):
+        if not _NAME_RE.match(name):
+            raise UserError(
+                f"{label} name {name!r} must be a plain folder name (letters, digits, . _ + -)"
+            )
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    return root / experiment / run
+
+
+@dataclass
+class RunHandle:
+    """What the body of :func:`record_run` gets: the run folder and a way to launch training."""
+
+    run_dir: Path
+    manifest: dict[str, Any]
+    exit_code: int | None = None
+    log_path: Path | None = field(default=None)
+
+    def run(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+        check: bool = True,
+    ) -> int:
+        """Run the training process, logging its output to ``train.log`` in the run folder.
+
+        The command line is stored in the manifest (rewritten atomically) before it starts.
+        With ``check`` a non-zero exit raises :class:`TrainingFailedError` (the manifest then
+        ends ``failed``); either way the exit code decides the final status.
+        """
+        command = [str(c) for c in command]
+        self.manifest["command"] = command
+        mf.write_manifest(self.run_dir, self.manifest)
+        self.log_path = self.run_dir / TRAIN_LOG
+        full_env = {**os.environ, **(env or {})}
+        with open(self.log_path, "ab") as log:
+            proc = subprocess.run(
+                command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd, check=False
+            )
+        self.exit_code = proc.returncode
+        if check and proc.returncode != 0:
+            raise TrainingFailedError(
+                f"training exited with code {proc.returncode}; see {self.log_path} "
+                f"(command: {' '.join(command)})"
+            )
+        return proc.returncode
+
+
+@contextmanager
+def record_run(
+    experiment: str,
+    run: str,
+    *,
+    framework: str,
+    init: str,
+    seed: int,
+    hyperparameters: Mapping[str, Any],
+    data: Sequence[Path | str] = (),
+    checkpoint: Path | str | None = None,
+    command: Sequence[str] | None = None,
+    runs_root: Path | str | None = None,
+    overwrite: bool = False,
+    extra: Mapping[str, Any] | None = None,
+) -> Iterator[RunHandle]:
+    """Create ``<runs root>/<experiment>/<run>/`` and keep its manifest truthful.
+
+    ``data`` are the files/folders the run reads (hashed now); ``checkpoint`` the initial
+    weights (``None`` for a random init). ``hyperparameters`` must not contain ``seed`` or
+    ``init``: those are recorded separately because they are what varies inside an experiment.
+    An existing run folder is refused unless ``overwrite``, which deletes it first so that no
+    stale event file can mix into the new run.
+    """
+    if framework not in mf.FRAMEWORKS:
+        raise UserError(f"framework {framework!r} is not one of {', '.join(mf.FRAMEWORKS)}")
+    clash = {"seed", "init"} & set(hyperparameters)
+    if clash:
+        raise UserError(
+            f"hyperparameters must not contain {sorted(clash)}: pass them as seed=/init="
+        )
+    run_dir = run_dir_for(experiment, run, runs_root)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not overwrite:
+            raise RunExistsError(
+                f"{run_dir} already holds a run; delete it or pass overwrite=True to redo it"
+            )
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    start = mf.utc_now()
+    start_clock = time.monotonic()
+    manifest: dict[str, Any] = {
+        "schema": mf.SCHEMA_VERSION,
+        "experiment": experiment,
+        "run": run,
+        "framework": framework,
+        "init": init,
+        "seed": int(seed),
+        "hyperparameters": dict(hyperparameters),
+        "command": [str(c) for c in (command if command is not None else sys.argv)],
+        "inputs": {
+            "data": [mf.input_record(p) for p in data],
+            "checkpoint": mf.input_record(checkpoint) if checkpoint is not None else None,
+        },
+        "environment": mf.environment_info(),
+        "device": mf.device_info(),
+        "start_time": start,
+        "end_time": None,
+        "wall_time_s": None,
+        "exit_code": None,
+        "outputs": None,
+        "status": mf.STATUS_RUNNING,
+    }
+    if extra:
+        manifest["extra"] = dict(extra)
+    mf.write_manifest(run_dir, manifest)
+    handle = RunHandle(run_dir=run_dir, manifest=manifest)
+
+    def _finish(status: str, exit_code: int | None, error: str | None = None) -> None:
+        manifest["end_time"] = mf.utc_now()
+        manifest["wall_time_s"] = round(time.monotonic() - start_clock, 3)
+        manifest["exit_code"] = exit_code
+        manifest["outputs"] = mf.output_hashes(run_dir)
+        manifest["checkpoints"] = mf.checkpoint_hashes(run_dir)
+        if error:
+            manifest["error"] = error
+        manifest["status"] = status
+        mf.write_manifest(run_dir, manifest)
+
+    try:
+        yield handle
+    except BaseException as exc:
+        _finish(mf.STATUS_FAILED, handle.exit_code, f"{type(exc).__name__}: {exc}")
+        raise
+    code = 0 if handle.exit_code is None else handle.exit_code
+    _finish(mf.STATUS_COMPLETE if code == 0 else mf.STATUS_FAILED, code)
+
+
+def fairseq_train_command(args: Sequence[str], run_dir: Path | str) -> list[str]:
+    """``python -m fairseq_cli.train ARGS --tensorboard-logdir RUN_DIR`` with this interpreter.
+
+    fairseq's ``--tensorboard-logdir`` makes one sub-folder per subset (train, train_inner,
+    valid, test), which the loaders keep apart. The recipe (``args``) is the caller's.
+    """
+    args = [str(a) for a in args]
+    if any(a == "--tensorboard-logdir" or a.startswith("--tensorboard-logdir=") for a in args):
+        raise UserError("pass no --tensorboard-logdir: the run folder is the log folder")
+    return [sys.executable, "-m", "fairseq_cli.train", *args, "--tensorboard-logdir", str(run_dir)]
+
+
+def run_fairseq_train(
+    handle: RunHandle,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+) -> int:
+    """Run ``fairseq-train ARGS`` inside a :func:`record_run` block, logging to its folder.
+
+    Checkpoints saved under the run folder (``--save-dir <run>/checkpoints``) are hashed into
+    the manifest's ``checkpoints`` when the run ends, which is what lets
+    :mod:`finetune_lab.checkpoints` trust them later.
+    """
+    return handle.run(fairseq_train_command(args, handle.run_dir), env=env, check=check)

@@ -1,0 +1,157 @@
+"""Data-aware freeze on a simulated Quarto project (Quarto itself is not installable here)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from runfixtures import EXPERIMENT, tiny_grid  # noqa: F401
+
+from finetune_lab import freeze as fz
+from finetune_lab.cli import main
+from finetune_lab.manifest import sha256_file
+
+CHAPTER_A = """---
+title: "Results"
+inputs:
+  - src/finetune_lab/stats.py
+  - data/runs/{exp}/**
+---
+
+```{{python}}
+1 + 1
+```
+"""
+CHAPTER_B = """---
+title: "Architecture"
+inputs:
+  - src/finetune_lab/params.py
+  - data/not-yet-there.csv
+---
+"""
+
+
+def _project(root: Path, grid=None) -> Path:
+    (root / "chapters").mkdir(parents=True)
+    (root / "src" / "finetune_lab").mkdir(parents=True)
+    (root / "src" / "finetune_lab" / "stats.py").write_text("X = 1\n")
+    (root / "src" / "finetune_lab" / "params.py").write_text("Y = 2\n")
+    (root / "chapters" / "results.qmd").write_text(CHAPTER_A.format(exp=EXPERIMENT))
+    (root / "chapters" / "architecture.qmd").write_text(CHAPTER_B)
+    (root / "index.qmd").write_text("---\ntitle: Home\n---\nNo inputs.\n")
+    runs = root / "data" / "runs" / EXPERIMENT
+    if grid is not None:
+        shutil.copytree(grid.experiment_dir / "random-seed1", runs / "random-seed1")
+    else:
+        (runs / "r1").mkdir(parents=True)
+        (runs / "r1" / "manifest.json").write_text("{}")
+    return root
+
+
+def _execute(root: Path, chapter: str) -> None:
+    """What Quarto does when it executes a chapter with freeze on."""
+    out = fz.freeze_entry(root, chapter) / "execute-results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "html.json").write_text(json.dumps({"hash": "x", "result": {}}))
+
+
+def _render(root: Path, env: dict[str, str]) -> list[str]:
+    """pre-render, execute what is not frozen (as freeze: auto would), post-render."""
+    fz.pre_render(root, env, log=lambda *_: None)
+    executed = [c for c in fz.rendered_chapters(root, env) if not fz.is_frozen(root, c)]
+    for chapter in executed:
+        _execute(root, chapter)
+    fz.post_render(root, log=lambda *_: None)
+    return executed
+
+
+def test_declared_inputs_and_hashing(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    assert fz.chapters(root) == ["chapters/architecture.qmd", "chapters/results.qmd", "index.qmd"]
+    assert fz.declared_inputs(root / "index.qmd") is None
+    hashes = fz.hash_inputs(root, fz.declared_inputs(root / "chapters" / "results.qmd"))
+    assert hashes == {
+        f"data/runs/{EXPERIMENT}/r1/manifest.json": sha256_file(
+            root / "data" / "runs" / EXPERIMENT / "r1" / "manifest.json"),
+        "src/finetune_lab/stats.py": sha256_file(root / "src" / "finetune_lab" / "stats.py"),
+    }
+    assert fz.hash_inputs(root, ["data/not-yet-there.csv"]) == {"data/not-yet-there.csv": "MISSING"}
+    bad = root / "chapters" / "bad.qmd"
+    bad.write_text("---\ninputs: {a: 1}\n---\n")
+    with pytest.raises(fz.FreezeError, match="bad.qmd: 'inputs:' must be a list"):
+        fz.declared_inputs(bad)
+    bad.write_text("---\ninputs: [../outside.txt]\n---\n")
+    with pytest.raises(fz.FreezeError, match="relative to the project root"):
+        fz.declared_inputs(bad)
+
+
+def test_check_freeze_passes_without_freeze_dir(tmp_path: Path, capsys) -> None:
+    root = _project(tmp_path)
+    assert main(["check-freeze", "--project", str(root)]) == 0
+    assert "nothing frozen" in capsys.readouterr().out
+
+
+def test_frozen_without_record_is_stale(tmp_path: Path, capsys) -> None:
+    root = _project(tmp_path)
+    _execute(root, "chapters/results.qmd")  # frozen by a Quarto that never ran pre-render
+    assert main(["check-freeze", "--project", str(root)]) == 1
+    assert "chapters/results.qmd is stale (frozen without a record" in capsys.readouterr().err
+
+
+def test_rendered_chapters_from_quarto_env(tmp_path: Path) -> None:
+    root = _project(tmp_path)
+    env = {"QUARTO_PROJECT_INPUT_FILES": "chapters/results.qmd\nreferences.bib\n"}
+    assert fz.rendered_chapters(root, env) == ["chapters/results.qmd"]
+    assert fz.rendered_chapters(root, {**env, "QUARTO_PROJECT_RENDER_ALL": "1"}) == fz.chapters(root)
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{root / 'index.qmd'}\n")
+    assert fz.rendered_chapters(root, {"QUARTO_USE_FILE_FOR_PROJECT_INPUT_FILES": str(listing),
+                                       "QUARTO_PROJECT_INPUT_FILES": ""}) == ["index.qmd"]
+
+
+@pytest.mark.slow
+def test_changed_run_file_invalidates_exactly_its_chapter(tiny_grid, tmp_path: Path,  # noqa: F811
+                                                          capsys) -> None:
+    root = _project(tmp_path, tiny_grid)
+    all_env = {"QUARTO_PROJECT_RENDER_ALL": "1"}
+    assert _render(root, all_env) == ["chapters/architecture.qmd", "chapters/results.qmd",
+                                      "index.qmd"]
+    record = json.loads(fz.record_path(root, "chapters/results.qmd").read_text())
+    assert any(k.endswith("/manifest.json") for k in record["files"])
+    assert not list((root / "_freeze").rglob("*.pending.json"))
+    assert main(["check-freeze", "--project", str(root)]) == 0
+    assert _render(root, all_env) == []  # nothing changed: everything thaws
+
+    # the run is re-done: one of its real event files changes
+    (event,) = (root / "data" / "runs" / EXPERIMENT / "random-seed1" / "valid").glob("events*")
+    (other,) = (tiny_grid.experiment_dir / "random-seed2" / "valid").glob("events*")
+    shutil.copyfile(other, event)
+    capsys.readouterr()
+    assert main(["check-freeze", "--project", str(root)]) == 1
+    err = capsys.readouterr().err
+    rel = event.relative_to(root).as_posix()
+    assert f"stale: chapters/results.qmd is stale (inputs changed since it was executed): {rel} (changed)" in err
+    assert "architecture" not in err
+
+    # an incremental render of another chapter leaves it alone
+    assert _render(root, {"QUARTO_PROJECT_INPUT_FILES": "chapters/architecture.qmd"}) == []
+    assert fz.is_frozen(root, "chapters/results.qmd")
+    # the next full render re-executes exactly the stale chapter, then all is fresh again
+    assert _render(root, all_env) == ["chapters/results.qmd"]
+    assert main(["check-freeze", "--project", str(root)]) == 0
+
+    # an input that appears (the CSV chapter B declared) makes B stale, naming it as new
+    (root / "data" / "not-yet-there.csv").write_text("a,b\n")
+    stale = fz.check_freeze(root)
+    assert [s.describe() for s in stale] == [
+        "chapters/architecture.qmd is stale (inputs changed since it was executed): "
+        "data/not-yet-there.csv (new)"]
+    # a changed src/ module
+    (root / "src" / "finetune_lab" / "stats.py").write_text("X = 2\n")
+    assert {s.chapter for s in fz.check_freeze(root)} == {"chapters/architecture.qmd",
+                                                          "chapters/results.qmd"}
+    assert main(["freeze", "pre-render", "--project", str(root)]) == 0
+    assert not fz.is_frozen(root, "chapters/results.qmd")
+    assert fz.is_frozen(root, "index.qmd")  # declares no inputs: left to Quarto

@@ -1,0 +1,174 @@
+"""Task 5: the Trainer recipe equals fairseq's, and a tiny real run leaves logs the chapter reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from finetune_lab import hf_compare, hf_convert, hf_finetune
+from finetune_lab.recipe import LAB_RECIPE
+
+EPOCHS = 2
+TINY_RECIPE = dataclasses.replace(LAB_RECIPE, epochs=EPOCHS, lr=5e-4, max_positions=64)
+
+
+def test_every_setting_matches_the_fairseq_recipe():
+    table = hf_finetune.hf_vs_fairseq_defaults()
+    assert table["matched"].all(), table[~table["matched"]].to_string()
+    rows = table.set_index("setting")
+    # the Trainer defaults are read live, and they do differ from the lab's recipe
+    assert rows.loc["Adam betas", "Trainer default"] == "(0.9, 0.999)"
+    assert rows.loc["gradient clipping (max norm)", "Trainer default"] == "1.0"
+    assert rows.loc["weight decay", "Trainer default"] == "0.0"
+    assert rows.loc["warm-up updates", "Transformers run"] == "67"
+    assert rows.loc["total updates", "Transformers run"] == "1125"
+
+
+def test_lr_schedules_are_identical_update_by_update():
+    df = hf_compare.lr_schedules(1800)
+    assert len(df) == 1125
+    assert df["fairseq"].max() == pytest.approx(LAB_RECIPE.lr)
+    assert df["difference"].abs().max() < 1e-15
+
+
+def test_weight_decay_covers_every_parameter(tmp_path):
+    from transformers import RobertaForSequenceClassification
+
+    model = RobertaForSequenceClassification(hf_convert.hf_model_config(hf_convert.tiny_size()))
+    args = hf_finetune.training_arguments(LAB_RECIPE, 1800, 0, tmp_path)
+    data = hf_finetune.ReviewDataset([[0, 5, 2]], [1])
+    trainer = hf_finetune._parity_trainer_class()(model=model, args=args, eval_dataset=data)
+    opt = trainer.create_optimizer()
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] == LAB_RECIPE.weight_decay
+               for p in g["params"]}
+    assert decayed == {id(p) for p in model.parameters()}
+    assert args.max_grad_norm == 0
+
+
+def _texts(n: int) -> list[tuple[str, int]]:
+    """Real CLS-Books reviews when the data root is present, else synthetic two-class lines."""
+    from finetune_lab.config import default_data_root
+
+    path = default_data_root() / "webis-cls-10/fr/books/train.review"
+    if path.is_file():
+        from finetune_lab.cls_books import read_reviews
+
+        reviews = read_reviews(path)[::40][:n]
+        return [(r.text, r.label) for r in reviews]
+    rng = random.Random(0)
+    good, bad = ["superbe", "magnifique", "passionnant"], ["ennuyeux", "raté", "décevant"]
+    return [(" ".join(rng.choice(good if y else bad) for _ in range(6)) + " livre", y)
+            for y in (rng.randint(0, 1) for _ in range(n))]
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """Two real tiny Trainer runs: a random init and one from a converted fairseq model."""
+    import sentencepiece as spm
+    import torch
+
+    from finetune_lab import checkpoints, tokenizer as T
+    from finetune_lab.cls_books import Review, write_split
+    from finetune_lab.params import fairseq_model
+
+    root = tmp_path_factory.mktemp("hf-runs")
+    items = _texts(48)
+    tok_dir = root / "tok"
+    tok_dir.mkdir()
+    T.train_spm([t for t, _ in items] * 3, tok_dir / "spm", vocab_size=200)
+    T.write_fairseq_dict(spm.SentencePieceProcessor(model_file=str(tok_dir / "spm.model")),
+                         tok_dir / "dict.txt")
+    cls_dir = root / "cls.books"
+    cls_dir.mkdir()
+    reviews = [Review(text=t, label=y, rating=5.0 if y else 1.0, position=i)
+               for i, (t, y) in enumerate(items)]
+    write_split(cls_dir, "train", reviews[:32])
+    write_split(cls_dir, "valid", reviews[32:40])
+    write_split(cls_dir, "test", reviews[40:48])
+
+    from finetune_lab.hf_tokenizer import FairseqIdTokenizer
+
+    size = hf_convert.tiny_size(FairseqIdTokenizer.from_dir(tok_dir).vocab_size)
+    fs = fairseq_model(size, classification_head=False)
+    ckpt = root / "ckpt" / "model.pt"
+    ckpt.parent.mkdir()
+    torch.save({"model": fs.state_dict(), "args": None,
+                "cfg": {"model": {"encoder_attention_heads": size.heads}}}, ckpt)
+    import os
+
+    os.environ[checkpoints.TRUSTED_DIRS_ENV] = str(ckpt.parent)
+    try:
+        model_dir = hf_convert.convert_checkpoint(ckpt, root / "hf", tok_dir)
+    finally:
+        del os.environ[checkpoints.TRUSTED_DIRS_ENV]
+
+    runs_root = root / "runs"
+    common = dict(cls_dir=cls_dir, recipe=TINY_RECIPE, logging_steps=2, runs_root=runs_root)
+    dirs = [
+        hf_finetune.finetune_transformers("random", 0, tokenizer_dir=tok_dir, size=size, **common),
+        hf_finetune.finetune_transformers("pretrained", 0, model_dir=model_dir, **common),
+    ]
+    return runs_root, dirs
+
+
+@pytest.mark.slow
+def test_manifests_are_complete_and_valid(tiny_runs):
+    from finetune_lab.registry import validate_run
+
+    _, dirs = tiny_runs
+    for run_dir in dirs:
+        rec = validate_run(run_dir)
+        assert rec.valid, rec.reason
+        man = json.loads((run_dir / "manifest.json").read_text())
+        assert man["status"] == "complete" and man["framework"] == "transformers"
+        assert man["experiment"] == "transformers" and man["seed"] == 0
+        assert man["wall_time_s"] > 0 and man["outputs"]
+        hp = man["hyperparameters"]
+        assert hp["adam_betas"] == [0.9, 0.98] and hp["trainer_max_grad_norm"] == 0.0
+        assert hp["epochs"] == EPOCHS and hp["total_updates"] == 4 * EPOCHS
+    pretrained = json.loads((dirs[1] / "manifest.json").read_text())
+    assert pretrained["init"] == "pretrained" and pretrained["inputs"]["checkpoint"]
+
+
+@pytest.mark.slow
+def test_logs_hold_loss_valid_and_test_for_every_epoch(tiny_runs):
+    runs_root, _ = tiny_runs
+    comp = hf_compare.load_comparison(runs_root)
+    assert comp.present == {"fairseq": 0, "transformers": 2}
+    assert not comp.ready  # no fairseq runs here: the chapter must say so
+    df = comp.loaded.scalars
+    for run, one in df.groupby("run"):
+        for subset, tag in (("train", "loss"), ("train", "epoch_loss"), ("eval", "accuracy"),
+                            ("test", "accuracy")):
+            epochs = set(one[(one["subset"] == subset) & (one["tag"] == tag)]["epoch"].round(6))
+            assert {float(e) for e in range(1, EPOCHS + 1)} <= epochs, (run, subset, tag, epochs)
+    acc = df[df["tag"] == "accuracy"]["value"]
+    assert acc.between(0, 100).all() and (acc > 1).any()  # percent, as fairseq logs it
+    table = hf_compare.per_seed_table(comp)
+    assert set(table["init"]) == {"random", "pretrained"}
+    assert (table["wall time (min)"] > 0).all()
+    assert table["best epoch"].between(1, EPOCHS).all()
+    fig = hf_compare.plot_framework_curves(comp, "random")
+    assert fig.axes[0].lines
+
+
+def test_framework_gap_says_whether_it_is_within_seed_noise():
+    best = pd.DataFrame({
+        "experiment": ["fairseq"] * 3 + ["transformers"] * 3,
+        "framework": ["fairseq"] * 3 + ["transformers"] * 3,
+        "init": ["pretrained"] * 6, "seed": [0, 1, 2] * 2, "run": ["r"] * 6,
+        "best_epoch": [1] * 6, "best_step": [1] * 6, "valid": [80.0] * 6,
+        "test": [80.0, 81.0, 82.0, 80.5, 81.5, 79.5],
+    })
+    comp = hf_compare.Comparison(loaded=None, best=best, present={})
+    row = hf_compare.framework_gaps(comp).iloc[0]
+    assert row["difference"] == pytest.approx(80.5 - 81.0)
+    assert bool(row["within seed noise"])
+    far = best.assign(test=[80.0, 80.1, 80.2, 90.0, 90.1, 90.2])
+    row = hf_compare.framework_gaps(hf_compare.Comparison(None, far, {})).iloc[0]
+    assert not bool(row["within seed noise"])

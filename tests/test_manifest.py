@@ -1,0 +1,152 @@
+"""Manifests: hashing, atomic writes, environment capture and the honesty of record_run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from runfixtures import EXPERIMENT, HYPERPARAMETERS, INITS, SEEDS, tiny_grid  # noqa: F401
+
+from finetune_lab import manifest as mf
+from finetune_lab.errors import UserError
+from finetune_lab.recording import (
+    RunExistsError,
+    TrainingFailedError,
+    fairseq_train_command,
+    record_run,
+)
+
+
+def test_sha256_file_and_tree(tmp_path: Path) -> None:
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "a.txt").write_bytes(b"abc")
+    (tmp_path / "d" / "sub" / "b.bin").write_bytes(b"\x00" * 10)
+    assert mf.sha256_file(tmp_path / "d" / "a.txt") == hashlib.sha256(b"abc").hexdigest()
+    tree = mf.sha256_tree(tmp_path / "d")
+    assert tree == {"a.txt": hashlib.sha256(b"abc").hexdigest(),
+                    "sub/b.bin": hashlib.sha256(b"\x00" * 10).hexdigest()}
+    assert mf.sha256_tree(tmp_path / "d" / "a.txt") == {".": hashlib.sha256(b"abc").hexdigest()}
+    with pytest.raises(mf.ManifestError, match="no such file"):
+        mf.sha256_tree(tmp_path / "nope")
+    assert mf.digest_of(tree) == mf.digest_of(dict(reversed(list(tree.items()))))
+
+
+def test_write_json_atomic_keeps_old_file_on_failure(tmp_path: Path) -> None:
+    target = tmp_path / "m.json"
+    mf.write_json_atomic(target, {"a": 1})
+    with pytest.raises(TypeError):
+        mf.write_json_atomic(target, {"a": object()})  # not JSON-serialisable mid-write
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]  # no temp file left behind
+
+
+def test_git_commit_tolerates_no_repository(tmp_path: Path) -> None:
+    assert mf.git_commit(tmp_path) == {"commit": None, "dirty": None}
+
+
+def test_device_info_names_the_cpu() -> None:
+    info = mf.device_info()
+    assert info["type"] in {"cpu", "cuda"}
+    assert info["name"] and info["count"] >= 1
+    if info["type"] == "cpu":
+        assert info["name"] == mf.cpu_model()
+
+
+def _record(tmp_path: Path, code: str, **kw):
+    cm = record_run("exp", "r1", framework="fairseq", init="random", seed=3,
+                    hyperparameters={"lr": 0.1}, runs_root=tmp_path, **kw)
+    with cm as handle:
+        handle.run([sys.executable, "-c", code])
+    return handle
+
+
+def test_record_run_complete_only_after_exit_zero(tmp_path: Path) -> None:
+    data = tmp_path / "data.txt"
+    data.write_text("hello")
+    handle = _record(tmp_path, "import time; time.sleep(0.2); print('trained')", data=[data])
+    man = mf.read_manifest(handle.run_dir)
+    assert man["status"] == "complete" and man["exit_code"] == 0
+    assert man["wall_time_s"] >= 0.2
+    assert man["start_time"] <= man["end_time"]
+    assert man["command"][0] == sys.executable
+    assert man["inputs"]["data"][0]["sha256"] == {".": hashlib.sha256(b"hello").hexdigest()}
+    assert man["inputs"]["checkpoint"] is None
+    assert (handle.run_dir / "train.log").read_text().strip() == "trained"
+    assert mf.manifest_problems(man) == []
+
+
+def test_record_run_failed_process(tmp_path: Path) -> None:
+    with pytest.raises(TrainingFailedError, match="exited with code 3"):
+        _record(tmp_path, "raise SystemExit(3)")
+    man = mf.read_manifest(tmp_path / "exp" / "r1")
+    assert man["status"] == "failed" and man["exit_code"] == 3
+    assert any("exited with code 3" in p for p in mf.manifest_problems(man))
+
+
+def test_record_run_exception_in_body_marks_failed(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        with record_run("exp", "r2", framework="transformers", init="random", seed=0,
+                        hyperparameters={}, runs_root=tmp_path):
+            raise RuntimeError("boom")
+    man = mf.read_manifest(tmp_path / "exp" / "r2")
+    assert man["status"] == "failed" and "boom" in man["error"]
+
+
+def test_record_run_refuses_existing_run_and_bad_arguments(tmp_path: Path) -> None:
+    _record(tmp_path, "pass")
+    with pytest.raises(RunExistsError, match="already holds a run"):
+        _record(tmp_path, "pass")
+    handle = _record(tmp_path, "pass", overwrite=True)
+    assert mf.read_manifest(handle.run_dir)["status"] == "complete"
+    with pytest.raises(UserError, match="must not contain"):
+        with record_run("exp", "r3", framework="fairseq", init="random", seed=1,
+                        hyperparameters={"seed": 1}, runs_root=tmp_path):
+            pass
+    with pytest.raises(UserError, match="plain folder name"):
+        with record_run("exp", "../x", framework="fairseq", init="random", seed=1,
+                        hyperparameters={}, runs_root=tmp_path):
+            pass
+    with pytest.raises(UserError, match="no --tensorboard-logdir"):
+        fairseq_train_command(["data", "--tensorboard-logdir", "x"], tmp_path)
+
+
+def test_read_manifest_errors(tmp_path: Path) -> None:
+    with pytest.raises(mf.ManifestError, match="manifest.json is missing"):
+        mf.read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(mf.ManifestError, match="not valid JSON"):
+        mf.read_manifest(tmp_path)
+
+
+@pytest.mark.slow
+def test_grid_manifests_record_everything(tiny_grid) -> None:  # noqa: F811
+    runs = sorted((tiny_grid.experiment_dir).iterdir())
+    assert [r.name for r in runs] == sorted(f"{i}-seed{s}" for i in INITS for s in SEEDS)
+    data_hashes = mf.sha256_tree(tiny_grid.data_bin)
+    ckpt_hash = mf.sha256_file(tiny_grid.checkpoint)
+    for run_dir in runs:
+        man = mf.read_manifest(run_dir)
+        assert mf.manifest_problems(man) == []
+        assert man["experiment"] == EXPERIMENT and man["framework"] == "fairseq"
+        assert man["hyperparameters"] == HYPERPARAMETERS
+        assert run_dir.name == f"{man['init']}-seed{man['seed']}"
+        cmd = man["command"]
+        assert cmd[1:3] == ["-m", "fairseq_cli.train"]
+        assert cmd[cmd.index("--seed") + 1] == str(man["seed"])
+        assert cmd[cmd.index("--tensorboard-logdir") + 1] == str(run_dir)
+        assert man["inputs"]["data"][0]["sha256"] == data_hashes
+        if man["init"] == "pretrained":
+            assert man["inputs"]["checkpoint"]["sha256"] == {".": ckpt_hash}
+            assert "--restore-file" in cmd
+        else:
+            assert man["inputs"]["checkpoint"] is None
+        assert {"torch", "fairseq-fixed"} <= set(man["environment"]["packages"])
+        assert man["device"]["type"] == "cpu" and man["device"]["name"]
+        assert {Path(k).parts[0] for k in man["outputs"]} == {"train", "train_inner", "valid",
+                                                              "test"}
+        assert man["outputs"] == mf.output_hashes(run_dir)
+        assert man["checkpoints"] == {}  # --no-save
+        assert 0 < man["wall_time_s"] < 300

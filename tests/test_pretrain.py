@@ -1,0 +1,95 @@
+"""Issue 5: a tiny pretraining run end to end on CPU, its packaged checkpoint, and safe loading."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from finetune_lab import checkpoints, pretrain
+from finetune_lab.manifest import read_manifest
+
+from conftest import needs_data_root
+
+pytestmark = needs_data_root
+
+
+@pytest.fixture(scope="module")
+def tiny_pretrain(tiny_pipeline):
+    return {"run_dir": tiny_pipeline["pretrain_run"], "packaged": tiny_pipeline["packaged"]}
+
+
+@pytest.mark.slow
+def test_run_is_complete_with_curves_and_checkpoint_hash(tiny_pretrain):
+    m = read_manifest(tiny_pretrain["run_dir"])
+    assert m["status"] == "complete" and m["experiment"] == "pretrain"
+    assert m["hyperparameters"]["mask_prob"] == 0.15
+    assert m["hyperparameters"]["warmup_updates"] == 1  # 6 % of 30, at least 1
+    assert len(m["saved_checkpoints"]["checkpoint_best.pt"]["sha256"]) == 64
+    assert m["throughput"]["tokens_per_s"] > 0
+    for subset in ("train", "train_inner", "valid"):
+        assert list((tiny_pretrain["run_dir"] / subset).glob("events.out.tfevents*")), subset
+
+
+@pytest.mark.slow
+def test_packaged_checkpoint_is_weights_only_fp16(tiny_pretrain):
+    folder = tiny_pretrain["packaged"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["model.pt", "dict.txt", "sentencepiece.bpe.model", "manifest.json"])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    state = checkpoints.load_trusted(folder / "model.pt", [folder / "manifest.json"])
+    assert state["last_optimizer_state"] is None and "criterion" not in state
+    floats = [v for v in state["model"].values() if v.is_floating_point()]
+    assert floats and all(v.dtype == torch.float16 for v in floats)
+    assert manifest["files"]["model.pt"]["sha256"] == checkpoints.sha256_file(folder / "model.pt")
+    assert manifest["valid_perplexity"] == pytest.approx(2 ** manifest["valid_loss_bits"])
+
+
+@pytest.mark.slow
+def test_packaged_checkpoint_fills_a_mask(tiny_pretrain, monkeypatch):
+    monkeypatch.setattr(checkpoints, "default_manifests",
+                        lambda: [tiny_pretrain["packaged"] / "manifest.json"])
+    hub = checkpoints.load_hub_model(tiny_pretrain["packaged"])
+    top = hub.fill_mask("Il était une fois un <mask> dans la forêt.", topk=3)
+    assert len(top) == 3 and all(isinstance(score, float) for _, score, _ in top)
+    assert all("<mask>" not in text for text, _, _ in top)
+
+
+def test_unlisted_checkpoint_is_refused(tmp_path):
+    ckpt = tmp_path / "model.pt"
+    torch.save({"model": {"w": torch.zeros(2)}}, ckpt)
+    with pytest.raises(checkpoints.UntrustedCheckpointError, match="in no manifest"):
+        checkpoints.load_trusted(ckpt, manifests=[])
+
+
+@pytest.mark.slow
+def test_tampered_packaged_checkpoint_is_refused(tiny_pretrain, tmp_path):
+    copy = tmp_path / "model.pt"
+    shutil.copyfile(tiny_pretrain["packaged"] / "model.pt", copy)
+    with open(copy, "ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(checkpoints.UntrustedCheckpointError, match="in no manifest"):
+        checkpoints.load_trusted(copy, [tiny_pretrain["packaged"] / "manifest.json"])
+
+
+def test_missing_corpus_names_the_command(tmp_path):
+    with pytest.raises(pretrain.UserError, match="prepare-pretrain"):
+        pretrain.require_corpus(tmp_path)
+
+
+def test_log_rates_skip_the_start_up_interval():
+    log = "\n".join(
+        f"x | INFO | train_inner | epoch 001:  {i} / 9 loss=9, wps={w}, ups={u}, wpb=1"
+        for i, (w, u) in enumerate([(10, 0.1), (1000, 2.0), (1200, 2.2), (1100, 2.1)]))
+    assert pretrain.log_rates(log) == {"updates_per_s": 2.1, "tokens_per_s": 1100.0}
+
+
+def test_mfu_uses_the_gpu_peak():
+    recipe = pretrain.PretrainRecipe()
+    log = "\n".join(f"| train_inner | wps 1000000 | ups 10" for _ in range(3))
+    rec = pretrain.throughput_record(log, recipe, {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]})
+    assert rec["peak_bf16_flops"] == 989e12
+    assert rec["mfu"] == pytest.approx(rec["achieved_flops"] / 989e12)
+    assert rec["parameters"] == 23_124_736

@@ -1,0 +1,51 @@
+"""The provenance footer, built from real runs and a chapter's declared inputs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from runfixtures import EXPERIMENT, copy_run, tiny_grid  # noqa: F401
+
+from finetune_lab.manifest import digest_of, read_manifest, sha256_file
+from finetune_lab.provenance import current_chapter, provenance_footer, provenance_markdown
+from finetune_lab.registry import discover_runs
+
+
+@pytest.mark.slow
+def test_footer_lists_runs_hashes_devices_and_inputs(tiny_grid, tmp_path: Path,  # noqa: F811
+                                                     monkeypatch) -> None:
+    runs_root = tmp_path / "data" / "runs"
+    good = copy_run(tiny_grid, "random-seed1", runs_root)
+    bad = copy_run(tiny_grid, "random-seed2", runs_root)
+    (bad / "manifest.json").unlink()
+    (tmp_path / "chapters").mkdir()
+    (tmp_path / "chapters" / "r.qmd").write_text(
+        f"---\ntitle: R\ninputs:\n  - data/runs/{EXPERIMENT}/**\n---\n")
+    records = discover_runs(runs_root)
+    text = provenance_markdown(records, chapter="chapters/r.qmd", project=tmp_path)
+    man = read_manifest(good)
+    assert "Runs: 1 used, 1 excluded." in text
+    assert f"{EXPERIMENT}/random-seed1" in text and "excluded: " in text
+    assert sha256_file(good / "manifest.json")[:12] in text
+    assert digest_of(man["outputs"])[:12] in text
+    assert man["device"]["name"] in text
+    assert f"torch {man['environment']['packages']['torch']}" in text
+    assert "Executed " in text and "from Quarto's freeze" in text
+    n_files = sum(1 for p in (runs_root / EXPERIMENT).rglob("*") if p.is_file())
+    assert f"Declared inputs of `chapters/r.qmd`: {n_files} files" in text
+    md = provenance_footer(records, chapter="chapters/r.qmd", project=tmp_path)
+    assert md._repr_markdown_().startswith("## Provenance")
+
+    monkeypatch.setenv("QUARTO_DOCUMENT_PATH", str(tmp_path / "chapters"))
+    monkeypatch.setenv("QUARTO_DOCUMENT_FILE", "r.qmd")
+    assert current_chapter(tmp_path) == "chapters/r.qmd"
+    shutil.rmtree(runs_root)
+    assert "declares no `inputs:`" in provenance_markdown(
+        [], chapter="index.qmd", project=_with_index(tmp_path))
+
+
+def _with_index(root: Path) -> Path:
+    (root / "index.qmd").write_text("---\ntitle: Home\n---\n")
+    return root

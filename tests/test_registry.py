@@ -1,0 +1,190 @@
+"""The registry on real tiny fairseq runs, and on every kind of broken run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from runfixtures import (  # noqa: F401
+    EXPERIMENT,
+    copy_run,
+    record_tiny_run,
+    tiny_args,
+    tiny_grid,
+)
+
+from finetune_lab import manifest as mf
+from finetune_lab.cli import main
+from finetune_lab.registry import (
+    InvalidRunError,
+    discover_runs,
+    exclusions_markdown,
+    read_event_file_strict,
+    runs_table,
+    valid_runs,
+)
+from finetune_lab.tblogs import load_scalars
+
+pytestmark = pytest.mark.slow
+
+
+def _only(records, name):
+    (rec,) = [r for r in records if r.name == name]
+    return rec
+
+
+def test_grid_is_valid(tiny_grid) -> None:  # noqa: F811
+    records = discover_runs(tiny_grid.runs_root)
+    assert len(records) == 4 and all(r.valid for r in records), runs_table(records)
+    assert all(r.warnings == [] for r in records)
+    for f in mf.event_files(records[0].path):
+        assert read_event_file_strict(f) >= 2  # file_version event + scalars
+
+
+def test_truncated_event_file(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+    run = copy_run(tiny_grid, "random-seed1", tmp_path)
+    (event,) = (run / "valid").glob("events.out.tfevents*")
+    data = event.read_bytes()
+    event.write_bytes(data[:-7])
+    records = discover_runs(tmp_path)
+    rec = _only(records, "random-seed1")
+    assert not rec.valid
+    assert f"event file {event} is truncated" in rec.reason
+    with pytest.raises(InvalidRunError, match="truncated"):
+        load_scalars(records)
+    assert valid_runs(records) == []
+    assert "random-seed1` excluded: " in exclusions_markdown(records)
+
+
+def test_missing_manifest(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+    run = copy_run(tiny_grid, "random-seed2", tmp_path)
+    (run / "manifest.json").unlink()
+    rec = _only(discover_runs(tmp_path), "random-seed2")
+    assert not rec.valid and rec.status == "no manifest"
+    assert f"{run / 'manifest.json'} is missing" in rec.reason
+
+
+def test_hash_mismatch_event_file(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+    run = copy_run(tiny_grid, "random-seed1", tmp_path)
+    (mine,) = (run / "test").glob("events*")
+    (other,) = (tiny_grid.experiment_dir / "random-seed2" / "test").glob("events*")
+    shutil.copyfile(other, mine)  # a valid event file, but not the one this run wrote
+    rec = _only(discover_runs(tmp_path), "random-seed1")
+    assert not rec.valid
+    assert f"hash mismatch: event file {mine}" in rec.reason
+
+
+def test_hash_mismatch_data_changed(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+    data = tmp_path / "data-bin"
+    shutil.copytree(tiny_grid.data_bin, data)
+    run = copy_run(tiny_grid, "pretrained-seed1", tmp_path / "runs")
+    man = mf.read_manifest(run)
+    man["inputs"]["data"][0]["path"] = str(data)  # the run's data, moved
+    mf.write_manifest(run, man)
+    assert _only(discover_runs(tmp_path / "runs"), "pretrained-seed1").valid
+    (data / "label" / "dict.txt").write_text("1 5\n0 5\n")  # labels swapped
+    rec = _only(discover_runs(tmp_path / "runs"), "pretrained-seed1")
+    assert not rec.valid
+    assert f"hash mismatch: data file {data / 'label' / 'dict.txt'}" in rec.reason
+    # data that is simply not on this machine is reported, not silently trusted
+    shutil.rmtree(data)
+    rec = _only(discover_runs(tmp_path / "runs"), "pretrained-seed1")
+    assert rec.valid and "unverified" in rec.warnings[0]
+
+
+def test_empty_log_directory(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+    (tmp_path / EXPERIMENT / "empty").mkdir(parents=True)
+    run = copy_run(tiny_grid, "random-seed2", tmp_path)
+    for sub in ("train", "train_inner", "valid", "test"):
+        shutil.rmtree(run / sub)
+    records = discover_runs(tmp_path)
+    empty = _only(records, "empty")
+    assert "no TensorBoard event files" in empty.reason and "manifest.json is missing" in empty.reason
+    rec = _only(records, "random-seed2")
+    assert f"no TensorBoard event files under {run} (empty log directory)" in rec.reason
+    assert "listed in the manifest is missing" in rec.reason
+
+
+def test_run_killed_mid_way(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+    """A real fairseq run, killed (with its launcher) after its first validation."""
+    runs_root = tmp_path / "runs"
+    args = tiny_args(tiny_grid.data_bin, seed=7, hp={"max_epoch": 500})
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import json, sys\n"
+        "from finetune_lab.recording import record_run, run_fairseq_train\n"
+        f"args = json.loads({json.dumps(json.dumps(args))})\n"
+        f"with record_run('{EXPERIMENT}', 'killed', framework='fairseq', init='random', seed=7,\n"
+        f"                hyperparameters={{'lr': 1e-3}}, runs_root={str(runs_root)!r}) as h:\n"
+        "    run_fairseq_train(h, args)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = runs_root / EXPERIMENT / "killed"
+    deadline = time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline and not list(run.glob("train/events*")):
+            assert proc.poll() is None, "the launcher ended before it could be killed"
+            time.sleep(0.2)
+        assert list(run.glob("train/events*")), "training never logged an epoch"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    records = discover_runs(runs_root)
+    rec = _only(records, "killed")
+    assert rec.status == "running"
+    assert "status is 'running': the run never finished" in rec.reason
+    assert mf.read_manifest(run)["end_time"] is None
+    with pytest.raises(InvalidRunError, match="never finished"):
+        load_scalars(records)
+
+
+def test_hyperparameters_differ(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+    for name in ("random-seed1", "random-seed2"):
+        copy_run(tiny_grid, name, tmp_path)
+    record_tiny_run(tmp_path, tiny_grid.data_bin, None, init="random", seed=3,
+                    run="random-seed3-lr", hp={"lr": 5e-3})
+    records = discover_runs(tmp_path)
+    odd = _only(records, "random-seed3-lr")
+    assert not odd.valid
+    assert odd.reason == (f"hyperparameter 'lr' = 0.005 differs from the other runs of "
+                          f"experiment '{EXPERIMENT}' (0.001 in 2 of 3 runs)")
+    assert [r.name for r in valid_runs(records)] == ["random-seed1", "random-seed2"]
+
+    # with only two runs nothing says which lr is right: both are flagged
+    shutil.rmtree(tmp_path / EXPERIMENT / "random-seed2")
+    records = discover_runs(tmp_path)
+    assert valid_runs(records) == []
+    assert all("disagrees across the runs" in r.reason for r in records)
+
+    # an experiment.json settles it
+    (tmp_path / EXPERIMENT / "experiment.json").write_text(
+        json.dumps({"hyperparameters": tiny_grid_hp()}))
+    records = discover_runs(tmp_path)
+    assert [r.name for r in valid_runs(records)] == ["random-seed1"]
+    assert "'lr' = 0.005 differs from experiment.json (0.001)" in _only(
+        records, "random-seed3-lr").reason
+
+
+def tiny_grid_hp() -> dict:
+    from runfixtures import HYPERPARAMETERS
+
+    return dict(HYPERPARAMETERS)
+
+
+def test_runs_cli(tiny_grid, tmp_path: Path, capsys) -> None:  # noqa: F811
+    run = copy_run(tiny_grid, "random-seed1", tmp_path)
+    copy_run(tiny_grid, "random-seed2", tmp_path)
+    (run / "manifest.json").unlink()
+    assert main(["runs", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "BAD tiny-grid/random-seed1" in out and "manifest.json is missing" in out
+    assert "ok  tiny-grid/random-seed2" in out and "1 valid, 1 excluded" in out
+    assert main(["runs", "--root", str(tmp_path), "--strict"]) == 1

@@ -1,0 +1,97 @@
+"""Seed statistics: the tie rule on a hand-made frame, then the real tiny grid end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from runfixtures import EPOCHS, SEEDS, tiny_grid  # noqa: F401
+from scipy import stats
+
+from finetune_lab import seedstats as ss
+from finetune_lab.plots import plot_seed_curves, seed_band_caption
+from finetune_lab.tblogs import load_experiments
+
+
+def _frame(rows):
+    df = pd.DataFrame(rows, columns=["init", "seed", "subset", "epoch", "value"])
+    df["experiment"], df["framework"], df["tag"] = "e", "fairseq", "accuracy"
+    df["run"] = df["init"] + "-" + df["seed"].astype(str)
+    df["step"] = (df["epoch"] * 10).astype(int)
+    return df
+
+
+def test_best_epoch_tie_goes_to_earliest_epoch() -> None:
+    rows = []
+    for epoch, (v, t) in enumerate([(60.0, 50.0), (70.0, 61.0), (70.0, 65.0), (65.0, 66.0)], 1):
+        rows += [("random", 1, "valid", epoch, v), ("random", 1, "test", epoch, t)]
+    best = ss.best_epochs(_frame(rows))
+    assert best[["best_epoch", "valid", "test"]].values.tolist() == [[2, 70.0, 61.0]]
+    assert "earliest epoch" in ss.best_epoch_caption() and ss.TIE_RULE in ss.best_epoch_caption()
+
+
+def test_init_gap_matches_welch() -> None:
+    a, b = [80.0, 82.0, 85.0], [70.0, 75.0, 71.0, 73.0]
+    best = pd.DataFrame({"init": ["pretrained"] * 3 + ["random"] * 4, "test": a + b})
+    gap = ss.init_gap(best)
+    ref = stats.ttest_ind(a, b, equal_var=False)
+    assert gap.diff == pytest.approx(np.mean(a) - np.mean(b))
+    assert gap.t == pytest.approx(ref.statistic) and gap.p_value == pytest.approx(ref.pvalue)
+    ci = ref.confidence_interval(0.95)
+    assert (gap.ci_low, gap.ci_high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert "n = 3 and 4 seeds" in gap.describe()
+    with pytest.raises(ss.UserError, match=">= 2 seeds per init"):
+        ss.init_gap(best[best["init"] == "random"].head(3))
+
+
+def test_epoch_summary_uses_sample_std() -> None:
+    rows = [("random", s, "valid", 1, v) for s, v in ((1, 10.0), (2, 20.0), (3, 30.0))]
+    rows += [("random", 1, "valid", 2, 40.0)]
+    summ = ss.epoch_summary(_frame(rows), "valid", "accuracy")
+    assert summ[["epoch", "mean", "std", "n"]].values.tolist()[0] == [1, 20.0, 10.0, 3]
+    assert np.isnan(summ["std"].iloc[1]) and summ["n"].iloc[1] == 1
+    assert ss.fmt_mean_std(20.0, 10.0, 3) == "20.00 ± 10.00 (n=3)"
+    with pytest.raises(ss.MissingMetricError, match="no 'f1'"):
+        ss.epoch_summary(_frame(rows), "valid", "f1")
+
+
+@pytest.mark.slow
+def test_grid_tables_and_figure(tiny_grid, tmp_path) -> None:  # noqa: F811
+    """The real tiny runs flow through the same calls a chapter makes."""
+    loaded = load_experiments(root=tiny_grid.runs_root)
+    df = loaded.scalars
+    best = ss.best_epochs(df)
+    assert len(best) == 4 and set(best["seed"]) == set(SEEDS)
+    for _, row in best.iterrows():  # recompute the rule by hand from the raw rows
+        run = df[(df["run"] == row["run"]) & (df["tag"] == "accuracy")]
+        valid = run[run["subset"] == "valid"].sort_values("epoch")
+        first_best = valid.loc[valid["value"] == valid["value"].max(), "epoch"].min()
+        assert row["best_epoch"] == first_best
+        test = run[(run["subset"] == "test") & (run["epoch"] == first_best)]["value"].item()
+        assert row["test"] == test
+    summ = ss.epoch_summary(df, "valid", "accuracy")
+    assert len(summ) == 2 * EPOCHS and (summ["n"] == 2).all()
+    one = df[(df["subset"] == "valid") & (df["tag"] == "accuracy") & (df["init"] == "random")
+             & (df["epoch"] == 1)]["value"]
+    got = summ[(summ["init"] == "random") & (summ["epoch"] == 1)]
+    assert got["mean"].item() == pytest.approx(one.mean())
+    assert got["std"].item() == pytest.approx(one.std(ddof=1))
+    table = ss.seed_table(best)
+    assert list(table["init"]) == ["pretrained", "random"]
+    assert all("(n=2)" in cell for cell in table["test at best epoch"])
+    gap = ss.init_gap(best)
+    assert gap.n_a == gap.n_b == 2
+    assert gap.diff == pytest.approx(
+        best[best.init == "pretrained"].test.mean() - best[best.init == "random"].test.mean())
+
+    fig = plot_seed_curves(df, "valid", "accuracy")
+    ax = fig.axes[0]
+    assert len(ax.lines) == 4 + 2  # one thin line per seed, one mean line per init
+    assert len(ax.collections) == 2  # one mean ± std band per init
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "init = pretrained (n = 2)", "init = random (n = 2)"]
+    out = tmp_path / "curves.png"
+    fig.savefig(out)
+    assert out.stat().st_size > 5000
+    caption = seed_band_caption({"pretrained": 2, "random": 2})
+    assert "sample standard deviation" in caption and "not a confidence interval" in caption
