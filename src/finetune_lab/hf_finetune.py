@@ -25,8 +25,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import contextlib
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,8 +197,11 @@ def _parity_trainer_class():
 
 
 def build_model(init: str, seed: int, recipe: FinetuneRecipe, *, model_dir: Path | None,
-                size=None, vocab_size: int):
-    """The classifier to fine-tune: converted pretrained weights, or a seeded random init."""
+                size=None, vocab_size: int, model_kwargs: Mapping[str, Any] | None = None):
+    """The classifier to fine-tune: converted pretrained weights, or a seeded random init.
+
+    ``model_kwargs`` go to ``from_pretrained`` (e.g. a ``quantization_config``; pretrained only).
+    """
     from transformers import RobertaForSequenceClassification, set_seed
 
     from finetune_lab.hf_convert import hf_model_config
@@ -210,8 +214,11 @@ def build_model(init: str, seed: int, recipe: FinetuneRecipe, *, model_dir: Path
                             "first (it needs data/checkpoints/roberta-small-fr/model.pt)")
         model = RobertaForSequenceClassification.from_pretrained(
             str(model_dir), num_labels=recipe.num_classes, classifier_dropout=0.0,
-            hidden_dropout_prob=recipe.dropout, attention_probs_dropout_prob=recipe.attention_dropout)
+            hidden_dropout_prob=recipe.dropout, attention_probs_dropout_prob=recipe.attention_dropout,
+            **dict(model_kwargs or {}))
     elif init == "random":
+        if model_kwargs:
+            raise UserError("model_kwargs (e.g. 4-bit loading) apply to pretrained weights only")
         size = size if size is not None else dataclasses.replace(SMALL, classes=recipe.num_classes)
         cfg = hf_model_config(size, recipe.dropout, recipe.attention_dropout)
         model = RobertaForSequenceClassification(cfg)
@@ -249,12 +256,22 @@ def finetune_transformers(
     experiment: str = EXPERIMENT,
     run: str | None = None,
     overwrite: bool = False,
+    model_kwargs: Mapping[str, Any] | None = None,
+    adapt_model: Callable[[Any], Any] | None = None,
+    extra_hyperparameters: Mapping[str, Any] | None = None,
+    run_context: Callable[[Any], contextlib.AbstractContextManager] | None = None,
 ) -> Path:
     """One recorded run: ``<runs root>/<experiment>/<init>-seed<seed>/`` with TensorBoard events.
 
     ``tokenizer_dir`` defaults to the converted model's folder for ``pretrained`` (the tokenizer
     it was trained with) and to the work dir's ``tokenizer/`` for ``random``. ``size`` only
     matters for ``random`` (tests pass a tiny one).
+
+    Hooks for variants of the recipe (the LoRA experiment, :mod:`finetune_lab.lora_cls`), all
+    off by default: ``model_kwargs`` go to ``from_pretrained``; ``adapt_model(model)`` returns
+    the model to train (e.g. peft-wrapped); ``extra_hyperparameters`` are recorded with the
+    recipe's; ``run_context(handle)`` is entered around building the Trainer and training, inside
+    the recorded run (e.g. to measure peak memory into ``handle.manifest``).
     """
     from torch.utils.tensorboard import SummaryWriter
     from transformers.integrations import TensorBoardCallback
@@ -273,20 +290,25 @@ def finetune_transformers(
     data = load_splits(cls_dir, tok)
     n_train = len(data["train"])
     model = build_model(init, seed, recipe, model_dir=model_dir, size=size,
-                        vocab_size=tok.vocab_size)
+                        vocab_size=tok.vocab_size, model_kwargs=model_kwargs)
     c = model.config  # recorded for both inits, so the registry can compare the runs
     hp = hyperparameters(recipe, n_train, logging_steps, size={
         "vocab": c.vocab_size, "dim": c.hidden_size, "layers": c.num_hidden_layers,
         "ffn": c.intermediate_size, "heads": c.num_attention_heads,
         "positions": c.max_position_embeddings, "classes": c.num_labels})
+    if extra_hyperparameters:
+        hp.update(extra_hyperparameters)
+    if adapt_model is not None:
+        model = adapt_model(model)
     inputs = [cls_dir, tokenizer_dir]
     with record_run(experiment, run or f"{init}-seed{seed}", framework=FRAMEWORK, init=init,
                     seed=seed, hyperparameters=hp, data=inputs,
                     checkpoint=model_dir if init == "pretrained" else None,
                     runs_root=runs_root, overwrite=overwrite) as handle:
         writer = SummaryWriter(log_dir=str(handle.run_dir))
+        context = run_context(handle) if run_context is not None else contextlib.nullcontext()
         try:
-            with tempfile.TemporaryDirectory(prefix="hf-trainer-") as scratch:
+            with context, tempfile.TemporaryDirectory(prefix="hf-trainer-") as scratch:
                 trainer = _parity_trainer_class()(
                     model=model,
                     args=training_arguments(recipe, n_train, seed, Path(scratch), logging_steps),

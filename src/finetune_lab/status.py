@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,33 +33,32 @@ LAB_TASKS: tuple[LabTask, ...] = (
     LabTask("Task 5", "Fine-tune with HuggingFace Transformers, same hyperparameters",
             "chapters/transformers.qmd", "sec-transformers", ("transformers",)),
     LabTask("Tasks 6-8, Question 2", "LoRA and QLoRA: configs, counts, memory, a LoRA run",
-            "chapters/lora.qmd", "sec-lora", ("lora",)),
+            "chapters/lora.qmd", "sec-lora", ("lora", "lora-qa")),
 )
 
 
-def _complete_runs(experiment: str, runs_root: Path) -> int:
-    """Runs whose manifest says ``complete`` (validity is checked by the run registry)."""
-    n = 0
-    for manifest in (runs_root / experiment).glob("*/manifest.json"):
-        try:
-            if json.loads(manifest.read_text(encoding="utf-8")).get("status") == "complete":
-                n += 1
-        except (OSError, ValueError):
-            continue
-    return n
-
-
 def lab_status(root: Path = PROJECT_ROOT, runs_root: Path | None = None) -> pd.DataFrame:
-    """One row per lab part: its chapter (a cross-reference when written) and runs made."""
-    runs_root = runs_root if runs_root is not None else paths().runs
+    """One row per lab part: its chapter (a cross-reference when written) and its runs.
+
+    Runs are counted by the run registry: only complete runs that pass validation count; others
+    are reported as excluded.
+    """
+    from finetune_lab.registry import discover_runs
+
+    records = discover_runs(runs_root if runs_root is not None else paths().runs)
     rows = []
     for task in LAB_TASKS:
         written = (root / task.chapter).is_file()
-        if task.experiments:
-            n = sum(_complete_runs(e, runs_root) for e in task.experiments)
-            runs = f"{n} complete run{'s' if n != 1 else ''}" if n else "not run yet"
-        else:
+        mine = [r for r in records if r.experiment in task.experiments]
+        valid = sum(r.valid for r in mine)
+        if not task.experiments:
             runs = "no training run needed"
+        elif not mine:
+            runs = "not run yet"
+        else:
+            runs = f"{valid} valid run{'s' if valid != 1 else ''}"
+            if len(mine) > valid:
+                runs += f", {len(mine) - valid} excluded"
         rows.append({
             "lab part": task.part,
             "asks": task.question,

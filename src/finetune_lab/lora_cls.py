@@ -1,0 +1,554 @@
+"""LoRA against full fine-tuning of RoBERTa-small-fr on CLS-Books (``finetune-lab finetune lora``).
+
+One experiment, ``data/runs/lora/<method>-seed<seed>/``, whose runs differ by *method* only:
+
+* ``lora-qv``: LoRA (r 16, alpha 32, the lab's dropout 0.05, no bias) on the query and value
+  projections of every layer;
+* ``lora-attn``: the same on every attention projection (query, key, value and the attention
+  output ``attention.output.dense``);
+* ``full``: plain full fine-tuning, so that the comparison stays inside one experiment;
+* ``qlora-qv``: ``lora-qv`` on a base model loaded in 4-bit NF4 with the lab's
+  ``BitsAndBytesConfig`` (meant for a GPU; the classifier stays in full precision).
+
+Under LoRA the classification head is new, so it is trained in full (peft's
+``modules_to_save=["classifier"]``). Everything else is the Transformers runs' recipe, reused,
+not copied: :func:`finetune_lab.hf_finetune.finetune_transformers` builds the same Trainer
+(batch 8, 5 epochs, linear warm-up over 6 % of the updates and linear decay to 0, Adam
+(0.9, 0.98), eps 1e-8, weight decay 0.01 on every trained parameter, no clipping, valid and test
+accuracy after every epoch, TensorBoard into the run folder, :func:`record_run`). The one
+recipe value that differs is the peak learning rate of the LoRA methods, :data:`LORA_LR`.
+
+The methods differ on purpose, so the experiment carries an ``experiment.json`` (pinned from its
+first run) that gives the registry the shared hyperparameters and names what varies
+(:data:`VARYING`); within one method the runs must agree on everything but the seed
+(:func:`check_methods`).
+
+Each manifest's ``extra`` records the method, trainable and total parameters (peft's
+``get_nb_trainable_parameters()``), the peak memory of the run (``torch.cuda.max_memory_allocated``
+on a GPU; on a CPU the process's peak resident set size from ``resource.getrusage``, reset at the
+start of the run through ``/proc/self/clear_refs`` where Linux allows it; the manifest says
+which) and the time of the Trainer part of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from finetune_lab.errors import UserError
+from finetune_lab.lora_configs import LAB_BNB, LAB_LORA
+from finetune_lab.recipe import LAB_RECIPE, FinetuneRecipe
+
+EXPERIMENT = "lora"
+DEFAULT_SEEDS = (0, 1, 2)
+DEFAULT_METHODS = ("lora-qv", "lora-attn", "full")
+
+LORA_R = 16
+LORA_ALPHA = 32
+LORA_DROPOUT = LAB_LORA["lora_dropout"]
+LORA_LR = 5e-4
+"""Peak learning rate of the LoRA methods. Full fine-tuning keeps the lab's 1e-5; a low-rank
+update starting from B = 0 moves far more slowly at that rate, and the LoRA paper fine-tuned
+RoBERTa-base with LoRA at 5e-4 (its Table 9, SST-2 and most GLUE tasks). The schedule (warm-up,
+decay, epochs, batch) is the lab's; only its peak differs, and it is recorded as ``lr``."""
+
+BNB_SKIP = ["classifier"]
+"""Kept in full precision under 4-bit loading: the new head is trained in full."""
+
+VARYING = ("method", "lr", "lora", "quantization")
+"""The hyperparameters that differ between methods by design (seed and init aside)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """One way of fine-tuning: which linear layers get adapters (``None``: all weights train)."""
+
+    name: str
+    label: str
+    targets: tuple[str, ...] | None
+    quantized: bool = False
+
+    @property
+    def is_lora(self) -> bool:
+        return self.targets is not None
+
+    def lr(self, recipe: FinetuneRecipe = LAB_RECIPE, lora_lr: float = LORA_LR) -> float:
+        return lora_lr if self.is_lora else recipe.lr
+
+    def lora_settings(self) -> dict[str, Any] | None:
+        """The ``LoraConfig`` arguments (the lab's, with this method's targets and the head)."""
+        if not self.is_lora:
+            return None
+        return {"r": LORA_R, "lora_alpha": LORA_ALPHA, "lora_dropout": LORA_DROPOUT,
+                "bias": LAB_LORA["bias"], "target_modules": list(self.targets or ()),
+                "modules_to_save": ["classifier"], "task_type": "SEQ_CLS"}
+
+    def quantization(self) -> dict[str, Any] | None:
+        return {**LAB_BNB, "llm_int8_skip_modules": list(BNB_SKIP)} if self.quantized else None
+
+
+QV = ("query", "value")
+ATTN = ("query", "key", "value", "attention.output.dense")
+METHODS: dict[str, Method] = {
+    "lora-qv": Method("lora-qv", "LoRA, query + value", QV),
+    "lora-attn": Method("lora-attn", "LoRA, all attention projections", ATTN),
+    "full": Method("full", "full fine-tuning", None),
+    "qlora-qv": Method("qlora-qv", "QLoRA (4-bit NF4 base), query + value", QV, quantized=True),
+}
+
+
+def get_method(name: str) -> Method:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise UserError(f"method {name!r} is not one of {', '.join(METHODS)}") from None
+
+
+def run_name(method: str, seed: int) -> str:
+    return f"{method}-seed{seed}"
+
+
+def run_command(methods: Sequence[str] = DEFAULT_METHODS, seeds: Sequence[int] = DEFAULT_SEEDS
+                ) -> str:
+    """The command line that makes the runs this chapter reads."""
+    return ("finetune-lab finetune lora --methods " + " ".join(methods)
+            + " --seeds " + " ".join(str(s) for s in seeds))
+
+
+RUN_COMMAND = run_command()
+GPU_COMMAND = run_command((*DEFAULT_METHODS, "qlora-qv"))
+
+
+# --- parameter counts ----------------------------------------------------------------------
+
+
+def analytic_counts(method: Method, dim: int, layers: int, classes: int, total: int
+                    ) -> tuple[int, int]:
+    """``(trainable, all)`` as peft counts them, from the formula.
+
+    Every adapted RoBERTa projection maps ``d -> d``, so each adds ``r (d + d)``; the head
+    (``dense`` d x d + d, ``out_proj`` d x C + C) is trained as a copy that peft counts in both
+    numbers. ``total`` is the plain classifier's parameter count.
+    """
+    if not method.is_lora:
+        return total, total
+    lora = layers * len(method.targets or ()) * LORA_R * (dim + dim)
+    head = dim * dim + dim + dim * classes + classes
+    return lora + head, total + lora + head
+
+
+def wrap(model, method: Method):
+    """peft-wrap ``model`` for ``method`` (the model itself for full fine-tuning)."""
+    if not method.is_lora:
+        return model
+    from peft import get_peft_model
+
+    from finetune_lab.lora_configs import lora_config
+
+    return get_peft_model(model, lora_config(**method.lora_settings()))
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """``(trainable, all)``: peft's own count for a peft model, else ``numel()`` sums."""
+    if hasattr(model, "get_nb_trainable_parameters"):
+        return tuple(int(x) for x in model.get_nb_trainable_parameters())  # type: ignore
+    params = list(model.parameters())
+    return (sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params))
+
+
+def method_table(size=None, methods: Iterable[str] = METHODS) -> pd.DataFrame:
+    """Per method: adapted layers, learning rate, trainable and total parameters (peft on a
+    meta-device RoBERTa of ``size``, default RoBERTa-small-fr) and the formula's count.
+
+    QLoRA is counted in full precision: 4-bit storage changes no count in peft's report.
+    """
+    import warnings
+
+    import torch
+    from transformers import RobertaForSequenceClassification
+
+    from finetune_lab.hf_convert import hf_model_config
+    from finetune_lab.params import SMALL
+
+    size = size if size is not None else SMALL
+    rows = []
+    for name in methods:
+        m = get_method(name)
+        with torch.device("meta"):
+            model = RobertaForSequenceClassification(hf_model_config(size))
+        base_total = sum(p.numel() for p in model.parameters())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # peft warns about meta tensors
+            trainable, total = count_parameters(wrap(model, m))
+        analytic = analytic_counts(m, size.dim, size.layers, size.classes, base_total)[0]
+        rows.append({"method": name, "description": m.label,
+                     "adapted layers": ", ".join(m.targets) if m.targets else "all weights",
+                     "peak lr": m.lr(), "trainable (peft)": trainable, "analytic": analytic,
+                     "all params (peft)": total, "trainable %": 100 * trainable / total})
+    return pd.DataFrame(rows)
+
+
+# --- measuring a run --------------------------------------------------------------------------
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak RSS (Linux ``clear_refs`` 5); False where that is refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
+
+
+@contextlib.contextmanager
+def measure(handle, method: Method, counts: dict[str, Any]):
+    """Record the method, parameter counts, peak memory and time into the run's manifest."""
+    import torch
+
+    extra = handle.manifest.setdefault("extra", {})
+    extra.update(method=method.name, parameters=dict(counts))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    reset = _reset_peak_rss()
+    start = time.monotonic()
+    yield
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.monotonic() - start
+    rss = {"bytes": _peak_rss_bytes(),
+           "measure": "peak resident set size of the process (resource.getrusage ru_maxrss), "
+                      + ("reset at the start of the run via /proc/self/clear_refs" if reset
+                         else "since the process started (no reset possible here)")}
+    if cuda:
+        peak = {"device": "cuda", "bytes": int(torch.cuda.max_memory_allocated()),
+                "measure": "torch.cuda.max_memory_allocated, reset at the start of the run",
+                "gpu": torch.cuda.get_device_name(0)}
+    else:
+        peak = {"device": "cpu", "bytes": rss["bytes"], "measure": rss["measure"]}
+    extra.update(peak_memory=peak, cpu_peak_rss=rss, time_s=round(seconds, 3),
+                 time_covers="building the Trainer, training, and valid + test evaluation "
+                             "after every epoch (not loading data or the model)")
+
+
+# --- one run ----------------------------------------------------------------------------------
+
+
+def _four_bit_kwargs(method: Method, force_4bit: bool) -> dict[str, Any] | None:
+    if not method.quantized:
+        return None
+    import torch
+
+    from finetune_lab.lora_configs import bnb_config
+    from finetune_lab.lora_counts import bitsandbytes_available
+
+    if not bitsandbytes_available():
+        raise UserError(f"{method.name} needs bitsandbytes, which does not import here")
+    cuda = torch.cuda.is_available()
+    if not cuda and not force_4bit:
+        raise UserError(f"{method.name} loads the base model in 4 bits, meant for a GPU, and "
+                        "none is visible; pass --force-4bit to quantise on the CPU anyway "
+                        "(bitsandbytes' CPU kernels, slow)")
+    return {"quantization_config": bnb_config(llm_int8_skip_modules=list(BNB_SKIP)),
+            "device_map": {"": 0} if cuda else "cpu"}
+
+
+def finetune_lora(
+    method: str,
+    seed: int,
+    *,
+    cls_dir: Path | None = None,
+    tokenizer_dir: Path | None = None,
+    model_dir: Path | None = None,
+    recipe: FinetuneRecipe = LAB_RECIPE,
+    lora_lr: float = LORA_LR,
+    logging_steps: int | None = None,
+    runs_root: Path | None = None,
+    experiment: str = EXPERIMENT,
+    overwrite: bool = False,
+    force_4bit: bool = False,
+) -> Path:
+    """One recorded run ``<runs root>/<experiment>/<method>-seed<seed>/`` from the converted
+    pretrained RoBERTa-small-fr (``model_dir``, default: converted from the packaged checkpoint).
+
+    The Trainer recipe is :func:`finetune_lab.hf_finetune.finetune_transformers`'s, with the
+    method's peak learning rate; the model is peft-wrapped for the LoRA methods.
+    """
+    from finetune_lab import hf_finetune
+
+    m = get_method(method)
+    run_recipe = dataclasses.replace(recipe, lr=m.lr(recipe, lora_lr))
+    counts: dict[str, Any] = {}
+
+    def adapt(model):
+        if m.quantized:
+            from peft import prepare_model_for_kbit_training
+
+            from finetune_lab.lora_qa import _keep_cpu_4bit_trainable
+
+            # bitsandbytes would repack the 4-bit weights for CPU inference at the first
+            # evaluation, after which training fails; on a GPU this changes nothing
+            _keep_cpu_4bit_trainable(model)
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = wrap(model, m)
+        trainable, total = count_parameters(model)
+        counts.update(trainable=trainable, total=total,
+                      counted_by="peft get_nb_trainable_parameters()" if m.is_lora
+                      else "numel() of every parameter (all trainable)")
+        return model
+
+    run_dir = hf_finetune.finetune_transformers(
+        "pretrained", seed, cls_dir=cls_dir, tokenizer_dir=tokenizer_dir, model_dir=model_dir,
+        recipe=run_recipe,
+        logging_steps=logging_steps if logging_steps is not None else hf_finetune.DEFAULT_LOGGING_STEPS,
+        runs_root=runs_root, experiment=experiment, run=run_name(m.name, seed),
+        overwrite=overwrite, model_kwargs=_four_bit_kwargs(m, force_4bit), adapt_model=adapt,
+        extra_hyperparameters={"method": m.name, "lora": m.lora_settings(),
+                               "quantization": m.quantization()},
+        run_context=lambda handle: measure(handle, m, counts))
+    pin_experiment(run_dir)
+    return run_dir
+
+
+def pin_experiment(run_dir: Path) -> Path:
+    """Write ``experiment.json`` from the first run (shared hyperparameters + what varies);
+    later runs must agree with it, or the registry flags them (refused here, loudly)."""
+    from finetune_lab.manifest import read_manifest, write_json_atomic
+    from finetune_lab.registry import EXPERIMENT_CONFIG, VARYING_KEYS, read_experiment_config
+
+    hp = read_manifest(run_dir)["hyperparameters"]
+    varying = sorted(VARYING)
+    shared = {k: v for k, v in hp.items() if k not in set(varying) | VARYING_KEYS}
+    exp_dir = Path(run_dir).parent
+    config = read_experiment_config(exp_dir)
+    if config is None:
+        write_json_atomic(exp_dir / EXPERIMENT_CONFIG, {
+            "hyperparameters": shared, "varying": varying,
+            "note": "pinned from the first run; the methods differ in 'varying' by design"})
+    else:
+        ignore = set(config.get("varying", [])) | VARYING_KEYS
+        expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
+        got = {k: v for k, v in shared.items() if k not in ignore}
+        differ = sorted(k for k in set(expected) | set(got)
+                        if json.dumps(expected.get(k), sort_keys=True)
+                        != json.dumps(got.get(k), sort_keys=True))
+        if differ:
+            raise UserError(f"{run_dir} was trained with hyperparameters {differ} unlike the "
+                            f"other runs ({exp_dir / EXPERIMENT_CONFIG}); the registry will "
+                            "exclude it. Use another --runs-root or experiment to change them.")
+    return exp_dir / EXPERIMENT_CONFIG
+
+
+# --- reading cached runs (for the chapter) ---------------------------------------------------
+
+
+def check_methods(records) -> None:
+    """Per method, the runs must agree on every hyperparameter but the seed; each run must
+    name a known method and carry its measurements. Problems are added to the records."""
+    from collections import defaultdict
+
+    from finetune_lab.registry import check_hyperparameters
+
+    groups = defaultdict(list)
+    for rec in records:
+        if not rec.valid:
+            continue
+        man = rec.manifest or {}
+        name = (man.get("hyperparameters") or {}).get("method")
+        extra = man.get("extra") or {}
+        if name not in METHODS:
+            rec.problems.append(f"hyperparameter 'method' = {name!r} is not one of "
+                                f"{', '.join(METHODS)}")
+            continue
+        missing = [k for k in ("parameters", "peak_memory", "time_s") if k not in extra]
+        if missing:
+            rec.problems.append(f"manifest extra lacks {missing}")
+            continue
+        groups[name].append(rec)
+    for group in groups.values():
+        check_hyperparameters(group, None)
+
+
+def cached_runs(root: Path | str | None = None, experiment: str = EXPERIMENT):
+    """Every recorded run of the experiment (valid or not) with the valid ones' scalars;
+    ``None`` when none was ever recorded under the runs root."""
+    from finetune_lab.config import paths
+    from finetune_lab.registry import discover_runs, valid_runs
+    from finetune_lab.tblogs import LoadedRuns, load_scalars
+
+    base = Path(root) if root is not None else paths().runs
+    exp = base / experiment
+    if not exp.is_dir() or not any(p.is_dir() and p.name[0] not in "._" for p in exp.iterdir()):
+        return None
+    records = discover_runs(base, [experiment])
+    check_methods(records)
+    return LoadedRuns(scalars=load_scalars(valid_runs(records)), runs=records)
+
+
+def per_run_table(loaded) -> pd.DataFrame:
+    """One row per valid run: method, seed, best valid epoch, valid and test accuracy there,
+    parameters, time and peak memory (from the manifest)."""
+    from finetune_lab.seedstats import best_epochs
+
+    best = best_epochs(loaded.scalars)
+    info = []
+    for rec in loaded.used:
+        extra = (rec.manifest or {}).get("extra") or {}
+        info.append({"run": rec.name, "method": extra["method"],
+                     "trainable": extra["parameters"]["trainable"],
+                     "total": extra["parameters"]["total"],
+                     "time_s": extra["time_s"], "peak_bytes": extra["peak_memory"]["bytes"],
+                     "peak_device": extra["peak_memory"]["device"],
+                     "lr": (rec.manifest or {})["hyperparameters"]["lr"]})
+    out = best.merge(pd.DataFrame(info), on="run", how="left")
+    order = {name: i for i, name in enumerate(METHODS)}
+    return out.sort_values(["method", "seed"], key=lambda s: s.map(order) if s.name == "method"
+                           else s).reset_index(drop=True)
+
+
+def summary(loaded) -> pd.DataFrame:
+    """Per method (numbers): n, mean/std of best-valid and test-at-best-epoch accuracy,
+    trainable and total parameters, mean time per run and mean peak memory."""
+    from finetune_lab.seedstats import seed_summary
+
+    runs = per_run_table(loaded)
+    # seedstats groups by (experiment, framework, init); every run here is "pretrained", and
+    # the method is what varies, so the method takes the init column's place
+    stats = seed_summary(runs.assign(init=runs["method"])).rename(columns={"init": "method"})
+    agg = runs.groupby("method").agg(
+        trainable_min=("trainable", "min"), trainable_max=("trainable", "max"),
+        total=("total", "max"), lr=("lr", "first"), time_s=("time_s", "mean"),
+        peak_bytes=("peak_bytes", "mean"),
+        peak_device=("peak_device", lambda v: "/".join(sorted(set(v))))).reset_index()
+    out = stats.drop(columns=["experiment", "framework"]).merge(agg, on="method")
+    order = {name: i for i, name in enumerate(METHODS)}
+    return out.sort_values("method", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def results_table(loaded) -> pd.DataFrame:
+    """The LoRA-vs-full table: one row per method, accuracy as ``mean ± std (n=…)``."""
+    from finetune_lab.report import fmt_int
+    from finetune_lab.seedstats import fmt_mean_std
+
+    s = summary(loaded)
+
+    def params(lo: int, hi: int) -> str:
+        return fmt_int(lo) if lo == hi else f"{fmt_int(lo)}–{fmt_int(hi)}"
+
+    return pd.DataFrame({
+        "method": s["method"],
+        "peak lr": [f"{x:g}" for x in s["lr"]],
+        "trainable params": [params(a, b) for a, b in zip(s["trainable_min"], s["trainable_max"])],
+        "trainable %": [f"{100 * a / t:.2f} %" for a, t in zip(s["trainable_max"], s["total"])],
+        "best valid acc. (%)": [fmt_mean_std(m, sd, n) for m, sd, n in
+                                zip(s["valid_mean"], s["valid_std"], s["n"])],
+        "test acc. at best valid epoch (%)": [fmt_mean_std(m, sd, n) for m, sd, n in
+                                              zip(s["test_mean"], s["test_std"], s["n"])],
+        "time per run (min)": [f"{t / 60:.1f}" for t in s["time_s"]],
+        "peak memory (MiB)": [f"{b / 2**20:,.0f} ({d})" for b, d in
+                              zip(s["peak_bytes"], s["peak_device"])],
+    })
+
+
+def memory_note(loaded) -> str:
+    """How the peak memory of the used runs was measured (one sentence per distinct measure)."""
+    measures = sorted({((r.manifest or {}).get("extra") or {})["peak_memory"]["measure"]
+                       for r in loaded.used})
+    return "; ".join(measures)
+
+
+NOT_RUN = ("**This experiment has not been run yet.** No valid run is recorded under "
+           "`data/runs/lora/`. It needs the stand-in pretrained RoBERTa-small-fr "
+           "(`data/checkpoints/roberta-small-fr/model.pt`, converted on first use) and the "
+           "prepared CLS-Books; then one command makes all the runs (3 seeds per method):")
+
+
+def state_markdown(loaded) -> str:
+    """What the chapter says about the runs: the command when none is usable, else how many,
+    plus every excluded run with its reason."""
+    from finetune_lab.registry import exclusions_markdown
+
+    if loaded is None or not loaded.used:
+        text = (f"{NOT_RUN}\n\n```bash\n{RUN_COMMAND}\n```\n\nOn a machine with a GPU, add "
+                f"QLoRA (a 4-bit NF4 base model through bitsandbytes):\n\n```bash\n"
+                f"{GPU_COMMAND}\n```")
+    else:
+        n = len(loaded.used)
+        methods = summary(loaded)["method"].tolist()
+        text = (f"{n} valid run{'s' if n != 1 else ''} of the experiment are recorded "
+                f"({', '.join(f'`{m}`' for m in methods)}), made with `{RUN_COMMAND}`. "
+                f"Peak memory: {memory_note(loaded)}.")
+    if loaded is not None and loaded.excluded:
+        text += "\n\nExcluded from the table:\n\n" + exclusions_markdown(loaded.runs)
+    return text
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None:
+    """Register ``finetune lora`` under the lead's ``finetune`` group."""
+    p = finetune_subparsers.add_parser(
+        "lora", help="LoRA vs full fine-tuning of RoBERTa-small-fr on CLS-Books (same recipe)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS),
+                   help="qlora-qv needs bitsandbytes and (unless --force-4bit) a GPU")
+    p.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
+    p.add_argument("--lora-lr", type=float, default=LORA_LR,
+                   help=f"peak learning rate of the LoRA methods (default {LORA_LR:g}; "
+                        f"full fine-tuning keeps the lab's {LAB_RECIPE.lr:g})")
+    p.add_argument("--cls-dir", type=Path, default=None, help="cls.books folder (default: work dir)")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="converted model (default: <work dir>/hf/roberta-small-fr)")
+    p.add_argument("--tokenizer-dir", type=Path, default=None)
+    p.add_argument("--logging-steps", type=int, default=None)
+    p.add_argument("--runs-root", type=Path, default=None)
+    p.add_argument("--epochs", type=int, default=LAB_RECIPE.epochs,
+                   help="shorter runs for a smoke test, recorded as lora-<N>ep (the lab: 5)")
+    p.add_argument("--force-4bit", action="store_true",
+                   help="run qlora-qv without a GPU (bitsandbytes' CPU kernels, slow)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from finetune_lab.recording import run_dir_for
+    from finetune_lab.registry import validate_run
+
+    recipe = dataclasses.replace(LAB_RECIPE, epochs=args.epochs)
+    experiment = EXPERIMENT
+    if args.epochs != LAB_RECIPE.epochs:
+        experiment += f"-{args.epochs}ep"
+    if args.lora_lr != LORA_LR:  # another LoRA learning rate is another experiment
+        experiment += f"-lr{args.lora_lr:g}"
+    for method in args.methods:
+        for seed in args.seeds:
+            target = run_dir_for(experiment, run_name(method, seed), args.runs_root)
+            if (target / "manifest.json").is_file() and validate_run(target).valid:
+                print(f"finetune lora: {experiment}/{target.name} is complete; skipped")
+                continue
+            out = finetune_lora(
+                method, seed, cls_dir=args.cls_dir, tokenizer_dir=args.tokenizer_dir,
+                model_dir=args.model_dir, recipe=recipe, lora_lr=args.lora_lr,
+                logging_steps=args.logging_steps, runs_root=args.runs_root,
+                experiment=experiment, overwrite=True, force_4bit=args.force_4bit)
+            print(f"finetune lora: wrote {out}")
+    return 0

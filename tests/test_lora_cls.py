@@ -1,0 +1,237 @@
+"""LoRA vs full fine-tuning on CLS-Books: counts, tiny real runs per method, manifests, report."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+
+import pytest
+
+from finetune_lab import hf_convert, lora_cls
+from finetune_lab.recipe import LAB_RECIPE
+
+EPOCHS = 2
+TINY_RECIPE = dataclasses.replace(LAB_RECIPE, epochs=EPOCHS, max_positions=64)
+SEEDS = {"lora-qv": (0, 1), "lora-attn": (0, 1), "full": (0, 1)}
+
+
+def _reviews(n: int) -> list[tuple[str, int]]:
+    rng = random.Random(0)
+    good, bad = ["superbe", "magnifique", "passionnant"], ["ennuyeux", "raté", "décevant"]
+    return [(" ".join(rng.choice(good if y else bad) for _ in range(6)) + " livre", y)
+            for y in (rng.randint(0, 1) for _ in range(n))]
+
+
+def test_peft_counts_equal_the_formula_for_roberta_small_and_a_tiny_model():
+    for size in (None, hf_convert.tiny_size()):
+        table = lora_cls.method_table(size).set_index("method")
+        assert (table["trainable (peft)"] == table["analytic"]).all(), table
+        assert table.loc["full", "trainable %"] == 100
+    table = lora_cls.method_table().set_index("method")
+    # RoBERTa-small-fr: d = 512, 4 layers; head 512·512 + 512 + 512·2 + 2 = 263,682
+    assert table.loc["lora-qv", "trainable (peft)"] == 4 * 2 * 16 * 1024 + 263_682
+    assert table.loc["lora-attn", "trainable (peft)"] == 4 * 4 * 16 * 1024 + 263_682
+    assert table.loc["lora-qv", "peak lr"] == lora_cls.LORA_LR
+    assert table.loc["full", "peak lr"] == LAB_RECIPE.lr
+
+
+def test_not_run_state_gives_the_exact_command(tmp_path):
+    assert lora_cls.cached_runs(tmp_path) is None
+    text = lora_cls.state_markdown(None)
+    assert "has not been run yet" in text
+    assert "finetune-lab finetune lora --methods lora-qv lora-attn full --seeds 0 1 2" in text
+    assert lora_cls.GPU_COMMAND.endswith("full qlora-qv --seeds 0 1 2") and lora_cls.GPU_COMMAND in text
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random 'pretrained' RoBERTa folder (as convert-hf writes one) and tiny CLS-Books."""
+    import sentencepiece as spm
+    from transformers import RobertaForMaskedLM
+
+    from finetune_lab import tokenizer as T
+    from finetune_lab.cls_books import Review, write_split
+    from finetune_lab.hf_tokenizer import FairseqIdTokenizer
+
+    root = tmp_path_factory.mktemp("lora-cls")
+    items = _reviews(48)
+    tok_dir = root / "tok"
+    tok_dir.mkdir()
+    T.train_spm([t for t, _ in items] * 3, tok_dir / "spm", vocab_size=60)
+    T.write_fairseq_dict(spm.SentencePieceProcessor(model_file=str(tok_dir / "spm.model")),
+                         tok_dir / "dict.txt")
+    tok = FairseqIdTokenizer.from_dir(tok_dir)
+    size = hf_convert.tiny_size(tok.vocab_size)
+    model_dir = root / "hf"
+    RobertaForMaskedLM(hf_convert.hf_model_config(size)).save_pretrained(model_dir)
+    tok.save(model_dir)
+    cls_dir = root / "cls.books"
+    cls_dir.mkdir()
+    reviews = [Review(text=t, label=y, rating=5.0 if y else 1.0, position=i)
+               for i, (t, y) in enumerate(items)]
+    write_split(cls_dir, "train", reviews[:32])
+    write_split(cls_dir, "valid", reviews[32:40])
+    write_split(cls_dir, "test", reviews[40:48])
+    return {"root": root, "model_dir": model_dir, "cls_dir": cls_dir, "size": size}
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tiny):
+    runs_root = tiny["root"] / "runs"
+    dirs = {}
+    for method, seeds in SEEDS.items():
+        for seed in seeds:
+            dirs[(method, seed)] = lora_cls.finetune_lora(
+                method, seed, cls_dir=tiny["cls_dir"], model_dir=tiny["model_dir"],
+                recipe=TINY_RECIPE, logging_steps=2, runs_root=runs_root)
+    return runs_root, dirs
+
+
+def _base_total(size) -> int:
+    from transformers import RobertaForSequenceClassification
+
+    model = RobertaForSequenceClassification(hf_convert.hf_model_config(size))
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.slow
+def test_manifests_record_method_parameters_memory_and_time(tiny, tiny_runs):
+    from finetune_lab.registry import validate_run
+
+    _, dirs = tiny_runs
+    size = tiny["size"]
+    base = _base_total(size)
+    for (method, seed), run_dir in dirs.items():
+        assert run_dir.name == f"{method}-seed{seed}" and run_dir.parent.name == "lora"
+        rec = validate_run(run_dir)
+        assert rec.valid, rec.reason
+        man = json.loads((run_dir / "manifest.json").read_text())
+        assert man["status"] == "complete" and man["init"] == "pretrained"
+        assert man["framework"] == "transformers" and man["seed"] == seed
+        hp, extra = man["hyperparameters"], man["extra"]
+        m = lora_cls.METHODS[method]
+        assert hp["method"] == extra["method"] == method
+        assert hp["lr"] == (lora_cls.LORA_LR if m.is_lora else LAB_RECIPE.lr)
+        assert hp["epochs"] == EPOCHS and hp["batch_size"] == 8 and hp["adam_betas"] == [0.9, 0.98]
+        assert hp["trainer_max_grad_norm"] == 0.0 and hp["warmup_updates"] == 0
+        assert hp["lora"] == m.lora_settings() and hp["quantization"] is None
+        trainable, total = lora_cls.analytic_counts(m, size.dim, size.layers, size.classes, base)
+        assert extra["parameters"]["trainable"] == trainable
+        assert extra["parameters"]["total"] == total
+        if m.is_lora:
+            assert extra["parameters"]["counted_by"].startswith("peft")
+            assert 0 < trainable < base
+        else:
+            assert trainable == total == base
+        peak = extra["peak_memory"]
+        assert peak["device"] in ("cpu", "cuda") and peak["bytes"] > 0 and peak["measure"]
+        assert extra["time_s"] > 0 and man["wall_time_s"] >= extra["time_s"]
+
+
+@pytest.mark.slow
+def test_valid_and_test_accuracy_are_logged_every_epoch(tiny_runs):
+    runs_root, dirs = tiny_runs
+    loaded = lora_cls.cached_runs(runs_root)
+    assert len(loaded.used) == len(dirs) and not loaded.excluded
+    df = loaded.scalars
+    for run, one in df.groupby("run"):
+        for subset in ("eval", "test"):
+            acc = one[(one["subset"] == subset) & (one["tag"] == "accuracy")]
+            assert set(acc["epoch"].round(6)) == {float(e) for e in range(1, EPOCHS + 1)}, run
+            assert acc["value"].between(0, 100).all()
+
+
+@pytest.mark.slow
+def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs):
+    runs_root, dirs = tiny_runs
+    loaded = lora_cls.cached_runs(runs_root)
+    summ = lora_cls.summary(loaded)
+    assert summ["method"].tolist() == list(SEEDS)
+    assert dict(zip(summ["method"], summ["n"])) == {m: len(s) for m, s in SEEDS.items()}
+    table = lora_cls.results_table(loaded)
+    assert table["method"].tolist() == list(SEEDS)
+    for method, cell in zip(table["method"], table["test acc. at best valid epoch (%)"]):
+        assert cell.endswith(f"(n={len(SEEDS[method])})")
+    text = lora_cls.state_markdown(loaded)
+    assert f"{len(dirs)} valid runs" in text and "not been run" not in text
+    per_run = lora_cls.per_run_table(loaded)
+    assert per_run["best_epoch"].between(1, EPOCHS).all()
+
+
+@pytest.mark.slow
+def test_registry_accepts_the_methods_and_flags_a_changed_recipe(tiny_runs):
+    from finetune_lab.manifest import read_manifest, write_manifest
+    from finetune_lab.registry import discover_runs
+
+    runs_root, dirs = tiny_runs
+    config = json.loads((runs_root / "lora" / "experiment.json").read_text())
+    assert set(config["varying"]) == set(lora_cls.VARYING)
+    assert "lr" not in config["hyperparameters"] and config["hyperparameters"]["epochs"] == EPOCHS
+    assert all(r.valid for r in discover_runs(runs_root))
+    # a LoRA run whose shared recipe differs is flagged by the registry
+    run = dirs[("lora-qv", 1)]
+    original = read_manifest(run)
+    try:
+        changed = json.loads(json.dumps(original))
+        changed["hyperparameters"]["weight_decay"] = 0.1
+        write_manifest(run, changed)
+        bad = [r for r in discover_runs(runs_root) if not r.valid]
+        assert [r.name for r in bad] == ["lora-qv-seed1"]
+        assert "'weight_decay' = 0.1 differs from experiment.json" in bad[0].reason
+        # within a method the varying keys must agree too; with two seeds nothing says which
+        # LoRA config is the method's, so both runs are excluded (the registry's rule)
+        changed = json.loads(json.dumps(original))
+        changed["hyperparameters"]["lora"]["r"] = 8
+        write_manifest(run, changed)
+        loaded = lora_cls.cached_runs(runs_root)
+        assert [r.name for r in loaded.excluded] == ["lora-qv-seed0", "lora-qv-seed1"]
+        assert all("hyperparameter 'lora'" in r.reason for r in loaded.excluded)
+        assert "lora-qv-seed1" in lora_cls.state_markdown(loaded)
+        assert lora_cls.summary(loaded)["method"].tolist() == ["lora-attn", "full"]
+    finally:
+        write_manifest(run, original)
+
+
+@pytest.mark.slow
+def test_cli_runs_then_skips_complete_runs(tiny, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    lora_cls.add_finetune_parser(parser.add_subparsers(dest="framework"))
+    argv = ["lora", "--methods", "lora-attn", "--seeds", "3", "--epochs", "1",
+            "--cls-dir", str(tiny["cls_dir"]), "--model-dir", str(tiny["model_dir"]),
+            "--runs-root", str(tmp_path)]
+    args = parser.parse_args(argv)
+    assert args.func(args) == 0
+    run = tmp_path / "lora-1ep" / "lora-attn-seed3"
+    assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
+    assert args.func(parser.parse_args(argv)) == 0
+    assert "lora-1ep/lora-attn-seed3 is complete; skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parser.parse_args(["lora", "--methods", "adapters"])
+
+
+@pytest.mark.slow
+def test_qlora_runs_on_cpu_with_bitsandbytes_when_forced(tiny, tmp_path):
+    from finetune_lab.errors import UserError
+    from finetune_lab.lora_counts import bitsandbytes_available
+
+    if not bitsandbytes_available():
+        pytest.skip("bitsandbytes does not import here")
+    import torch
+
+    common = dict(cls_dir=tiny["cls_dir"], model_dir=tiny["model_dir"], logging_steps=2,
+                  recipe=dataclasses.replace(TINY_RECIPE, epochs=1), runs_root=tmp_path)
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="--force-4bit"):
+            lora_cls.finetune_lora("qlora-qv", 0, **common)
+    run = lora_cls.finetune_lora("qlora-qv", 0, force_4bit=True, **common)
+    man = json.loads((run / "manifest.json").read_text())
+    assert man["status"] == "complete"
+    assert man["hyperparameters"]["quantization"]["bnb_4bit_quant_type"] == "nf4"
+    size = tiny["size"]
+    m = lora_cls.METHODS["qlora-qv"]
+    trainable, total = lora_cls.analytic_counts(m, size.dim, size.layers, size.classes,
+                                                _base_total(size))
+    assert man["extra"]["parameters"]["trainable"] == trainable
+    assert man["extra"]["parameters"]["total"] == total  # peft counts a 4-bit weight in full

@@ -1,0 +1,27 @@
+"""The book's first-page status table reflects the run cache, not a hand-written claim."""
+
+from __future__ import annotations
+
+import json
+
+from finetune_lab.status import lab_status
+
+
+def test_empty_cache_says_not_run(tmp_path):
+    df = lab_status(runs_root=tmp_path / "runs").set_index("lab part")
+    assert df.loc["Tasks 3-4", "runs"] == "not run yet"
+    assert df.loc["Question 1 / Task 1", "runs"] == "no training run needed"
+    assert df.loc["Question 1 / Task 1", "chapter"] == "@sec-architecture"
+
+
+def test_broken_run_is_counted_as_excluded(tmp_path):
+    run = tmp_path / "runs" / "fairseq" / "random-seed0"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"status": "running"}))
+    df = lab_status(runs_root=tmp_path / "runs").set_index("lab part")
+    assert df.loc["Tasks 3-4", "runs"] == "0 valid runs, 1 excluded"
+
+
+def test_unwritten_chapter_is_said(tmp_path):
+    df = lab_status(root=tmp_path, runs_root=tmp_path / "runs")
+    assert set(df["chapter"]) == {"not written yet"}
