@@ -1,7 +1,7 @@
 # The README's two commands are `make site` and `make test`; both set everything up first.
 VENV ?= .venv
 
-.PHONY: setup site test check-freeze clean
+.PHONY: setup site test check-freeze clean experiments
 
 setup:
 	scripts/setup.sh $(VENV)
@@ -17,3 +17,7 @@ check-freeze: setup
 
 clean:
 	rm -rf _site _freeze .quarto
+
+# Re-run every experiment (resumable; on a GPU when one is available). See README.
+experiments: setup
+	$(VENV)/bin/finetune-lab reproduce

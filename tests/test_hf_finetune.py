@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from pathlib import Path
 
 import pandas as pd
 import pytest

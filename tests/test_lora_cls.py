@@ -220,8 +220,8 @@ def test_qlora_runs_on_cpu_with_bitsandbytes_when_forced(tiny, tmp_path):
         pytest.skip("bitsandbytes does not import here")
     import torch
 
-    common = dict(cls_dir=tiny["cls_dir"], model_dir=tiny["model_dir"], logging_steps=2,
-                  recipe=dataclasses.replace(TINY_RECIPE, epochs=1), runs_root=tmp_path)
+    common = {"cls_dir": tiny["cls_dir"], "model_dir": tiny["model_dir"], "logging_steps": 2,
+              "recipe": dataclasses.replace(TINY_RECIPE, epochs=1), "runs_root": tmp_path}
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="--force-4bit"):
             lora_cls.finetune_lora("qlora-qv", 0, **common)

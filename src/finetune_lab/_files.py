@@ -1,12 +1,12 @@
 """Small file helpers for the data-preparation commands: hashing, atomic folders, JSON.
 
-Private on purpose: ``finetune_lab.manifest`` (run manifests) is written separately; these
-helpers cover only what the data steps need and can be folded into it later.
+Hashing and atomic JSON come from :mod:`finetune_lab.manifest` (one implementation for runs and
+data steps); what is here is specific to the data steps: atomic output folders, the writability
+check, hashing a folder with exclusions, and tool versions.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,15 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab.errors import UserError
+from finetune_lab.manifest import _umask, sha256_file
+from finetune_lab.manifest import write_json_atomic as write_json
 
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, streamed so that large corpora do not sit in memory."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+__all__ = ["sha256_file", "write_json"]  # re-exported: one implementation, in manifest.py
 
 
 def sha256_tree(folder: Path, exclude: tuple[str, ...] = ("manifest.json",)) -> dict[str, str]:
@@ -35,27 +30,6 @@ def sha256_tree(folder: Path, exclude: tuple[str, ...] = ("manifest.json",)) -> 
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name not in exclude
     }
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename) with stable key order."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, ensure_ascii=False, sort_keys=True)
-            handle.write("\n")
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; give it normal permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_json(path: Path) -> Any:

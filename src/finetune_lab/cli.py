@@ -19,6 +19,7 @@ COMMAND_MODULES: list[str] = [
     "finetune_lab.params",
     "finetune_lab.pretrain",
     "finetune_lab.finetune",
+    "finetune_lab.reproduce",
     "finetune_lab.cls_books",
     "finetune_lab.tokenizer",
     "finetune_lab.binarize",

@@ -91,27 +91,55 @@ def _show_path(path: Path | str) -> str:
         return str(p)
 
 
-def planned_train_size(res: FairseqResults | None = None) -> tuple[int, str]:
-    """Number of training reviews the schedule is derived from, and where it was read.
+@dataclass(frozen=True)
+class Plan:
+    """What one run of the grid executes: training-set size, recipe and architecture overrides."""
 
-    From the valid fairseq runs' manifests when there are any (what the runs really used), else
-    from the committed data summary (``data/summaries/data.json``, written by the data chapter's
-    pipeline), so that the command can be shown without the prepared data on this machine.
+    n_train: int
+    source: str
+    """Where ``n_train`` (and the recipe) were read, for the prose."""
+    recipe: FinetuneRecipe = LAB_RECIPE
+    arch: dict[str, int] = field(default_factory=dict)
+
+
+def plan(res: FairseqResults | None = None) -> Plan:
+    """The runs' own size, recipe and architecture when valid runs agree on them; else the lab's.
+
+    Without runs, ``n_train`` is read from the committed data summary
+    (``data/summaries/data.json``, written by the data pipeline) and the recipe is
+    :data:`recipe.LAB_RECIPE`, so that the command can be shown without the prepared data.
     """
+    from dataclasses import fields
+
     from finetune_lab.data_summary import summary_path
 
     res = res if res is not None else load_results()
-    sizes = sorted({int(r.manifest["hyperparameters"]["n_train"]) for r in res.loaded.used
-                    if "n_train" in (r.manifest or {}).get("hyperparameters", {})})
-    if len(sizes) == 1:
-        return sizes[0], "the runs' manifests"
+    hps = {json.dumps(r.manifest["hyperparameters"], sort_keys=True) for r in res.loaded.used}
+    if len(hps) == 1:
+        hp = json.loads(hps.pop())
+        names = {f.name for f in fields(FinetuneRecipe)}
+        kw = {k: v for k, v in hp.items() if k in names}
+        if "adam_betas" in kw:
+            kw["adam_betas"] = tuple(kw["adam_betas"])
+        return Plan(int(hp["n_train"]), "the runs' manifests", FinetuneRecipe(**kw),
+                    dict(hp.get("arch_overrides") or {}))
     summary = summary_path()
     if summary.is_file():
         splits = json.loads(summary.read_text(encoding="utf-8"))["cls"]["splits"]
         train = next(s for s in splits if s["split"] == "train")
-        return int(train["reviews"]), f"`{_show_path(summary)}`"
+        return Plan(int(train["reviews"]), f"`{_show_path(summary)}`")
     bin_dir = ff.require_cls_bin(_default_bin())
-    return ff.train_size(bin_dir), f"`{_show_path(bin_dir)}`"
+    return Plan(ff.train_size(bin_dir), f"`{_show_path(bin_dir)}`")
+
+
+def recipe_note(p: Plan) -> str:
+    """'' when the runs follow the lab's recipe, else the settings in which they differ."""
+    ours, lab = p.recipe.as_dict(), LAB_RECIPE.as_dict()
+    diff = [f"{k} = {ours[k]} (the lab: {lab[k]})" for k in ours if ours[k] != lab[k]]
+    diff += [f"{k} = {v}" for k, v in sorted(p.arch.items())]
+    if not diff:
+        return ""
+    return ("**These runs do not follow the lab's recipe exactly**: " + "; ".join(diff) + ".")
 
 
 def _default_bin() -> Path:
@@ -126,10 +154,10 @@ def _default_checkpoint() -> Path:
     return packaged_dir() / MODEL_FILE
 
 
-def train_command(n_train: int, init: str = "pretrained", seed: int = SEEDS[0], *,
-                  recipe: FinetuneRecipe = LAB_RECIPE, bin_dir: Path | None = None,
-                  cpu: bool = False, runs_root: Path | None = None) -> list[str]:
-    """The ``fairseq-train`` argument list one run of the grid executes (paths as given).
+def train_command(p: Plan, init: str = "pretrained", seed: int = SEEDS[0], *,
+                  bin_dir: Path | None = None, cpu: bool = False,
+                  runs_root: Path | None = None) -> list[str]:
+    """The ``fairseq-train`` argument list one run of the grid executes.
 
     Built with :func:`finetune_fairseq.fairseq_args` for the default data and checkpoint paths;
     neither needs to exist. ``--tensorboard-logdir`` is the run's folder in the run cache.
@@ -137,8 +165,8 @@ def train_command(n_train: int, init: str = "pretrained", seed: int = SEEDS[0], 
     from finetune_lab.recording import run_dir_for
 
     ckpt = _default_checkpoint() if init == "pretrained" else None
-    args = ff.fairseq_args(bin_dir or _default_bin(), recipe, n_train, seed=seed,
-                           checkpoint=ckpt, cpu=cpu)
+    args = ff.fairseq_args(bin_dir or _default_bin(), p.recipe, p.n_train, seed=seed,
+                           checkpoint=ckpt, cpu=cpu, arch=p.arch or None)
     logdir = run_dir_for(EXPERIMENT, ff.run_name(init, seed), runs_root)
     return ["fairseq-train", *args, "--tensorboard-logdir", str(logdir)]
 
@@ -155,9 +183,7 @@ def render_command(argv: list[str], width: int = 88) -> str:
     lines: list[str] = []
     for g in groups:
         text = shlex.join(g)
-        if lines and not g[0].startswith("--"):
-            lines[-1] += " " + text
-        elif lines and len(lines[-1]) + 1 + len(text) <= width:
+        if lines and len(lines[-1]) + 1 + len(text) <= width:
             lines[-1] += " " + text
         else:
             lines.append(text)
@@ -171,22 +197,27 @@ def shell_markdown(text: str):
     return Markdown(f"```bash\n{text}\n```")
 
 
-def command_markdown(n_train: int, init: str = "pretrained", seed: int = SEEDS[0]):
+def command_markdown(p: Plan, init: str = "pretrained", seed: int = SEEDS[0]):
     """The rendered ``fairseq-train`` line of one run as a fenced ``bash`` block."""
-    return shell_markdown(render_command(train_command(n_train, init, seed)))
+    return shell_markdown(render_command(train_command(p, init, seed)))
 
 
-def init_flags(n_train: int) -> list[str]:
+def init_flags(p: Plan) -> list[str]:
     """The options the pretrained runs add to the random ones (computed from both lines)."""
-    pre = ff.fairseq_args(_default_bin(), LAB_RECIPE, n_train, seed=0,
-                          checkpoint=_default_checkpoint(), cpu=False)
-    rnd = set(ff.fairseq_args(_default_bin(), LAB_RECIPE, n_train, seed=0, checkpoint=None,
-                              cpu=False))
+    pre = train_command(p, "pretrained", 0)
+    rnd = set(train_command(p, "random", 0))
     return [a for a in pre if a.startswith("--") and a not in rnd]
 
 
-def schedule_table(n_train: int, recipe: FinetuneRecipe = LAB_RECIPE) -> pd.DataFrame:
+def code_list(items: list[str]) -> str:
+    """``a``, ``b`` and ``c`` as inline code, for prose."""
+    codes = [f"`{i}`" for i in items]
+    return codes[0] if len(codes) == 1 else ", ".join(codes[:-1]) + " and " + codes[-1]
+
+
+def schedule_table(p: Plan) -> pd.DataFrame:
     """The recipe's schedule derived from ``n_train``: updates, warm-up, peak learning rate."""
+    n_train, recipe = p.n_train, p.recipe
     rows = [
         ("training reviews", f"{n_train:,}", "binarized training set"),
         ("batch size", f"{recipe.batch_size}", "recipe"),
@@ -197,8 +228,8 @@ def schedule_table(n_train: int, recipe: FinetuneRecipe = LAB_RECIPE) -> pd.Data
          f"{recipe.updates_per_epoch(n_train):,} × {recipe.epochs}"),
         ("warm-up updates", f"{recipe.warmup_updates(n_train)}",
          f"⌊{recipe.warmup_ratio:g} × {recipe.total_updates(n_train):,}⌋"),
-        ("peak learning rate", f"{recipe.lr:g}", "reached at the end of warm-up, then linear "
-                                                 "decay to 0 at the last update"),
+        ("peak learning rate", f"{recipe.lr:g}",
+         "reached at the end of warm-up, then linear decay to 0 at the last update"),
     ]
     return pd.DataFrame(rows, columns=["quantity", "value", "how"])
 
@@ -247,15 +278,19 @@ def results_status(res: FairseqResults) -> str:
     tail = f" ({excluded} recorded run(s) are excluded, listed below)" if excluded else ""
     want = len(INITS) * len(SEEDS)
     have = {i: res.n(i) for i in INITS}
+    need_ckpt = "" if _default_checkpoint().is_file() else (
+        f" The pretrained runs start from `{_show_path(_default_checkpoint())}`, which does not "
+        "exist yet: `finetune-lab pretrain` makes it.")
     if not res.ready:
         return (f"**The runs have not been made yet**{tail}: the run cache holds no valid "
                 f"`{EXPERIMENT}` run, so the result tables below are empty and the figure shows "
                 f"only the planned learning-rate schedule. `{FINETUNE_COMMAND}` makes the "
                 f"{want} runs (on a GPU when one is visible); this chapter then fills in from "
-                "their logs.")
+                f"their logs.{need_ckpt}")
     counts = " and ".join(f"{n} {i}" for i, n in have.items())
     missing = "" if sum(have.values()) >= want else (
-        f" The full grid has {want} runs; `{FINETUNE_COMMAND}` makes the missing ones.")
+        f" The full grid has {want} runs; `{FINETUNE_COMMAND}` makes the missing ones."
+        + (need_ckpt if res.n("pretrained") < len(SEEDS) else ""))
     return (f"The run cache holds {counts} valid run(s){tail}; every table and figure below is "
             f"computed from their logs.{missing}")
 
@@ -366,8 +401,7 @@ def _by_update(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(epoch=df["step"].astype(float))
 
 
-def plot_curves(res: FairseqResults, n_train: int | None = None,
-                recipe: FinetuneRecipe = LAB_RECIPE):
+def plot_curves(res: FairseqResults, p: Plan | None = None):
     """2 × 2 panels against the update count: valid and test accuracy, train loss, learning rate.
 
     Thin lines are runs; thick line and band the mean ± sample std per init (via
@@ -380,12 +414,11 @@ def plot_curves(res: FairseqResults, n_train: int | None = None,
     from finetune_lab.hf_compare import lr_schedules
     from finetune_lab.plots import plot_seed_curves
 
-    if n_train is None:
-        n_train = planned_train_size()[0]
-    planned = lr_schedules(n_train, recipe)
+    p = p if p is not None else plan(res)
+    planned = lr_schedules(p.n_train, p.recipe)
     if not res.ready:
         fig, ax = plt.subplots(figsize=(6, 3), layout="constrained")
-        ax.plot(planned["update"], planned["fairseq"], ls="--", color="0.3",
+        ax.plot(planned["update"] - 1, planned["fairseq"], ls="--", color="0.3",
                 label="planned (no runs yet)")
         ax.set_xlabel("update")
         ax.set_ylabel("learning rate")
@@ -401,7 +434,8 @@ def plot_curves(res: FairseqResults, n_train: int | None = None,
         plot_seed_curves(df, subset, tag, ax=ax, ylabel=label)
         ax.set_xlabel("update")
     lr_ax = axes[1, 1]
-    lr_ax.plot(planned["update"], planned["fairseq"], ls="--", color="0.2", lw=1,
+    # fairseq logs, at update n, the rate set after it (the one update n + 1 will use)
+    lr_ax.plot(planned["update"] - 1, planned["fairseq"], ls="--", color="0.2", lw=1,
                label="planned schedule")
     lr_ax.legend(frameon=False, fontsize="small")
     for ax in axes[0]:
@@ -446,8 +480,7 @@ def speed_sentence(res: FairseqResults) -> str:
            "do not compare directly")
     return (f"The {len(t)} runs took {t['wall time (min)'].mean():.1f} min each on average "
             f"(fastest {t['wall time (min)'].min():.1f}, slowest {t['wall time (min)'].max():.1f}), "
-            f"{dev}; fairseq's median rate was {t['updates/s'].median():.1f} updates/s "
-            "(@tbl-speed).")
+            f"{dev}; fairseq's median rate was {t['updates/s'].median():.1f} updates/s.")
 
 
 # --- the stand-in's pretraining budget -------------------------------------------------------
@@ -481,31 +514,47 @@ class PretrainBudget:
         return self.tokens_seen / self.corpus_tokens
 
 
-def _corpus_counts() -> tuple[int | None, int | None]:
-    """Words and tokens of the pretraining corpus's train split (prepared data, else summary)."""
+def _corpus_record() -> dict[str, Any]:
+    """The pretraining corpus's record (prepared data's manifest, else the committed summary)."""
     from finetune_lab.data_summary import summary_path
     from finetune_lab.pretrain_corpus import default_output
 
-    for path, keys in ((default_output() / "manifest.json", ("counts",)),
-                       (summary_path(), ("pretrain", "counts"))):
-        if path.is_file():
-            d = json.loads(path.read_text(encoding="utf-8"))
-            for k in keys:
-                d = d.get(k, {})
-            train = d.get("train") or {}
-            if train:
-                return train.get("words"), train.get("tokens")
-    return None, None
+    prepared = default_output() / "manifest.json"
+    if prepared.is_file():
+        return json.loads(prepared.read_text(encoding="utf-8"))
+    if summary_path().is_file():
+        return json.loads(summary_path().read_text(encoding="utf-8")).get("pretrain") or {}
+    return {}
 
 
-def _pretrain_manifest(runs_root: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+def _corpus_counts() -> tuple[int | None, int | None]:
+    """Words and tokens of the pretraining corpus's train split."""
+    train = (_corpus_record().get("counts") or {}).get("train") or {}
+    return train.get("words"), train.get("tokens")
+
+
+def corpus_description() -> str:
+    """What the stand-in's pretraining corpus holds, from its recorded parameters and counts."""
+    from finetune_lab.pretrain_corpus import REVIEW_DOMAINS
+
+    rec = _corpus_record()
+    train = (rec.get("counts") or {}).get("train") or {}
+    novels = train.get("novels")
+    text = f"{novels:,} ELTeC-fra novels" if novels else "ELTeC-fra novels"
+    if (rec.get("parameters") or {}).get("with_reviews"):
+        text += f" + Webis-CLS-10 {'/'.join(REVIEW_DOMAINS)} training reviews (not books)"
+    return text
+
+
+def _pretrain_manifest(runs_root: Path | None = None, checkpoint_dir: Path | None = None
+                       ) -> tuple[Path, dict[str, Any]] | None:
     """The pretraining run behind the packaged checkpoint, else the last complete one, if any."""
     from finetune_lab.checkpoints import MANIFEST_FILE, packaged_dir
-    from finetune_lab.manifest import read_manifest, resolve_stored_path
+    from finetune_lab.manifest import ManifestError, read_manifest, resolve_stored_path
     from finetune_lab.pretrain import EXPERIMENT as PRETRAIN
 
     root = Path(runs_root) if runs_root is not None else paths().runs
-    packaged = packaged_dir() / MANIFEST_FILE
+    packaged = (Path(checkpoint_dir) if checkpoint_dir else packaged_dir()) / MANIFEST_FILE
     if packaged.is_file():
         run = json.loads(packaged.read_text(encoding="utf-8")).get("run")
         if run and (resolve_stored_path(run) / "manifest.json").is_file():
@@ -514,7 +563,7 @@ def _pretrain_manifest(runs_root: Path | None = None) -> tuple[Path, dict[str, A
     for m in sorted((root / PRETRAIN).glob("*/manifest.json")):
         try:
             man = read_manifest(m.parent)
-        except Exception:  # unreadable manifests are the pretraining chapter's business
+        except ManifestError:  # an unreadable manifest is the pretraining chapter's business
             continue
         if man.get("status") == "complete":
             found.append((man.get("end_time") or "", m.parent, man))
@@ -524,9 +573,14 @@ def _pretrain_manifest(runs_root: Path | None = None) -> tuple[Path, dict[str, A
     return path, man
 
 
-def pretrain_budget(runs_root: Path | None = None) -> PretrainBudget | None:
-    """The stand-in's pretraining budget from its run manifest (None when no run exists)."""
-    got = _pretrain_manifest(runs_root)
+def pretrain_budget(runs_root: Path | None = None,
+                    checkpoint_dir: Path | None = None) -> PretrainBudget | None:
+    """The stand-in's pretraining budget from its run manifest (None when no run exists).
+
+    The run is the one the packaged checkpoint names (its ``manifest.json``'s ``run``), else the
+    last complete run of the ``pretrain`` experiment.
+    """
+    got = _pretrain_manifest(runs_root, checkpoint_dir)
     if got is None:
         return None
     path, man = got
@@ -540,7 +594,7 @@ def pretrain_budget(runs_root: Path | None = None) -> PretrainBudget | None:
         corpus_words=words, corpus_tokens=tokens)
 
 
-def _fmt(value: float | int | None, spec: str = ",.0f", suffix: str = "") -> str:
+def _fmt(value: float | None, spec: str = ",.0f", suffix: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return f"{value:{spec}}{suffix}"
@@ -551,8 +605,7 @@ def budget_table(budget: PretrainBudget | None) -> pd.DataFrame:
     words, tokens = (budget.corpus_words, budget.corpus_tokens) if budget else _corpus_counts()
     course = f"{COURSE_SOURCE} (external reference)"
     rows = [
-        {"": "corpus", "this project's stand-in": "ELTeC-fra novels 1840-1920 "
-                                                   "(+ dvd/music reviews)",
+        {"": "corpus", "this project's stand-in": corpus_description(),
          course: f"{COURSE_PRETRAINING['corpus']}, {COURSE_PRETRAINING['corpus_gb']:g} GB"},
         {"": "training corpus size", "this project's stand-in":
             f"{_fmt(words)} words, {_fmt(tokens)} sentencepiece tokens", course: "–"},
@@ -587,10 +640,10 @@ def budget_sentence(budget: PretrainBudget | None) -> str:
               f"{COURSE_PRETRAINING['epochs']} epochs")
     if budget is None:
         return (f"The stand-in's pretraining run is not in the run cache yet; it will read "
-                f"{_fmt(words)} words of novels, against the course's {course}.")
+                f"{_fmt(words)} words, against the course's {course}.")
     mins = budget.wall_time_s / 60 if budget.wall_time_s else None
     return (f"Our stand-in saw {_fmt(budget.tokens_seen)} tokens "
-            f"({_fmt(budget.passes, '.2f')} passes over {_fmt(words)} words of novels) in "
+            f"({_fmt(budget.passes, '.2f')} passes over {_fmt(words)} words) in "
             f"{_fmt(mins, '.1f')} min on {budget.device} (`{budget.run}`), against the "
             f"course's {course}.")
 
@@ -604,6 +657,7 @@ def result_sentences(res: FairseqResults) -> str:
         return ("No result can be discussed before the runs exist; the comparison with the "
                 "course below is the one the runs will be read against.")
     summ = seed_summary(res).set_index("init")
+    epochs = int(res.loaded.scalars.loc[res.loaded.scalars["subset"] == "valid", "epoch"].max())
     parts = []
     for init in INITS:
         if init not in summ.index:
@@ -615,10 +669,11 @@ def result_sentences(res: FairseqResults) -> str:
         where = ("inside" if ref.low <= mean <= ref.high else
                  f"{min(abs(mean - ref.low), abs(mean - ref.high)):.1f} points "
                  f"{'below' if mean < ref.low else 'above'}")
-        parts.append(f"the {init} runs reach {seedstats.fmt_mean_std(mean, row['test_std'], int(row['n']))} "
-                     f"% test accuracy at their best-validation epoch (mean best epoch "
-                     f"{row['best_epoch_mean']:.1f} of {int(res.best['best_epoch'].max())} logged), "
-                     f"{where} the course's {ref.text()}")
+        std = "–" if math.isnan(row["test_std"]) else f"{row['test_std']:.1f}"
+        parts.append(f"the {int(row['n'])} {init} runs reach {mean:.1f} ± {std} % test "
+                     f"accuracy at their best-validation epoch (on average epoch "
+                     f"{row['best_epoch_mean']:.1f} of {epochs}), {where} the course's "
+                     f"{ref.text()}")
     text = "; ".join(parts)
     text = text[0].upper() + text[1:] + "."
     g = gap(res)

@@ -23,9 +23,9 @@ is checkpointed: the best epoch is chosen from the logs (:mod:`finetune_lab.seed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
-import contextlib
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path

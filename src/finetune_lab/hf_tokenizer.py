@@ -203,7 +203,6 @@ def fairseq_ids_from_text(
     """Reference ids through fairseq's own code: the project's piece encoder (``binarize.py``),
     ``Dictionary.encode_line`` (as ``fairseq-preprocess`` calls it) and the task's datasets."""
     import sentencepiece as spm
-    import torch
 
     from finetune_lab import tokenizer as project_tokenizer
     from finetune_lab.fairseq_compat import quiet_import

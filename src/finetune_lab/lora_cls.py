@@ -132,6 +132,14 @@ GPU_COMMAND = run_command((*DEFAULT_METHODS, "qlora-qv"))
 # --- parameter counts ----------------------------------------------------------------------
 
 
+def head_parameters(size=None) -> int:
+    """The classification head: ``dense`` d x d + d and ``out_proj`` d x C + C."""
+    from finetune_lab.params import SMALL
+
+    size = size if size is not None else SMALL
+    return size.dim * size.dim + size.dim + size.dim * size.classes + size.classes
+
+
 def analytic_counts(method: Method, dim: int, layers: int, classes: int, total: int
                     ) -> tuple[int, int]:
     """``(trainable, all)`` as peft counts them, from the formula.
@@ -143,7 +151,7 @@ def analytic_counts(method: Method, dim: int, layers: int, classes: int, total: 
     if not method.is_lora:
         return total, total
     lora = layers * len(method.targets or ()) * LORA_R * (dim + dim)
-    head = dim * dim + dim + dim * classes + classes
+    head = dim * dim + dim + dim * classes + classes  # = head_parameters()
     return lora + head, total + lora + head
 
 
@@ -333,7 +341,8 @@ def pin_experiment(run_dir: Path) -> Path:
     """Write ``experiment.json`` from the first run (shared hyperparameters + what varies);
     later runs must agree with it, or the registry flags them (refused here, loudly)."""
     from finetune_lab.manifest import read_manifest, write_json_atomic
-    from finetune_lab.registry import EXPERIMENT_CONFIG, VARYING_KEYS, read_experiment_config
+    from finetune_lab.registry import (EXPERIMENT_CONFIG, VARYING_KEYS,
+                                       read_experiment_config)
 
     hp = read_manifest(run_dir)["hyperparameters"]
     varying = sorted(VARYING)
@@ -476,10 +485,18 @@ def memory_note(loaded) -> str:
     return "; ".join(measures)
 
 
-NOT_RUN = ("**This experiment has not been run yet.** No valid run is recorded under "
-           "`data/runs/lora/`. It needs the stand-in pretrained RoBERTa-small-fr "
-           "(`data/checkpoints/roberta-small-fr/model.pt`, converted on first use) and the "
-           "prepared CLS-Books; then one command makes all the runs (3 seeds per method):")
+def not_run_text() -> str:
+    """The chapter's statement when no usable run exists, with what the runs need."""
+    from finetune_lab.checkpoints import MODEL_FILE, packaged_dir
+    from finetune_lab.config import paths
+
+    ckpt = packaged_dir() / MODEL_FILE
+    where = ckpt.relative_to(paths().project) if ckpt.is_relative_to(paths().project) else ckpt
+    return ("**This experiment has not been run yet.** No valid run is recorded under "
+            f"`data/runs/{EXPERIMENT}/`. It needs the stand-in pretrained RoBERTa-small-fr "
+            f"(`{where}`, converted to Transformers on first use) and the prepared "
+            "CLS-Books; then one command makes all "
+            f"the runs ({len(DEFAULT_SEEDS)} seeds per method):")
 
 
 def state_markdown(loaded) -> str:
@@ -488,14 +505,15 @@ def state_markdown(loaded) -> str:
     from finetune_lab.registry import exclusions_markdown
 
     if loaded is None or not loaded.used:
-        text = (f"{NOT_RUN}\n\n```bash\n{RUN_COMMAND}\n```\n\nOn a machine with a GPU, add "
+        text = (f"{not_run_text()}\n\n```bash\n{RUN_COMMAND}\n```\n\nOn a machine with a GPU, add "
                 f"QLoRA (a 4-bit NF4 base model through bitsandbytes):\n\n```bash\n"
                 f"{GPU_COMMAND}\n```")
     else:
         n = len(loaded.used)
         methods = summary(loaded)["method"].tolist()
         text = (f"{n} valid run{'s' if n != 1 else ''} of the experiment are recorded "
-                f"({', '.join(f'`{m}`' for m in methods)}), made with `{RUN_COMMAND}`. "
+                f"({', '.join(f'`{m}`' for m in methods)}; each manifest holds the command "
+                f"that made it; `{RUN_COMMAND}` makes any that are missing). "
                 f"Peak memory: {memory_note(loaded)}.")
     if loaded is not None and loaded.excluded:
         text += "\n\nExcluded from the table:\n\n" + exclusions_markdown(loaded.runs)

@@ -23,7 +23,10 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from finetune_lab.errors import UserError
 from finetune_lab.lora_configs import LAB_BNB, LAB_LORA, bnb_config, lora_config

@@ -215,6 +215,12 @@ def environment_info() -> dict[str, Any]:
 # --- reading and writing ---------------------------------------------------------------------
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: Path | str, data: Any) -> None:
     """Write JSON so that readers see either the old file or the new one, never a partial one."""
     target = Path(path)
@@ -226,6 +232,7 @@ def write_json_atomic(path: Path | str, data: Any) -> None:
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; use normal permissions
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

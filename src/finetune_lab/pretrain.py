@@ -55,6 +55,7 @@ class PretrainRecipe:
     update_freq: int = 1
     max_update: int = 1000
     validate_every: int = 250
+    max_valid_steps: int | None = None  # a fixed prefix of the held-out batches (CPU budgets)
     log_interval: int = 10
     arch: dict[str, int] = field(default_factory=dict)  # overrides of roberta_small sizes
 
@@ -69,6 +70,18 @@ class PretrainRecipe:
         return out
 
 
+VARYING = ("batch_size", "update_freq", "tokens_per_update", "max_update", "warmup_updates",
+           "validate_every", "max_valid_steps", "log_interval", "precision", "budget_minutes", "lr", "arch")
+"""Hyperparameters that legitimately differ between pretraining runs (device and budget); the
+MLM recipe itself (masking, optimizer, dropout, sample length) must not."""
+
+
+def experiment_config(recipe: PretrainRecipe) -> dict[str, Any]:
+    """``data/runs/pretrain/experiment.json``: the fixed recipe, and what may vary per run."""
+    fixed = {k: v for k, v in recipe.hyperparameters().items() if k not in VARYING}
+    return {"hyperparameters": fixed, "varying": list(VARYING)}
+
+
 def device_defaults() -> dict[str, Any]:
     """Batch, precision and a default budget for the machine at hand."""
     import torch
@@ -78,7 +91,7 @@ def device_defaults() -> dict[str, Any]:
         return {"device": "cuda", "precision": precision, "batch_size": 128, "update_freq": 2,
                 "minutes": 8.0}
     return {"device": "cpu", "precision": "fp32", "batch_size": 16, "update_freq": 1,
-            "minutes": 120.0}
+            "minutes": 120.0, "max_valid_steps": 40}
 
 
 def require_corpus(data_dir: Path) -> Path:
@@ -95,8 +108,12 @@ def require_corpus(data_dir: Path) -> Path:
 
 
 def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed: int,
-                 device: str, precision: str) -> list[str]:
-    """The ``fairseq-train`` command line (without ``--tensorboard-logdir``)."""
+                 device: str, precision: str, stop_minutes: float | None = None) -> list[str]:
+    """The ``fairseq-train`` command line (without ``--tensorboard-logdir``).
+
+    ``stop_minutes`` makes fairseq itself stop (validating and saving a checkpoint, exit 0) when
+    the time budget is spent, even if the machine turned out slower than calibrated.
+    """
     args = [
         str(bin_dir), "--user-dir", str(paths().user_dir),
         "--task", "masked_lm", "--criterion", "masked_lm", "--arch", "roberta_small",
@@ -120,6 +137,10 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
     ]
     for name, value in recipe.arch.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
+    if recipe.max_valid_steps is not None:
+        args += ["--max-valid-steps", str(recipe.max_valid_steps)]
+    if stop_minutes is not None:
+        args += ["--stop-time-hours", f"{stop_minutes / 60:.4f}"]
     if device == "cpu":
         args.append("--cpu")
     elif precision == "bf16":
@@ -163,6 +184,12 @@ def calibrate(bin_dir: Path, recipe: PretrainRecipe, *, device: str, precision: 
     if not rates:
         raise UserError("the calibration run logged no throughput; raise its number of updates")
     return rates
+
+
+def last_update(log_text: str) -> int | None:
+    """The last ``num_updates`` fairseq logged (below ``max_update`` if the time budget hit)."""
+    found = re.findall(r"\bnum_updates[=\s]+([0-9]+)", log_text)
+    return int(found[-1]) if found else None
 
 
 def model_flops_per_token(n_params: int, layers: int, dim: int, context: int) -> float:
@@ -240,7 +267,8 @@ def pretrain(
 
     defaults = device_defaults()
     recipe = recipe or PretrainRecipe(batch_size=defaults["batch_size"],
-                                      update_freq=defaults["update_freq"])
+                                      update_freq=defaults["update_freq"],
+                                      max_valid_steps=defaults.get("max_valid_steps"))
     bin_dir = require_corpus(Path(data_dir) if data_dir else pretrain_corpus.default_output())
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else tokenizer.default_output()
     spm_model, spm_dict = tokenizer.require_tokenizer(tok_dir) if package else (None, None)
@@ -250,8 +278,10 @@ def pretrain(
     save_dir.mkdir(parents=True, exist_ok=True)
 
     calibration = None
+    if minutes is None and max_update is None:
+        minutes = defaults["minutes"]
+    budget = minutes  # None: no time limit, only --max-update
     if max_update is None:
-        budget = minutes if minutes is not None else defaults["minutes"]
         calibration = calibrate(bin_dir, recipe, device=device, precision=precision,
                                 scratch=save_dir / "calibration")
         max_update = max(10, int(0.92 * budget * 60 * calibration["updates_per_s"]))
@@ -259,9 +289,15 @@ def pretrain(
     recipe = replace(recipe, max_update=max_update,
                      validate_every=min(recipe.validate_every, max(1, max_update // 4)))
 
-    args = fairseq_args(bin_dir, save_dir, recipe, seed=seed, device=device, precision=precision)
-    hyper = {**recipe.hyperparameters(), "precision": precision}
+    args = fairseq_args(bin_dir, save_dir, recipe, seed=seed, device=device, precision=precision,
+                        stop_minutes=budget)
+    hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget}
     env = {checkpoints.TRUSTED_DIRS_ENV: str(save_dir)}
+    from finetune_lab.manifest import write_json_atomic
+    from finetune_lab.registry import EXPERIMENT_CONFIG
+
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    write_json_atomic(root / EXPERIMENT / EXPERIMENT_CONFIG, experiment_config(recipe))
     with record_run(EXPERIMENT, run, framework="fairseq", init="random", seed=seed,
                     hyperparameters=hyper, data=[bin_dir], runs_root=runs_root,
                     overwrite=overwrite, extra={"calibration": calibration}) as handle:
@@ -285,6 +321,7 @@ def pretrain(
             "checkpoint_best.pt": {"path": portable_path(best), "sha256": sha256_file(best)}}
         log_text = (handle.run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
         handle.manifest["throughput"] = throughput_record(log_text, recipe, device_info())
+        handle.manifest["updates_done"] = last_update(log_text)
         run_dir = handle.run_dir
     if package:
         state = checkpoints.load_trusted(best, [run_dir / "manifest.json"])
@@ -307,6 +344,8 @@ def add_parser(sub) -> None:
     budget.add_argument("--minutes", type=float,
                         help="budget in minutes (default: 8 on a GPU, 120 on a CPU); "
                              "turned into updates by a short calibration run")
+    p.add_argument("--stop-minutes", type=float,
+                   help="with --max-update: also stop (and save) when this much time has passed")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--run", help="run name (default: <device>-seed<seed>)")
     p.add_argument("--batch-size", type=int, help="sequences per step (default by device)")
@@ -328,8 +367,10 @@ def add_parser(sub) -> None:
 def _run(args: argparse.Namespace) -> int:
     d = device_defaults()
     recipe = PretrainRecipe(batch_size=args.batch_size or d["batch_size"],
-                            update_freq=args.update_freq or d["update_freq"], lr=args.lr)
-    run_dir = pretrain(max_update=args.max_update, minutes=args.minutes, seed=args.seed,
+                            update_freq=args.update_freq or d["update_freq"], lr=args.lr,
+                            max_valid_steps=d.get("max_valid_steps"))
+    run_dir = pretrain(max_update=args.max_update, minutes=args.minutes or args.stop_minutes,
+                       seed=args.seed,
                        run=args.run, data_dir=args.data, recipe=recipe,
                        package=not args.no_package, overwrite=args.overwrite)
     print(f"pretrain: run recorded in {run_dir}")

@@ -1,0 +1,260 @@
+"""The fairseq chapter's code on a real tiny grid (2 seeds x 2 inits) and with no runs at all."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TINY_ARCH, needs_data_root
+from finetune_lab import fairseq_report as fr
+from finetune_lab import finetune_fairseq as ff
+from finetune_lab.manifest import read_manifest
+from finetune_lab.recipe import LAB_RECIPE
+
+# 64 training reviews, batch 8, 3 epochs: 24 updates, train_inner logged at 10 and 20. A high
+# learning rate so that the seeds do not all end where they started.
+RECIPE = replace(LAB_RECIPE, epochs=3, lr=1e-3)
+SEEDS = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def grid(tiny_pipeline):
+    """The tiny grid in its own runs root, with a copy of the tiny pretraining run beside it."""
+    root = tiny_pipeline["root"] / "report-runs"
+    ff.finetune_grid(fr.INITS, SEEDS, bin_dir=tiny_pipeline["cls_bin"],
+                     checkpoint_dir=tiny_pipeline["packaged"], recipe=RECIPE, arch=TINY_ARCH,
+                     runs_root=root, log=False)
+    pre = tiny_pipeline["pretrain_run"]
+    shutil.copytree(pre, root / "pretrain" / pre.name, dirs_exist_ok=True)
+    return {**tiny_pipeline, "report_runs": root, "res": fr.load_results(root)}
+
+
+def _raw(run_dir: Path, subset: str, tag: str = "accuracy") -> dict[int, float]:
+    """``{update: value}`` straight from one subset's event files (tbparse, no project code)."""
+    from tbparse import SummaryReader
+
+    df = SummaryReader(str(run_dir / subset)).scalars
+    df = df[df["tag"] == tag]
+    return dict(zip(df["step"].astype(int), df["value"].astype(float)))
+
+
+# --- the grid, through the chapter's functions ----------------------------------------------
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_summary_has_two_seeds_per_init(grid):
+    res = grid["res"]
+    assert res.ready and res.has_gap and not res.loaded.excluded
+    summ = fr.seed_summary(grid["res"]).set_index("init")
+    assert summ.loc["pretrained", "n"] == 2 and summ.loc["random", "n"] == 2
+    assert list(fr.seed_table(res)["init"]) == ["pretrained", "random"]
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_best_epoch_table_matches_the_raw_event_files(grid):
+    table = fr.best_epoch_table(grid["res"])
+    assert len(table) == 4
+    assert list(zip(table["init"], table["seed"])) == [
+        (i, s) for i in ("pretrained", "random") for s in SEEDS]
+    for row in table.itertuples(index=False):
+        run_dir = grid["report_runs"] / "fairseq" / ff.run_name(row.init, row.seed)
+        valid, test = _raw(run_dir, "valid"), _raw(run_dir, "test")
+        steps = sorted(valid)
+        assert len(steps) == RECIPE.epochs
+        best = max(valid.values())
+        first = next(s for s in steps if valid[s] == best)  # ties: the earliest epoch
+        assert row[3] == first  # best update
+        assert row[2] == steps.index(first) + 1  # best epoch
+        assert row[4] == pytest.approx(best)
+        assert row[5] == pytest.approx(test[first])  # test logged at the best valid epoch
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_test_accuracy_per_epoch_is_mean_and_std_over_seeds(grid):
+    res = grid["res"]
+    num = fr.test_by_epoch(res)
+    assert sorted(num["epoch"].unique()) == [1, 2, 3]
+    for init in fr.INITS:
+        per_seed = [sorted(_raw(grid["report_runs"] / "fairseq" / ff.run_name(init, s),
+                                "test").items()) for s in SEEDS]
+        for epoch in (1, 2, 3):
+            values = [run[epoch - 1][1] for run in per_seed]
+            row = num[(num["init"] == init) & (num["epoch"] == epoch)].iloc[0]
+            assert row["n"] == 2
+            assert row["mean"] == pytest.approx(np.mean(values))
+            assert row["std"] == pytest.approx(np.std(values, ddof=1))
+    shown = fr.test_by_epoch_table(res)
+    assert list(shown.columns) == ["epoch", "pretrained", "random"]
+    assert list(shown["epoch"]) == [1, 2, 3]
+    assert all(cell.endswith("(n=2)") for cell in shown["pretrained"])
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_gap_is_welch_on_the_best_epoch_test_accuracies(grid):
+    from scipy import stats
+
+    res = grid["res"]
+    g = fr.gap(res)
+    best = fr.best_epoch_table(res)
+    a = best.loc[best["init"] == "pretrained", "test acc (%) at that epoch"].to_numpy()
+    b = best.loc[best["init"] == "random", "test acc (%) at that epoch"].to_numpy()
+    assert (g.n_a, g.n_b) == (2, 2)
+    assert g.diff == pytest.approx(a.mean() - b.mean())
+    if np.std(a) + np.std(b) > 0:
+        assert g.p_value == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    gap_row = fr.comparison_table(res).iloc[-1]
+    assert gap_row["this project"].startswith(f"{g.diff:.2f} (95 % Welch CI")
+    assert gap_row.iloc[2] == fr.course_gap().text()
+    assert "Welch" in fr.gap_sentence(res)
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_figure_draws_every_run_and_a_band_per_init(grid):
+    import matplotlib.pyplot as plt
+
+    res = grid["res"]
+    p = fr.plan(res)
+    assert (p.n_train, p.recipe, p.arch) == (64, RECIPE, TINY_ARCH)
+    fig = fr.plot_curves(res, p)
+    axes = fig.axes
+    assert [ax.get_ylabel() for ax in axes] == [
+        "validation accuracy (%)", "test accuracy (%)", "train loss (bits, per log interval)",
+        "learning rate"]
+    for ax in axes:
+        # 4 runs (thin) + 2 init means (thick); the learning-rate panel adds the planned schedule
+        assert len(ax.lines) == 4 + 2 + (ax is axes[3])
+        assert len(ax.collections) == 2  # one mean ± std band per init
+    # the thin valid-accuracy lines are the logged values at the logged updates
+    raw = [_raw(grid["report_runs"] / "fairseq" / ff.run_name(i, s), "valid")
+           for i in fr.INITS for s in SEEDS]
+    drawn = sorted((tuple(line.get_xdata()), tuple(line.get_ydata())) for line in axes[0].lines
+                   if line.get_linewidth() < 1.5)
+    assert drawn == sorted((tuple(float(k) for k in r), tuple(r.values())) for r in raw)
+    # the planned schedule is the recipe's: 24 updates, warm-up int(0.06 * 24) = 1
+    planned = axes[3].lines[-1]
+    assert len(planned.get_xdata()) == RECIPE.total_updates(64) == 24
+    assert max(planned.get_ydata()) == pytest.approx(RECIPE.lr)
+    # and the logged learning rate follows it
+    logged = _raw(grid["report_runs"] / "fairseq" / "random-seed0", "train_inner", "lr")
+    plan_at = dict(zip(planned.get_xdata(), planned.get_ydata()))
+    for step, lr in logged.items():
+        assert lr == pytest.approx(plan_at[step], rel=1e-3)
+    plt.close(fig)
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_speed_table_reads_the_manifests(grid):
+    t = fr.speed_table(grid["res"])
+    assert len(t) == 4
+    for row in t.itertuples(index=False):
+        m = read_manifest(grid["report_runs"] / "fairseq" / ff.run_name(row.init, row.seed))
+        assert row[4] == pytest.approx(m["wall_time_s"] / 60)
+        assert row[5] == pytest.approx(m["throughput"]["updates_per_s"])
+        assert row.device == m["device"]["name"]
+        assert row.updates == 24
+    assert "4 runs" in fr.speed_sentence(grid["res"])
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_pretraining_budget_comes_from_the_pretraining_manifest(grid):
+    budget = fr.pretrain_budget(checkpoint_dir=grid["packaged"])
+    m = read_manifest(grid["pretrain_run"])
+    assert budget.updates == m["hyperparameters"]["max_update"] == 30
+    assert budget.tokens_seen == 30 * m["hyperparameters"]["tokens_per_update"]
+    assert budget.wall_time_s == m["wall_time_s"]
+    # without a packaged checkpoint, the last complete run of the runs root is used
+    assert fr.pretrain_budget(grid["report_runs"], checkpoint_dir=grid["root"] / "none").updates == 30
+    table = fr.budget_table(budget)
+    assert f"{budget.tokens_seen:,}" in set(table["this project's stand-in"])
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_chapter_executes_on_the_grid(grid, monkeypatch):
+    """The chapter itself, run in Jupyter against the tiny grid: the tables are the grid's."""
+    from finetune_lab.config import PROJECT_ROOT
+    from finetune_lab.qmd import execute_chapter
+
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(grid["report_runs"]))
+    nb = execute_chapter(PROJECT_ROOT / "chapters" / "fairseq.qmd")
+    outputs = [o["data"].get("text/markdown", "") for c in nb.cells if c.cell_type == "code"
+               for o in c.get("outputs", []) if "data" in o]
+    md = "\n".join(outputs)
+    text = "\n".join(str(o["data"].get("text/plain", "")) for c in nb.cells
+                     if c.cell_type == "code" for o in c.get("outputs", []) if "data" in o)
+    assert "--total-num-update 24" in md and "--encoder-layers 1" in md
+    best = next(out for out in outputs if "best update" in out)
+    assert len([ln for ln in best.splitlines() if ln.startswith("|")]) == 2 + 4  # header + 4 runs
+    assert "(n=2)" in md
+    assert "These runs do not follow the lab's recipe exactly" in text
+    assert "have not been made" not in text
+    assert any("image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {})
+               for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+# --- no runs --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def repo_paths(monkeypatch):
+    """The repository's own run cache and work dir (the session fixture may point elsewhere)."""
+    monkeypatch.delenv("FINETUNE_LAB_RUNS_DIR", raising=False)
+    monkeypatch.delenv("FINETUNE_LAB_WORK_DIR", raising=False)
+
+
+def test_no_runs_state_shows_the_commands_and_schedule(tmp_path, repo_paths):
+    res = fr.load_results(tmp_path)
+    assert not res.ready and not res.has_gap
+    status = fr.results_status(res)
+    assert "have not been made" in status and fr.FINETUNE_COMMAND in status
+    assert fr.FINETUNE_COMMAND == "finetune-lab finetune fairseq --init pretrained random --seeds 0 1 2"
+    p = fr.plan(res)  # from the committed data summary: the lab's 1800 training reviews
+    assert (p.n_train, p.recipe) == (1800, LAB_RECIPE) and fr.recipe_note(p) == ""
+    cmd = fr.command_markdown(p).data
+    assert cmd.startswith("```bash\nfairseq-train ")
+    for flags in ("--total-num-update 1125", "--warmup-updates 67", "--max-epoch 5",
+                  "--restore-file data/checkpoints/roberta-small-fr/model.pt",
+                  "--tensorboard-logdir data/runs/fairseq/pretrained-seed0"):
+        assert flags in cmd
+    argv = fr.train_command(p, "random", 2)
+    assert "--restore-file" not in argv and argv[argv.index("--seed") + 1] == "2"
+    assert fr.init_flags(p)[0] == "--restore-file"
+    sched = dict(zip(fr.schedule_table(p)["quantity"], fr.schedule_table(p)["value"]))
+    assert sched["total updates"] == "1,125" and sched["warm-up updates"] == "67"
+    for table in (fr.best_epoch_table(res), fr.test_by_epoch_table(res), fr.speed_table(res)):
+        assert table.empty
+    assert "not run yet" in set(fr.comparison_table(res)["this project"])
+    assert "not computed yet" in fr.gap_sentence(res)
+
+
+def test_no_runs_figure_is_the_planned_schedule(tmp_path, repo_paths):
+    import matplotlib.pyplot as plt
+
+    res = fr.load_results(tmp_path)
+    fig = fr.plot_curves(res, fr.plan(res))
+    (ax,) = fig.axes
+    (line,) = ax.lines
+    assert len(line.get_xdata()) == 1125 and max(line.get_ydata()) == pytest.approx(1e-5)
+    # x is the update after which the rate applies (as fairseq logs it): the peak follows the
+    # last of the 67 warm-up updates
+    assert line.get_xdata()[int(np.argmax(line.get_ydata()))] == 67
+    plt.close(fig)
+
+
+def test_course_figures_are_labelled_external_references():
+    assert fr.COURSE_SOURCE == "course writeups of this lab"
+    assert fr.COURSE_TEST_ACCURACY["pretrained"].text() == "79–80 %"
+    assert fr.COURSE_TEST_ACCURACY["random"].text() == "63–68 %"
+    assert fr.course_gap().text() == "11–17 points"
+    assert all(r.source == fr.COURSE_SOURCE for r in fr.COURSE_TEST_ACCURACY.values())

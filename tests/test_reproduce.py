@@ -1,0 +1,41 @@
+"""``finetune-lab reproduce`` runs the documented commands in a resumable order."""
+
+from __future__ import annotations
+
+import pytest
+
+from finetune_lab import reproduce
+from finetune_lab.errors import UserError
+
+
+def test_with_a_checkpoint_the_tokenizer_is_adopted_not_retrained():
+    steps = reproduce.plan(from_scratch=False, gpu=False, have_checkpoint=True,
+                           pretrain_minutes=None)
+    assert ["adopt-tokenizer"] in steps and ["train-tokenizer"] not in steps
+    assert not any(s[0] == "pretrain" for s in steps)
+    hf = next(s for s in steps if s[:2] == ["finetune", "transformers"])
+    assert "random" not in hf  # random-init Transformers runs only with a GPU
+
+
+def test_from_scratch_pretrains_with_the_budget_before_fine_tuning():
+    steps = reproduce.plan(from_scratch=True, gpu=True, have_checkpoint=True,
+                           pretrain_minutes=8)
+    names = [s[0] if s[0] != "finetune" else f"finetune {s[1]}" for s in steps]
+    assert names.index("train-tokenizer") < names.index("prepare-pretrain") \
+        < names.index("pretrain") < names.index("finetune fairseq")
+    assert ["pretrain", "--overwrite", "--minutes", "8"] in steps
+
+
+def test_adopting_copies_the_checkpoint_tokenizer_once(tmp_path):
+    ckpt, tok = tmp_path / "ckpt", tmp_path / "tok"
+    ckpt.mkdir()
+    (ckpt / "sentencepiece.bpe.model").write_bytes(b"spm")
+    (ckpt / "dict.txt").write_text("a 1\n")
+    assert reproduce.adopt_checkpoint_tokenizer(ckpt, tok) is True
+    assert (tok / "spm.model").read_bytes() == b"spm" and (tok / "dict.txt").read_text() == "a 1\n"
+    assert reproduce.adopt_checkpoint_tokenizer(ckpt, tok) is False
+
+
+def test_adopting_from_an_incomplete_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(UserError, match="lacks"):
+        reproduce.adopt_checkpoint_tokenizer(tmp_path, tmp_path / "tok")
