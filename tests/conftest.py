@@ -55,7 +55,7 @@ def tiny_pipeline(tmp_path_factory):
             (sliced / f"{split}.{kind}").write_text("".join(lines[:n]), encoding="utf-8")
     cls_bin, _ = binarize.binarize_cls(cls_dir=sliced, tokenizer_dir=tok, out=root / "cls-bin",
                                        workers=1)
+    mp.undo()  # later tests (and the chapters they execute) must see the real data/ again
     yield {"root": root, "tok": tok, "corpus": corpus, "pretrain_run": run_dir,
            "packaged": root / "packaged", "cls": sliced, "cls_bin": cls_bin,
            "runs": root / "runs"}
-    mp.undo()

@@ -89,7 +89,9 @@ def test_log_rates_skip_the_start_up_interval():
 def test_mfu_uses_the_gpu_peak():
     recipe = pretrain.PretrainRecipe()
     log = "\n".join("| train_inner | wps 1000000 | ups 10" for _ in range(3))
-    rec = pretrain.throughput_record(log, recipe, {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}]})
+    rec = pretrain.throughput_record(log, recipe, {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1})
     assert rec["peak_bf16_flops"] == 989e12
     assert rec["mfu"] == pytest.approx(rec["achieved_flops"] / 989e12)
     assert rec["parameters"] == 23_124_736
+    cpu = pretrain.throughput_record(log, recipe, {"type": "cpu", "name": "Xeon", "count": 1})
+    assert "mfu" not in cpu and cpu["tokens_per_s"] == 1_000_000

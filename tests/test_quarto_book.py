@@ -64,7 +64,10 @@ def test_chapters_declare_existing_inputs(chapter):
     inputs = front_matter(chapter).get("inputs")
     assert inputs, f"{chapter} declares no inputs: for the data-aware freeze"
     for pattern in inputs:
-        assert list(PROJECT_ROOT.glob(pattern)) or "*" in pattern, f"{chapter}: {pattern} matches nothing"
+        # Code must exist (a typo would silently drop it from the freeze key); data/ may be
+        # produced later (runs, the checkpoint), so it only has to be under data/.
+        exists = bool(list(PROJECT_ROOT.glob(pattern)))
+        assert exists or pattern.startswith("data/"), f"{chapter}: {pattern} matches nothing"
 
 
 def test_crossref_checker_catches_an_undefined_reference(tmp_path):

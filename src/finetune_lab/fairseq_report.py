@@ -639,7 +639,7 @@ def budget_sentence(budget: PretrainBudget | None) -> str:
     course = (f"{COURSE_PRETRAINING['corpus_gb']:g} GB of {COURSE_PRETRAINING['corpus']} for "
               f"{COURSE_PRETRAINING['epochs']} epochs")
     if budget is None:
-        return (f"The stand-in's pretraining run is not in the run cache yet; it will read "
+        return (f"No complete pretraining run of the stand-in is in the run cache yet; it reads "
                 f"{_fmt(words)} words, against the course's {course}.")
     mins = budget.wall_time_s / 60 if budget.wall_time_s else None
     return (f"Our stand-in saw {_fmt(budget.tokens_seen)} tokens "

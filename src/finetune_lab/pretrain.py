@@ -221,12 +221,11 @@ def throughput_record(log_text: str, recipe: PretrainRecipe, device: dict[str, A
     flops_token = model_flops_per_token(n, size.layers, size.dim, recipe.tokens_per_sample)
     out = {**rates, "model_flops_per_token": flops_token, "parameters": n,
            "achieved_flops": rates["tokens_per_s"] * flops_token}
-    gpus = device.get("gpus") or []
-    name = gpus[0].get("name") if gpus and isinstance(gpus[0], dict) else None
-    peak = gpu_peak_flops(name)
-    if peak:
-        out["peak_bf16_flops"] = peak
-        out["mfu"] = out["achieved_flops"] / (peak * max(1, len(gpus)))
+    if device.get("type") == "cuda":
+        peak = gpu_peak_flops(device.get("name"))
+        if peak:
+            out["peak_bf16_flops"] = peak
+            out["mfu"] = out["achieved_flops"] / (peak * max(1, int(device.get("count") or 1)))
     return out
 
 

@@ -81,11 +81,9 @@ def load_pretrain_runs() -> PretrainRuns:
 
 def _device(man: dict[str, Any]) -> str:
     dev = man.get("device") or {}
-    gpus = dev.get("gpus") or []
-    if gpus:
-        names = {g.get("name", "GPU") if isinstance(g, dict) else str(g) for g in gpus}
-        return f"{len(gpus)} x {', '.join(sorted(names))}"
-    return f"CPU: {dev.get('cpu') or dev.get('cpu_model') or 'unknown'}"
+    if dev.get("type") == "cuda":
+        return f"{dev.get('count', 1)} x {dev.get('name', 'GPU')}"
+    return f"CPU: {dev.get('cpu') or dev.get('name') or 'unknown'} ({dev.get('cpu_count', '?')} cores)"
 
 
 def run_facts(runs: PretrainRuns) -> dict[str, Any]:
