@@ -59,3 +59,29 @@ def tiny_pipeline(tmp_path_factory):
     yield {"root": root, "tok": tok, "corpus": corpus, "pretrain_run": run_dir,
            "packaged": root / "packaged", "cls": sliced, "cls_bin": cls_bin,
            "runs": root / "runs"}
+
+
+def make_tiny_cls(root, items, vocab_size: int):
+    """A tiny sentencepiece + fairseq dict trained on ``items`` and a 32/8/8 ``cls.books`` split.
+
+    ``items`` are 48 ``(text, label)`` pairs; returns ``(tokenizer_dir, cls_dir)``. Shared by the
+    Transformers and LoRA tests, which need a real tokenizer and real split files, but tiny.
+    """
+    import sentencepiece as spm
+
+    from finetune_lab import tokenizer as T
+    from finetune_lab.cls_books import Review, write_split
+
+    tok_dir = root / "tok"
+    tok_dir.mkdir()
+    T.train_spm([t for t, _ in items] * 3, tok_dir / "spm", vocab_size=vocab_size)
+    T.write_fairseq_dict(spm.SentencePieceProcessor(model_file=str(tok_dir / "spm.model")),
+                         tok_dir / "dict.txt")
+    cls_dir = root / "cls.books"
+    cls_dir.mkdir()
+    reviews = [Review(text=t, label=y, rating=5.0 if y else 1.0, position=i)
+               for i, (t, y) in enumerate(items)]
+    write_split(cls_dir, "train", reviews[:32])
+    write_split(cls_dir, "valid", reviews[32:40])
+    write_split(cls_dir, "test", reviews[40:48])
+    return tok_dir, cls_dir

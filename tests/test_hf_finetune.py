@@ -68,27 +68,14 @@ def _texts(n: int) -> list[tuple[str, int]]:
 @pytest.fixture(scope="module")
 def tiny_runs(tmp_path_factory):
     """Two real tiny Trainer runs: a random init and one from a converted fairseq model."""
-    import sentencepiece as spm
     import torch
 
-    from finetune_lab import checkpoints, tokenizer as T
-    from finetune_lab.cls_books import Review, write_split
+    from conftest import make_tiny_cls
+    from finetune_lab import checkpoints
     from finetune_lab.params import fairseq_model
 
     root = tmp_path_factory.mktemp("hf-runs")
-    items = _texts(48)
-    tok_dir = root / "tok"
-    tok_dir.mkdir()
-    T.train_spm([t for t, _ in items] * 3, tok_dir / "spm", vocab_size=200)
-    T.write_fairseq_dict(spm.SentencePieceProcessor(model_file=str(tok_dir / "spm.model")),
-                         tok_dir / "dict.txt")
-    cls_dir = root / "cls.books"
-    cls_dir.mkdir()
-    reviews = [Review(text=t, label=y, rating=5.0 if y else 1.0, position=i)
-               for i, (t, y) in enumerate(items)]
-    write_split(cls_dir, "train", reviews[:32])
-    write_split(cls_dir, "valid", reviews[32:40])
-    write_split(cls_dir, "test", reviews[40:48])
+    tok_dir, cls_dir = make_tiny_cls(root, _texts(48), vocab_size=200)
 
     from finetune_lab.hf_tokenizer import FairseqIdTokenizer
 

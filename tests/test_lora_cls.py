@@ -48,32 +48,18 @@ def test_not_run_state_gives_the_exact_command(tmp_path):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny random 'pretrained' RoBERTa folder (as convert-hf writes one) and tiny CLS-Books."""
-    import sentencepiece as spm
     from transformers import RobertaForMaskedLM
 
-    from finetune_lab import tokenizer as T
-    from finetune_lab.cls_books import Review, write_split
+    from conftest import make_tiny_cls
     from finetune_lab.hf_tokenizer import FairseqIdTokenizer
 
     root = tmp_path_factory.mktemp("lora-cls")
-    items = _reviews(48)
-    tok_dir = root / "tok"
-    tok_dir.mkdir()
-    T.train_spm([t for t, _ in items] * 3, tok_dir / "spm", vocab_size=60)
-    T.write_fairseq_dict(spm.SentencePieceProcessor(model_file=str(tok_dir / "spm.model")),
-                         tok_dir / "dict.txt")
+    tok_dir, cls_dir = make_tiny_cls(root, _reviews(48), vocab_size=60)
     tok = FairseqIdTokenizer.from_dir(tok_dir)
     size = hf_convert.tiny_size(tok.vocab_size)
     model_dir = root / "hf"
     RobertaForMaskedLM(hf_convert.hf_model_config(size)).save_pretrained(model_dir)
     tok.save(model_dir)
-    cls_dir = root / "cls.books"
-    cls_dir.mkdir()
-    reviews = [Review(text=t, label=y, rating=5.0 if y else 1.0, position=i)
-               for i, (t, y) in enumerate(items)]
-    write_split(cls_dir, "train", reviews[:32])
-    write_split(cls_dir, "valid", reviews[32:40])
-    write_split(cls_dir, "test", reviews[40:48])
     return {"root": root, "model_dir": model_dir, "cls_dir": cls_dir, "size": size}
 
 
