@@ -82,3 +82,13 @@ def test_params_json_cli(capsys):
     totals = [c["total"] for c in report["conventions"]]
     assert totals == list(params.convention_table()["total"])
     assert {c["model"] for c in report["counted"]} >= {"RobertaForMaskedLM"}
+
+
+def test_figure_labels_each_bar_with_its_own_share():
+    ax = params.plot_part_shares()
+    df = params.part_shares()
+    widths = [patch.get_width() for patch in ax.patches]
+    labels = [t.get_text() for t in ax.texts]
+    assert widths == list(df["count"])
+    assert labels == [params.share_label(s) for s in df["share"]]
+    assert labels[0] == f"{100 * 16_384_000 / df['count'].sum():.2f} %"

@@ -283,22 +283,35 @@ def part_shares(size: RobertaSize = SMALL) -> pd.DataFrame:
     return df.sort_values("count", ascending=False, ignore_index=True)
 
 
+def share_label(share: float) -> str:
+    """Percent with two decimals; shares below 0.01 % say so instead of printing 0.00 %."""
+    return "< 0.01 %" if share < 1e-4 else f"{100 * share:.2f} %"
+
+
 def plot_part_shares(size: RobertaSize = SMALL, ax=None):
-    """Horizontal bar chart (log scale) of the components' sizes, coloured by part."""
+    """Horizontal bars (log scale) of the components' sizes, coloured by part, each labelled
+    with its share of the fine-tuning model."""
     import matplotlib.pyplot as plt
     import seaborn as sns
+    from matplotlib.patches import Patch
 
     df = part_shares(size)
+    parts = list(dict.fromkeys(df["part"]))
+    palette = dict(zip(parts, sns.color_palette("colorblind", len(parts))))
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
-    sns.barplot(data=df, y="name", x="count", hue="part", dodge=False, ax=ax)
+        _, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    rows = range(len(df))
+    ax.barh(rows, df["count"], color=[palette[p] for p in df["part"]])
+    ax.set_yticks(list(rows), df["name"])
+    ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("parameters (log scale)")
-    ax.set_ylabel("")
-    for patch, share in zip(ax.patches, df["share"]):
-        ax.annotate(f"{100 * share:.2f} %", (patch.get_width(), patch.get_y() + patch.get_height() / 2),
-                    xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
-    ax.legend(title="", loc="lower right", fontsize=8)
+    for row, (count, share) in enumerate(zip(df["count"], df["share"])):
+        ax.annotate(share_label(share), (count, row), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.legend(handles=[Patch(color=palette[p], label=p) for p in parts], loc="lower right",
+              fontsize=8, frameon=False)
+    sns.despine(ax=ax)
     return ax
 
 
