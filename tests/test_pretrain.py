@@ -95,3 +95,26 @@ def test_mfu_uses_the_gpu_peak():
     assert rec["parameters"] == 23_124_736
     cpu = pretrain.throughput_record(log, recipe, {"type": "cpu", "name": "Xeon", "count": 1})
     assert "mfu" not in cpu and cpu["tokens_per_s"] == 1_000_000
+
+
+def test_time_budget_and_valid_prefix_reach_fairseq(tmp_path):
+    recipe = pretrain.PretrainRecipe(max_update=100, max_valid_steps=40)
+    args = pretrain.fairseq_args(tmp_path, tmp_path / "ckpt", recipe, seed=1, device="cpu",
+                                 precision="fp32", stop_minutes=90)
+    assert args[args.index("--stop-time-hours") + 1] == "1.5000"
+    assert args[args.index("--max-valid-steps") + 1] == "40"
+    assert args[args.index("--warmup-updates") + 1] == "6" and "--cpu" in args
+    gpu = pretrain.fairseq_args(tmp_path, tmp_path, pretrain.PretrainRecipe(), seed=1,
+                                device="cuda", precision="bf16")
+    assert "--bf16" in gpu and "--stop-time-hours" not in gpu and "--max-valid-steps" not in gpu
+
+
+def test_last_update_reads_both_log_formats():
+    assert pretrain.last_update("a | num_updates=120, lr=1\nb | num_updates 130 | lr 1") == 130
+    assert pretrain.last_update("no progress yet") is None
+
+
+def test_experiment_config_fixes_the_recipe_and_lets_budget_vary():
+    cfg = pretrain.experiment_config(pretrain.PretrainRecipe())
+    assert cfg["hyperparameters"]["mask_prob"] == 0.15
+    assert "max_update" not in cfg["hyperparameters"] and "max_update" in cfg["varying"]
