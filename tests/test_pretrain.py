@@ -45,6 +45,11 @@ def test_packaged_checkpoint_is_weights_only_fp16(tiny_pretrain):
     assert floats and all(v.dtype == torch.float16 for v in floats)
     assert manifest["files"]["model.pt"]["sha256"] == checkpoints.sha256_file(folder / "model.pt")
     assert manifest["valid_perplexity"] == pytest.approx(2 ** manifest["valid_loss_bits"])
+    assert manifest["run"].endswith("pretrain/tiny")
+    # The tied LM-head decoder is stored once, as the token embedding it is.
+    m = state["model"]
+    assert m["encoder.lm_head.weight"].data_ptr() == \
+        m["encoder.sentence_encoder.embed_tokens.weight"].data_ptr()
 
 
 @pytest.mark.slow

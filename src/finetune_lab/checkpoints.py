@@ -151,10 +151,19 @@ def weights_only_state(state: dict[str, Any], dtype: str = "float16") -> dict[st
 
     cast = getattr(torch, dtype)
     last = (state.get("optimizer_history") or [{}])[-1]
+    # Tied tensors (the LM head's decoder is the token embedding) must stay one tensor after the
+    # cast, or torch.save would store the 32000 x 512 matrix twice.
+    cast_once: dict[tuple, Any] = {}
+    model = {}
+    for k, v in state["model"].items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.dtype)
+        if key not in cast_once:
+            cast_once[key] = v.to(cast) if v.is_floating_point() else v
+        model[k] = cast_once[key]
     return {
         "args": state.get("args"),
         "cfg": state.get("cfg"),
-        "model": {k: (v.to(cast) if v.is_floating_point() else v) for k, v in state["model"].items()},
+        "model": model,
         "optimizer_history": [{
             "criterion_name": last.get("criterion_name", "MaskedLmLoss"),
             "optimizer_name": last.get("optimizer_name", "FairseqAdam"),
@@ -185,6 +194,7 @@ def package_checkpoint(
     state = load_trusted(source, manifests)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes the folder private; this one is published
     try:
         torch.save(weights_only_state(state), tmp / MODEL_FILE)
         shutil.copyfile(dictionary, tmp / DICT_FILE)

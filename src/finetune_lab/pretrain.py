@@ -323,17 +323,29 @@ def pretrain(
         handle.manifest["updates_done"] = last_update(log_text)
         run_dir = handle.run_dir
     if package:
-        state = checkpoints.load_trusted(best, [run_dir / "manifest.json"])
-        extra = state.get("extra_state") or {}
-        valid_loss = extra.get("best")
-        checkpoints.package_checkpoint(
-            best, spm_model, spm_dict, package_to,
-            manifests=[run_dir / "manifest.json"],
-            metadata={"run": portable_path(run_dir),
-                      "valid_loss_bits": valid_loss,
-                      "valid_perplexity": (2 ** valid_loss) if valid_loss is not None else None},
-        )
+        manifests = [run_dir / "manifest.json"]
+        checkpoints.package_checkpoint(best, spm_model, spm_dict, package_to, manifests=manifests,
+                                       metadata=checkpoint_metadata(best, manifests))
     return run_dir
+
+
+def checkpoint_metadata(source: Path, manifests: list[Path]) -> dict[str, Any]:
+    """What the packaged checkpoint's manifest says of its origin: run, validation loss."""
+    import json
+
+    from finetune_lab import checkpoints
+    from finetune_lab.manifest import portable_path, sha256_file
+
+    sha = sha256_file(source)
+    run = None
+    for m in manifests:
+        saved = (json.loads(Path(m).read_text(encoding="utf-8")).get("saved_checkpoints") or {})
+        if any(v.get("sha256") == sha for v in saved.values()):
+            run = portable_path(Path(m).parent)
+    state = checkpoints.load_trusted(source, manifests)
+    loss = (state.get("extra_state") or {}).get("best")
+    return {"run": run, "valid_loss_bits": loss,
+            "valid_perplexity": 2 ** loss if loss is not None else None}
 
 
 def add_parser(sub) -> None:
@@ -380,6 +392,9 @@ def _run_package(args: argparse.Namespace) -> int:
     from finetune_lab import checkpoints, tokenizer
 
     spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
-    dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest)
+    manifests = checkpoints.default_manifests()
+    dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest,
+                                          manifests=manifests,
+                                          metadata=checkpoint_metadata(args.source, manifests))
     print(f"package-checkpoint: wrote {dest}")
     return 0

@@ -168,6 +168,7 @@ def curves(runs: PretrainRuns) -> pd.DataFrame:
 def plot_curves(runs: PretrainRuns):
     """Loss (bits/token, with perplexity = 2^loss on the right axis) and learning rate."""
     import matplotlib.pyplot as plt
+    import numpy as np
 
     df = curves(runs)
     fig, (ax, ax_lr) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
@@ -184,7 +185,8 @@ def plot_curves(runs: PretrainRuns):
     ax.set_xlabel("update")
     ax.set_ylabel("MLM loss (bits / masked token)")
     ax.legend(frameon=False, fontsize="small")
-    sec = ax.secondary_yaxis("right", functions=(lambda b: 2 ** b, lambda p: __import__("numpy").log2(p)))
+    sec = ax.secondary_yaxis("right", functions=(lambda b: 2.0 ** b,
+                                                 lambda p: np.log2(np.clip(p, 1e-12, None))))
     sec.set_ylabel("perplexity")
     for run, part in df[df["tag"] == "lr"].groupby("run"):
         part = part.sort_values("step")
@@ -234,3 +236,22 @@ def fill_mask_wide(df: pd.DataFrame) -> pd.DataFrame:
                       + df["probability"].map(lambda p: f"({p:.2f})"))
               .groupby("sentence", sort=False)["cell"].apply(" · ".join).reset_index()
               .rename(columns={"cell": "top predictions (probability)"}))
+
+
+def frequent_pieces(n: int = 20) -> set[str]:
+    """The ``n`` most frequent pieces of the corpus, from the packaged ``dict.txt`` counts."""
+    from finetune_lab.checkpoints import DICT_FILE
+
+    rows = []
+    for line in (packaged_dir() / DICT_FILE).read_text(encoding="utf-8").splitlines():
+        piece, _, count = line.rpartition(" ")
+        rows.append((int(count), piece.replace("\u2581", " ").strip()))
+    return {piece for _, piece in sorted(rows, reverse=True)[:n]}
+
+
+def fill_mask_reading(df: pd.DataFrame, n: int = 20) -> dict[str, int]:
+    """How many top-1 predictions are among the corpus's ``n`` most frequent pieces: a model
+    that has learned little beyond unigram frequencies predicts those whatever the context."""
+    top1 = df[df["rank"] == 1]["predicted piece"]
+    frequent = frequent_pieces(n)
+    return {"sentences": len(top1), "frequent": int(top1.isin(frequent).sum()), "n": n}
