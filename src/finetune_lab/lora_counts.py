@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import math
 import warnings
 from collections.abc import Iterable, Sequence
@@ -341,9 +340,7 @@ def bitsandbytes_available() -> bool:
 
 
 def _import_bnb():
-    # bitsandbytes logs a warning about an optional CPU kernel package on import; not our concern
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    import bitsandbytes
+    import bitsandbytes  # its optional-kernel notice is filtered in finetune_lab/__init__.py
 
     return bitsandbytes
 
