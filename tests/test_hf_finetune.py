@@ -117,6 +117,14 @@ def test_manifests_are_complete_and_valid(tiny_runs):
         hp = man["hyperparameters"]
         assert hp["adam_betas"] == [0.9, 0.98] and hp["trainer_max_grad_norm"] == 0.0
         assert hp["epochs"] == EPOCHS and hp["total_updates"] == 4 * EPOCHS
+        # measured like the LoRA runs, so the LoRA chapter can use them as full fine-tuning
+        extra = man["extra"]
+        params = extra["parameters"]
+        assert params["trainable"] == params["total"] > 0
+        assert params["counted_by"].startswith("numel()")
+        assert extra["peak_memory"]["bytes"] > 0 and extra["peak_memory"]["measure"]
+        assert 0 < extra["time_s"] <= man["wall_time_s"]
+        assert man["device"]["threads"] >= 1
     pretrained = json.loads((dirs[1] / "manifest.json").read_text())
     assert pretrained["init"] == "pretrained" and pretrained["inputs"]["checkpoint"]
 

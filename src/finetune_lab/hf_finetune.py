@@ -279,6 +279,7 @@ def finetune_transformers(
     from finetune_lab.cls_books import default_output as default_cls
     from finetune_lab.hf_tokenizer import FairseqIdTokenizer
     from finetune_lab.recording import record_run
+    from finetune_lab.runmeasure import measure_run
     from finetune_lab.tokenizer import default_output as default_tok
 
     cls_dir = Path(cls_dir) if cls_dir is not None else default_cls()
@@ -308,7 +309,7 @@ def finetune_transformers(
         writer = SummaryWriter(log_dir=str(handle.run_dir))
         context = run_context(handle) if run_context is not None else contextlib.nullcontext()
         try:
-            with context, tempfile.TemporaryDirectory(prefix="hf-trainer-") as scratch:
+            with measure_run(handle, model), context, tempfile.TemporaryDirectory(prefix="hf-trainer-") as scratch:
                 trainer = _parity_trainer_class()(
                     model=model,
                     args=training_arguments(recipe, n_train, seed, Path(scratch), logging_steps),

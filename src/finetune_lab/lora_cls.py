@@ -36,8 +36,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import sys
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +46,7 @@ import pandas as pd
 from finetune_lab.errors import UserError
 from finetune_lab.lora_configs import LAB_BNB, LAB_LORA
 from finetune_lab.recipe import LAB_RECIPE, FinetuneRecipe
+from finetune_lab.runmeasure import count_parameters
 
 EXPERIMENT = "lora"
 DEFAULT_SEEDS = (0, 1, 2)
@@ -166,14 +165,6 @@ def wrap(model, method: Method):
     return get_peft_model(model, lora_config(**method.lora_settings()))
 
 
-def count_parameters(model) -> tuple[int, int]:
-    """``(trainable, all)``: peft's own count for a peft model, else ``numel()`` sums."""
-    if hasattr(model, "get_nb_trainable_parameters"):
-        return tuple(int(x) for x in model.get_nb_trainable_parameters())  # type: ignore
-    params = list(model.parameters())
-    return (sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params))
-
-
 def method_table(size=None, methods: Iterable[str] = METHODS) -> pd.DataFrame:
     """Per method: adapted layers, learning rate, trainable and total parameters (peft on a
     meta-device RoBERTa of ``size``, default RoBERTa-small-fr) and the formula's count.
@@ -206,59 +197,15 @@ def method_table(size=None, methods: Iterable[str] = METHODS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# --- measuring a run --------------------------------------------------------------------------
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the process's peak RSS (Linux ``clear_refs`` 5); False where that is refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss_bytes() -> int:
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
+# --- one run ----------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def measure(handle, method: Method, counts: dict[str, Any]):
-    """Record the method, parameter counts, peak memory and time into the run's manifest."""
-    import torch
-
-    extra = handle.manifest.setdefault("extra", {})
-    extra.update(method=method.name, parameters=dict(counts))
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    reset = _reset_peak_rss()
-    start = time.monotonic()
+def _record_method(handle, method: Method):
+    """Name the method in the manifest's ``extra`` (counts, memory and time are recorded for
+    every Transformers run by :func:`finetune_lab.runmeasure.measure_run`)."""
+    handle.manifest.setdefault("extra", {})["method"] = method.name
     yield
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.monotonic() - start
-    rss = {"bytes": _peak_rss_bytes(),
-           "measure": "peak resident set size of the process (resource.getrusage ru_maxrss), "
-                      + ("reset at the start of the run via /proc/self/clear_refs" if reset
-                         else "since the process started (no reset possible here)")}
-    if cuda:
-        peak = {"device": "cuda", "bytes": int(torch.cuda.max_memory_allocated()),
-                "measure": "torch.cuda.max_memory_allocated, reset at the start of the run",
-                "gpu": torch.cuda.get_device_name(0)}
-    else:
-        peak = {"device": "cpu", "bytes": rss["bytes"], "measure": rss["measure"]}
-    extra.update(peak_memory=peak, cpu_peak_rss=rss, time_s=round(seconds, 3),
-                 time_covers="building the Trainer, training, and valid + test evaluation "
-                             "after every epoch (not loading data or the model)")
-
-
-# --- one run ----------------------------------------------------------------------------------
 
 
 def _four_bit_kwargs(method: Method, force_4bit: bool) -> dict[str, Any] | None:
@@ -305,8 +252,6 @@ def finetune_lora(
 
     m = get_method(method)
     run_recipe = dataclasses.replace(recipe, lr=m.lr(recipe, lora_lr))
-    counts: dict[str, Any] = {}
-
     def adapt(model):
         if m.quantized:
             from peft import prepare_model_for_kbit_training
@@ -317,12 +262,7 @@ def finetune_lora(
             # evaluation, after which training fails; on a GPU this changes nothing
             _keep_cpu_4bit_trainable(model)
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-        model = wrap(model, m)
-        trainable, total = count_parameters(model)
-        counts.update(trainable=trainable, total=total,
-                      counted_by="peft get_nb_trainable_parameters()" if m.is_lora
-                      else "numel() of every parameter (all trainable)")
-        return model
+        return wrap(model, m)
 
     run_dir = hf_finetune.finetune_transformers(
         "pretrained", seed, cls_dir=cls_dir, tokenizer_dir=tokenizer_dir, model_dir=model_dir,
@@ -332,7 +272,7 @@ def finetune_lora(
         overwrite=overwrite, model_kwargs=_four_bit_kwargs(m, force_4bit), adapt_model=adapt,
         extra_hyperparameters={"method": m.name, "lora": m.lora_settings(),
                                "quantization": m.quantization()},
-        run_context=lambda handle: measure(handle, m, counts))
+        run_context=lambda handle: _record_method(handle, m))
     pin_experiment(run_dir)
     return run_dir
 

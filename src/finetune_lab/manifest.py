@@ -180,10 +180,16 @@ def cpu_model() -> str:
 
 
 def device_info() -> dict[str, Any]:
-    """The device a run used: GPU name and count when CUDA is visible, else the CPU model."""
+    """The device a run used: GPU name and count when CUDA is visible, else the CPU model.
+
+    ``threads`` is torch's intra-op thread count: on a shared CPU it says how many cores
+    a run had (two one-thread runs side by side each report 1), so speeds compare fairly.
+    """
     info: dict[str, Any] = {"cpu": cpu_model(), "cpu_count": os.cpu_count()}
     try:
         import torch
+
+        info["threads"] = torch.get_num_threads()
 
         if torch.cuda.is_available():
             count = torch.cuda.device_count()
