@@ -41,8 +41,9 @@ def test_not_run_state_gives_the_exact_command(tmp_path):
     assert lora_cls.cached_runs(tmp_path) is None
     text = lora_cls.state_markdown(None)
     assert "has not been run yet" in text
-    assert "finetune-lab finetune lora --methods lora-qv lora-attn full --seeds 0 1 2" in text
-    assert lora_cls.GPU_COMMAND.endswith("full qlora-qv --seeds 0 1 2") and lora_cls.GPU_COMMAND in text
+    assert "finetune-lab finetune lora --methods lora-qv lora-attn --seeds 0 1 2" in text
+    assert "finetune-lab finetune transformers --init pretrained --seeds 0 1 2" in text
+    assert lora_cls.GPU_COMMAND.endswith("lora-attn qlora-qv --seeds 0 1 2") and lora_cls.GPU_COMMAND in text
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +179,57 @@ def test_registry_accepts_the_methods_and_flags_a_changed_recipe(tiny_runs):
         assert lora_cls.summary(loaded)["method"].tolist() == ["lora-attn", "full"]
     finally:
         write_manifest(run, original)
+
+
+@pytest.mark.slow
+def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs, tmp_path):
+    """Without ``full`` runs of its own, the table takes the Transformers pretrained runs,
+    which must carry the measurements and this experiment's recipe."""
+    import shutil
+
+    from finetune_lab import hf_finetune
+    from finetune_lab.manifest import read_manifest, write_manifest
+
+    runs_root, dirs = tiny_runs
+    root = tmp_path / "runs"
+    (root / "lora").mkdir(parents=True)
+    shutil.copy(runs_root / "lora" / "experiment.json", root / "lora" / "experiment.json")
+    for seed in SEEDS["lora-qv"]:
+        shutil.copytree(dirs[("lora-qv", seed)], root / "lora" / f"lora-qv-seed{seed}")
+    hf = [hf_finetune.finetune_transformers(
+        "pretrained", seed, cls_dir=tiny["cls_dir"], model_dir=tiny["model_dir"],
+        recipe=TINY_RECIPE, logging_steps=2, runs_root=root) for seed in (0, 1)]
+
+    loaded = lora_cls.cached_runs(root)
+    assert lora_cls.summary(loaded)["method"].tolist() == ["lora-qv", "full"]
+    per_run = lora_cls.per_run_table(loaded).set_index("run")
+    assert per_run.loc["pretrained-seed0", "method"] == "full"
+    assert per_run.loc["pretrained-seed1", "trainable"] == _base_total(tiny["size"])
+    text = lora_cls.state_markdown(loaded)
+    assert "The `full` row is the 2 Transformers runs" in text and "`pretrained-seed1`" in text
+
+    # a run without the measurements is excluded with the reason
+    original = read_manifest(hf[1])
+    try:
+        bare = json.loads(json.dumps(original))
+        del bare["extra"]
+        write_manifest(hf[1], bare)
+        loaded = lora_cls.cached_runs(root)
+        assert [r.name for r in loaded.excluded] == ["pretrained-seed1"]
+        assert "manifest extra lacks" in loaded.excluded[0].reason
+        assert lora_cls.summary(loaded).set_index("method").loc["full", "n"] == 1
+    finally:
+        write_manifest(hf[1], original)
+
+    # runs made with another recipe than this experiment's are no baseline for it
+    config_path = root / "lora" / "experiment.json"
+    config = json.loads(config_path.read_text())
+    config["hyperparameters"]["epochs"] = EPOCHS + 3
+    config_path.write_text(json.dumps(config))
+    loaded = lora_cls.cached_runs(root)
+    full = [r for r in loaded.runs if r.experiment == "transformers"]
+    assert len(full) == 2 and not any(r.valid for r in full)
+    assert all("['epochs'] differ from lora's experiment.json" in r.reason for r in full)
 
 
 @pytest.mark.slow

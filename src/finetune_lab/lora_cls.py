@@ -6,7 +6,11 @@ One experiment, ``data/runs/lora/<method>-seed<seed>/``, whose runs differ by *m
   projections of every layer;
 * ``lora-attn``: the same on every attention projection (query, key, value and the attention
   output ``attention.output.dense``);
-* ``full``: plain full fine-tuning, so that the comparison stays inside one experiment;
+* ``full``: plain full fine-tuning. This is exactly a Transformers run from the pretrained
+  checkpoint (same function, same recipe), so by default the table takes that row from the
+  Transformers experiment's ``pretrained-seed*`` runs (:data:`FULL_BASELINE`) instead of making
+  the same runs twice; they are checked against this experiment's recipe, and
+  ``--methods full`` still makes separate ones, which then take precedence;
 * ``qlora-qv``: ``lora-qv`` on a base model loaded in 4-bit NF4 with the lab's
   ``BitsAndBytesConfig`` (meant for a GPU; the classifier stays in full precision).
 
@@ -50,7 +54,11 @@ from finetune_lab.runmeasure import count_parameters
 
 EXPERIMENT = "lora"
 DEFAULT_SEEDS = (0, 1, 2)
-DEFAULT_METHODS = ("lora-qv", "lora-attn", "full")
+DEFAULT_METHODS = ("lora-qv", "lora-attn")
+"""What ``finetune lora`` makes by default; the ``full`` row comes from :data:`FULL_BASELINE`."""
+FULL_BASELINE = "transformers"
+"""The experiment whose ``pretrained`` runs are the full fine-tuning row when this experiment
+has no ``full`` runs of its own (:func:`baseline_full_runs`)."""
 
 LORA_R = 16
 LORA_ALPHA = 32
@@ -126,6 +134,9 @@ def run_command(methods: Sequence[str] = DEFAULT_METHODS, seeds: Sequence[int] =
 
 RUN_COMMAND = run_command()
 GPU_COMMAND = run_command((*DEFAULT_METHODS, "qlora-qv"))
+FULL_COMMAND = "finetune-lab finetune transformers --init pretrained --seeds " + " ".join(
+    str(s) for s in DEFAULT_SEEDS)
+"""Makes the full fine-tuning row (the Transformers chapter's pretrained runs)."""
 
 
 # --- parameter counts ----------------------------------------------------------------------
@@ -294,12 +305,7 @@ def pin_experiment(run_dir: Path) -> Path:
             "hyperparameters": shared, "varying": varying,
             "note": "pinned from the first run; the methods differ in 'varying' by design"})
     else:
-        ignore = set(config.get("varying", [])) | VARYING_KEYS
-        expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
-        got = {k: v for k, v in shared.items() if k not in ignore}
-        differ = sorted(k for k in set(expected) | set(got)
-                        if json.dumps(expected.get(k), sort_keys=True)
-                        != json.dumps(got.get(k), sort_keys=True))
+        differ = differing_hyperparameters(config, shared)
         if differ:
             raise UserError(f"{run_dir} was trained with hyperparameters {differ} unlike the "
                             f"other runs ({exp_dir / EXPERIMENT_CONFIG}); the registry will "
@@ -307,7 +313,66 @@ def pin_experiment(run_dir: Path) -> Path:
     return exp_dir / EXPERIMENT_CONFIG
 
 
+def differing_hyperparameters(config: dict[str, Any], hp: dict[str, Any]) -> list[str]:
+    """The keys in which ``hp`` departs from the experiment's pinned ``config`` (what varies by
+    design, the seed and the init aside)."""
+    from finetune_lab.registry import VARYING_KEYS
+
+    ignore = set(config.get("varying", [])) | VARYING_KEYS
+    expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
+    got = {k: v for k, v in hp.items() if k not in ignore}
+    return sorted(k for k in set(expected) | set(got)
+                  if json.dumps(expected.get(k), sort_keys=True)
+                  != json.dumps(got.get(k), sort_keys=True))
+
+
 # --- reading cached runs (for the chapter) ---------------------------------------------------
+
+
+def method_of(rec) -> str | None:
+    """A run's method: its ``method`` hyperparameter, or ``full`` for a pretrained run of
+    :data:`FULL_BASELINE` (a plain Transformers fine-tune)."""
+    man = rec.manifest or {}
+    hp = man.get("hyperparameters") or {}
+    if "method" in hp:
+        return hp["method"]
+    if rec.experiment == FULL_BASELINE and man.get("init") == "pretrained":
+        return "full"
+    return None
+
+
+def baseline_full_runs(base: Path, experiment_dir: Path) -> list:
+    """The valid pretrained runs of :data:`FULL_BASELINE`, as this experiment's ``full`` row.
+
+    Each must carry the measurements (parameters, peak memory, time) and agree with this
+    experiment's pinned recipe and with the lab's learning rate; one that does not is returned
+    with the reason, so the chapter lists it as excluded.
+    """
+    from finetune_lab.registry import check_hyperparameters, discover_runs, read_experiment_config
+
+    if not (base / FULL_BASELINE).is_dir():
+        return []
+    config = read_experiment_config(experiment_dir)
+    full_lr = METHODS["full"].lr()
+    out = []
+    for rec in discover_runs(base, [FULL_BASELINE]):
+        if not rec.valid or rec.init != "pretrained":
+            continue  # the Transformers chapter lists those; they are no full fine-tuning row
+        hp = (rec.manifest or {}).get("hyperparameters") or {}
+        extra = (rec.manifest or {}).get("extra") or {}
+        missing = [k for k in ("parameters", "peak_memory", "time_s") if k not in extra]
+        if missing:
+            rec.problems.append(f"as the full fine-tuning row: manifest extra lacks {missing} "
+                                "(made before runs were measured; re-run it)")
+        elif hp.get("lr") != full_lr:
+            rec.problems.append(f"as the full fine-tuning row: lr {hp.get('lr')} is not the "
+                                f"lab's {full_lr:g}")
+        elif config is not None and (differ := differing_hyperparameters(config, hp)):
+            rec.problems.append("as the full fine-tuning row: hyperparameters "
+                                f"{differ} differ from {experiment_dir.name}'s experiment.json")
+        out.append(rec)
+    check_hyperparameters([r for r in out if r.valid], None)
+    return out
 
 
 def check_methods(records) -> None:
@@ -322,7 +387,7 @@ def check_methods(records) -> None:
         if not rec.valid:
             continue
         man = rec.manifest or {}
-        name = (man.get("hyperparameters") or {}).get("method")
+        name = method_of(rec)
         extra = man.get("extra") or {}
         if name not in METHODS:
             rec.problems.append(f"hyperparameter 'method' = {name!r} is not one of "
@@ -350,6 +415,8 @@ def cached_runs(root: Path | str | None = None, experiment: str = EXPERIMENT):
         return None
     records = discover_runs(base, [experiment])
     check_methods(records)
+    if not any(r.valid and method_of(r) == "full" for r in records):
+        records += baseline_full_runs(base, exp)
     return LoadedRuns(scalars=load_scalars(valid_runs(records)), runs=records)
 
 
@@ -362,7 +429,7 @@ def per_run_table(loaded) -> pd.DataFrame:
     info = []
     for rec in loaded.used:
         extra = (rec.manifest or {}).get("extra") or {}
-        info.append({"run": rec.name, "method": extra["method"],
+        info.append({"run": rec.name, "method": method_of(rec),
                      "trainable": extra["parameters"]["trainable"],
                      "total": extra["parameters"]["total"],
                      "time_s": extra["time_s"], "peak_bytes": extra["peak_memory"]["bytes"],
@@ -445,16 +512,29 @@ def state_markdown(loaded) -> str:
     from finetune_lab.registry import exclusions_markdown
 
     if loaded is None or not loaded.used:
-        text = (f"{not_run_text()}\n\n```bash\n{RUN_COMMAND}\n```\n\nOn a machine with a GPU, add "
+        text = (f"{not_run_text()}\n\n```bash\n{RUN_COMMAND}\n```\n\nThe full fine-tuning row is "
+                f"the Transformers runs from the pretrained checkpoint:\n\n```bash\n"
+                f"{FULL_COMMAND}\n```\n\nOn a machine with a GPU, add "
                 f"QLoRA (a 4-bit NF4 base model through bitsandbytes):\n\n```bash\n"
                 f"{GPU_COMMAND}\n```")
     else:
         n = len(loaded.used)
         methods = summary(loaded)["method"].tolist()
-        text = (f"{n} valid run{'s' if n != 1 else ''} of the experiment are recorded "
+        borrowed = [r for r in loaded.used if r.experiment == FULL_BASELINE]
+        text = (f"{n} valid run{'s' if n != 1 else ''} are used "
                 f"({', '.join(f'`{m}`' for m in methods)}; each manifest holds the command "
-                f"that made it; `{RUN_COMMAND}` makes any that are missing). "
+                f"that made it; `{RUN_COMMAND}` makes any LoRA run that is missing). "
                 f"Peak memory: {memory_note(loaded)}.")
+        if borrowed:
+            text += (f"\n\nThe `full` row is the {len(borrowed)} Transformers run"
+                     f"{'s' if len(borrowed) != 1 else ''} from the pretrained checkpoint "
+                     f"(`data/runs/{FULL_BASELINE}/`: "
+                     f"{', '.join(f'`{r.name}`' for r in borrowed)}): the function and recipe "
+                     "that `--methods full` would run, checked against this experiment's "
+                     "pinned recipe, so the same runs are not made twice.")
+        elif "full" not in methods:
+            text += (f"\n\nNo full fine-tuning run is recorded yet: `{FULL_COMMAND}` makes "
+                     "the row.")
     if loaded is not None and loaded.excluded:
         text += "\n\nExcluded from the table:\n\n" + exclusions_markdown(loaded.runs)
     return text
