@@ -158,9 +158,10 @@ def test_speed_table_reads_the_manifests(grid):
     assert len(t) == 4
     for row in t.itertuples(index=False):
         m = read_manifest(grid["report_runs"] / "fairseq" / ff.run_name(row.init, row.seed))
-        assert row[4] == pytest.approx(m["wall_time_s"] / 60)
-        assert row[5] == pytest.approx(m["throughput"]["updates_per_s"])
+        assert row[5] == pytest.approx(m["wall_time_s"] / 60)
+        assert row[6] == pytest.approx(m["throughput"]["updates_per_s"])
         assert row.device == m["device"]["name"]
+        assert row.threads == m["device"]["threads"] >= 1
         assert row.updates == 24
     assert "4 runs" in fr.speed_sentence(grid["res"])
 

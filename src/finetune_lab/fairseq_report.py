@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from finetune_lab import finetune_fairseq as ff
@@ -446,38 +445,26 @@ def plot_curves(res: FairseqResults, p: Plan | None = None):
 # --- speed and device -------------------------------------------------------------------------
 
 
-def _device_name(manifest: dict[str, Any]) -> str:
-    dev = manifest.get("device") or {}
-    name = dev.get("name") or dev.get("cpu") or "?"
-    return f"{dev.get('count', 1)}× {name}" if dev.get("type") == "cuda" else str(name)
-
-
-SPEED_COLUMNS = ["init", "seed", "device", "updates", "wall time (min)", "updates/s"]
+SPEED_COLUMNS = ["init", "seed", "device", "threads", "updates", "wall time (min)", "updates/s"]
 
 
 def speed_table(res: FairseqResults) -> pd.DataFrame:
-    """Per valid run, from its manifest: device, updates, wall time, median updates/s."""
-    rows = []
-    for r in sorted(res.loaded.used, key=lambda r: (str(r.init), int(r.seed or 0))):
-        m = r.manifest or {}
-        rows.append({
-            "init": r.init, "seed": r.seed, "device": _device_name(m),
-            "updates": (m.get("hyperparameters") or {}).get("total_updates"),
-            "wall time (min)": m["wall_time_s"] / 60,
-            "updates/s": (m.get("throughput") or {}).get("updates_per_s", np.nan),
-        })
-    return pd.DataFrame(rows, columns=SPEED_COLUMNS)
+    """Per valid run, from its manifest: device, threads, updates, wall time, median updates/s."""
+    from finetune_lab.runspeed import speed_table as run_speeds
+
+    return run_speeds(res.loaded.used)[SPEED_COLUMNS]
 
 
 def speed_sentence(res: FairseqResults) -> str:
     """Mean time per run and the device(s), or that there is nothing to time yet."""
-    t = speed_table(res)
+    from finetune_lab.runspeed import settings_sentence
+    from finetune_lab.runspeed import speed_table as run_speeds
+
+    t = run_speeds(res.loaded.used)
     if t.empty:
         return "There is no run to time yet."
-    devices = sorted(set(t["device"]))
-    dev = (f"all on one device model, {devices[0]}" if len(devices) == 1 else
-           f"on {len(devices)} different device models ({'; '.join(devices)}), so their times "
-           "do not compare directly")
+
+    dev = settings_sentence(t)
     return (f"The {len(t)} runs took {t['wall time (min)'].mean():.1f} min each on average "
             f"(fastest {t['wall time (min)'].min():.1f}, slowest {t['wall time (min)'].max():.1f}), "
             f"{dev}; fairseq's median rate was {t['updates/s'].median():.1f} updates/s.")
@@ -580,6 +567,8 @@ def pretrain_budget(runs_root: Path | None = None,
     The run is the one the packaged checkpoint names (its ``manifest.json``'s ``run``), else the
     last complete run of the ``pretrain`` experiment.
     """
+    from finetune_lab.runspeed import device_name
+
     got = _pretrain_manifest(runs_root, checkpoint_dir)
     if got is None:
         return None
@@ -589,7 +578,7 @@ def pretrain_budget(runs_root: Path | None = None,
     return PretrainBudget(
         run=_show_path(path), status=str(man.get("status")),
         updates=hp.get("max_update"), tokens_per_update=hp.get("tokens_per_update"),
-        wall_time_s=man.get("wall_time_s"), device=_device_name(man),
+        wall_time_s=man.get("wall_time_s"), device=device_name(man),
         tokens_per_s=(man.get("throughput") or {}).get("tokens_per_s"),
         corpus_words=words, corpus_tokens=tokens)
 

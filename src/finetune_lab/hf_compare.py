@@ -190,7 +190,7 @@ def load_comparison(runs_root: Path | None = None) -> Comparison:
 
 
 PER_SEED_COLUMNS = ["framework", "init", "seed", "best epoch", "valid acc (%)", "test acc (%)",
-                    "wall time (min)", "device"]
+                    "wall time (min)", "device", "threads"]
 
 
 def results_status(comp: Comparison) -> str:
@@ -215,35 +215,40 @@ def exclusions(comp: Comparison) -> str:
 
 
 def per_seed_table(comp: Comparison) -> pd.DataFrame:
-    """One row per run: framework, init, seed, best epoch, valid and test accuracy, time, device."""
+    """One row per run: framework, init, seed, best epoch, valid and test accuracy, wall time,
+    device and CPU threads (from the manifests, :mod:`finetune_lab.runspeed`)."""
+    from finetune_lab.runspeed import speed_table
+
     if comp.best.empty:
         return pd.DataFrame(columns=PER_SEED_COLUMNS)
-    times = {(r.experiment, r.name): r.manifest for r in comp.loaded.used}
-    best = comp.best.copy()
-    best["wall time (min)"] = [times[(e, r)]["wall_time_s"] / 60
-                               for e, r in zip(best["experiment"], best["run"])]
-    best["device"] = [times[(e, r)]["device"].get("name") for e, r in zip(best["experiment"],
-                                                                         best["run"])]
+    speed = speed_table(comp.loaded.used)[["experiment", "run", "wall time (min)", "device",
+                                           "threads"]]
+    best = comp.best.merge(speed, on=["experiment", "run"], how="left")
     return best[["framework", "init", "seed", "best_epoch", "valid", "test", "wall time (min)",
-                 "device"]].rename(columns={"best_epoch": "best epoch", "valid": "valid acc (%)",
-                                            "test": "test acc (%)"})
+                 "device", "threads"]].rename(columns={"best_epoch": "best epoch",
+                                                       "valid": "valid acc (%)",
+                                                       "test": "test acc (%)"})
 
 
 def time_table(comp: Comparison) -> pd.DataFrame:
-    """Mean wall time per framework and init, and whether all runs share one device."""
-    t = per_seed_table(comp)
+    """Mean wall time per framework and init, with the settings (device, threads) it came from."""
+    from finetune_lab.runspeed import speed_table
+
+    columns = ["framework", "init", "runs", "mean wall time (min)", "settings"]
+    t = speed_table(comp.loaded.used) if comp.loaded is not None else pd.DataFrame()
     if t.empty:
-        return pd.DataFrame(columns=["framework", "init", "runs", "mean wall time (min)", "devices"])
-    out = (t.groupby(["framework", "init"])
-           .agg(runs=("seed", "count"), mean_min=("wall time (min)", "mean"),
-                devices=("device", lambda d: ", ".join(sorted(set(map(str, d))))))
-           .reset_index().rename(columns={"mean_min": "mean wall time (min)"}))
-    return out
+        return pd.DataFrame(columns=columns)
+    return (t.groupby(["framework", "init"])
+            .agg(runs=("seed", "count"), mean_min=("wall time (min)", "mean"),
+                 settings=("setting", lambda d: "; ".join(sorted(set(d)))))
+            .reset_index().rename(columns={"mean_min": "mean wall time (min)"}))[columns]
 
 
 def same_device(comp: Comparison) -> bool:
-    """True when every valid run of both frameworks ran on one device model."""
-    return per_seed_table(comp)["device"].nunique() == 1
+    """True when every valid run of both frameworks had one device model and thread count."""
+    from finetune_lab.runspeed import comparable, speed_table
+
+    return comparable(speed_table(comp.loaded.used))
 
 
 def seed_table(comp: Comparison) -> pd.DataFrame:

@@ -1,0 +1,77 @@
+"""How fast each recorded run went, from its manifest: one table for every chapter.
+
+On a CPU a run's speed depends on the threads it had as much as on the device model, and runs
+were made two at a time on a 2-core machine, so manifests record ``device.threads`` (torch's
+intra-op threads) beside the device; times compare only where both agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+SPEED_COLUMNS = ["experiment", "framework", "init", "seed", "run", "device", "threads",
+                 "updates", "wall time (min)", "updates/s", "setting"]
+
+
+def device_name(manifest: dict[str, Any]) -> str:
+    """``"1× NVIDIA H100 …"`` for GPUs, the CPU model otherwise, ``"?"`` if unrecorded."""
+    dev = manifest.get("device") or {}
+    name = dev.get("name") or dev.get("cpu") or "?"
+    return f"{dev.get('count', 1)}× {name}" if dev.get("type") == "cuda" else str(name)
+
+
+def device_threads(manifest: dict[str, Any]) -> float:
+    """CPU threads the run had (NaN on a GPU, where they do not set the pace, or if unrecorded)."""
+    dev = manifest.get("device") or {}
+    if dev.get("type") == "cuda" or dev.get("threads") is None:
+        return np.nan
+    return float(dev["threads"])
+
+
+def setting(manifest: dict[str, Any]) -> str:
+    """The device, plus the thread count on a CPU: what a run's time depends on."""
+    name, threads = device_name(manifest), device_threads(manifest)
+    if (manifest.get("device") or {}).get("type") == "cuda":
+        return name
+    return f"{name}, {'threads not recorded' if np.isnan(threads) else f'{int(threads)} thread(s)'}"
+
+
+def speed_table(records: Iterable) -> pd.DataFrame:
+    """Per run (registry records): device, threads, updates, wall time and the median
+    updates/s that fairseq logged (NaN where the framework logs no rate)."""
+    rows = []
+    for r in records:
+        m = r.manifest or {}
+        rows.append({
+            "experiment": r.experiment, "framework": m.get("framework"), "init": r.init,
+            "seed": r.seed, "run": r.name, "device": device_name(m),
+            "threads": device_threads(m),
+            "updates": (m.get("hyperparameters") or {}).get("total_updates"),
+            "wall time (min)": m["wall_time_s"] / 60,
+            "updates/s": (m.get("throughput") or {}).get("updates_per_s", np.nan),
+            "setting": setting(m),
+        })
+    t = pd.DataFrame(rows, columns=SPEED_COLUMNS)
+    return t.sort_values(["experiment", "init", "seed"]).reset_index(drop=True)
+
+
+def _settings(t: pd.DataFrame) -> list[str]:
+    return sorted(set(t["setting"]))
+
+
+def comparable(t: pd.DataFrame) -> bool:
+    """True when every run had the same device model and (on a CPU) the same thread count."""
+    return len(_settings(t)) == 1
+
+
+def settings_sentence(t: pd.DataFrame) -> str:
+    """Where the runs ran, and whether their times therefore compare."""
+    settings = _settings(t)
+    if len(settings) == 1:
+        return f"all on one setting, {settings[0]}, so their times compare"
+    return (f"on {len(settings)} different settings ({'; '.join(settings)}), so their times do "
+            "not compare directly")
