@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import TINY_ARCH, needs_data_root
@@ -258,3 +259,28 @@ def test_course_figures_are_labelled_external_references():
     assert fr.COURSE_TEST_ACCURACY["random"].text() == "63–68 %"
     assert fr.course_gap().text() == "11–17 points"
     assert all(r.source == fr.COURSE_SOURCE for r in fr.COURSE_TEST_ACCURACY.values())
+
+
+@pytest.mark.parametrize("pretrained, verdict", [
+    ([78.0, 79.0, 80.0], "beats random initialisation by 12.0 points"),
+    ([66.0, 67.5, 65.0], "within seed noise"),
+    ([55.0, 56.0, 57.0], "does worse than random initialisation, by 11.0 points"),
+])
+def test_gap_verdict_reads_the_welch_interval(pretrained, verdict):
+    from finetune_lab import seedstats
+
+    best = pd.DataFrame({"init": ["pretrained"] * 3 + ["random"] * 3,
+                         "test": pretrained + [66.0, 67.0, 68.0]})
+    text = fr.gap_verdict(seedstats.init_gap(best))
+    assert verdict in text and "n = 3 and 3 seeds" in text
+    assert "not known yet" in fr.gap_verdict(None)
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_pretraining_chapter_verdict_reads_the_grid(grid):
+    from finetune_lab import pretrain_report
+
+    text = pretrain_report.finetuning_verdict(grid["report_runs"])
+    assert "n = 2 and 2 seeds" in text
+    assert ("beats random initialisation" in text) != ("Until a longer pretraining" in text)

@@ -667,7 +667,24 @@ def result_sentences(res: FairseqResults) -> str:
     text = text[0].upper() + text[1:] + "."
     g = gap(res)
     if g is not None:
-        cg = course_gap()
-        text += (f" Pretraining is worth {g.diff:.1f} points here (95 % Welch CI {g.ci_low:.1f} "
-                 f"to {g.ci_high:.1f}), against {cg.text()} in the course.")
+        text += f" {gap_verdict(g)} The course measured {course_gap().text()}."
     return text
+
+
+def gap_verdict(g: seedstats.InitGap | None) -> str:
+    """Whether fine-tuning from the stand-in beats random initialisation by a margin the seeds
+    can show (the 95 % Welch interval of pretrained − random excludes 0 on the positive side)."""
+    if g is None:
+        return ("Whether fine-tuning from the stand-in beats random initialisation is not known "
+                "yet: that needs at least two valid seeds per initialisation.")
+    ci = f"95 % Welch CI {g.ci_low:.1f} to {g.ci_high:.1f}; n = {g.n_a} and {g.n_b} seeds"
+    if g.ci_low > 0:
+        return (f"Fine-tuning from the stand-in beats random initialisation by {g.diff:.1f} "
+                f"points of test accuracy ({ci}): a margin the seeds clearly show.")
+    if g.ci_high < 0:
+        return (f"Fine-tuning from the stand-in does worse than random initialisation, by "
+                f"{-g.diff:.1f} points of test accuracy ({ci}): this checkpoint does not do "
+                "what pretraining is for.")
+    return (f"Fine-tuning from the stand-in and from a random initialisation differ by "
+            f"{g.diff:+.1f} points of test accuracy ({ci}): within seed noise, so this "
+            "checkpoint does not beat random initialisation by a margin the seeds can show.")

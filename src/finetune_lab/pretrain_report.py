@@ -255,3 +255,19 @@ def fill_mask_reading(df: pd.DataFrame, n: int = 20) -> dict[str, int]:
     top1 = df[df["rank"] == 1]["predicted piece"]
     frequent = frequent_pieces(n)
     return {"sentences": len(top1), "frequent": int(top1.isin(frequent).sum()), "n": n}
+
+
+def finetuning_verdict(runs_root=None) -> str:
+    """Whether fine-tuning from the checkpoint beats random initialisation, from the fairseq
+    grid's runs (the test the stand-in exists for), and what to do when it does not."""
+    from finetune_lab import fairseq_report as fr
+
+    res = fr.load_results(runs_root)
+    g = fr.gap(res)
+    text = fr.gap_verdict(g)
+    if g is not None and g.ci_low <= 0:
+        text += (" Until a longer pretraining replaces it (on a GPU: `finetune-lab pretrain "
+                 "--minutes 8 --overwrite`, then the pretrained fine-tuning runs again), every "
+                 "pretrained-vs-random comparison in this book measures this weak checkpoint, "
+                 "not the value of pretraining.")
+    return text
