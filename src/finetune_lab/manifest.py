@@ -128,9 +128,18 @@ def resolve_stored_path(stored: str) -> Path:
     return p if p.is_absolute() else PROJECT_ROOT / p
 
 
+BUILD_RECORD = "manifest.json"
+"""A data folder's own record of how it was built (commands, counts, timings): provenance, not
+data. Run inputs leave it out, so rebuilding identical data does not invalidate the runs."""
+
+
 def input_record(path: Path | str) -> dict[str, Any]:
-    """``{"path": ..., "sha256": {relpath: sha}}`` for a data folder/file or checkpoint."""
-    return {"path": portable_path(path), "sha256": sha256_tree(path)}
+    """``{"path": ..., "sha256": {relpath: sha}}`` for a data folder/file or checkpoint (a
+    folder's top-level :data:`BUILD_RECORD` left out)."""
+    hashes = sha256_tree(path)
+    if Path(path).is_dir():
+        hashes.pop(BUILD_RECORD, None)
+    return {"path": portable_path(path), "sha256": hashes}
 
 
 # --- environment capture -------------------------------------------------------------------
