@@ -105,3 +105,12 @@ def test_cli_writes_the_summary(tmp_path, capsys):
     assert json.loads(dest.read_text())["cls"]["splits"][0]["reviews"] == 1800
     assert cli.main(["data-summary", "--work", str(tmp_path / "none"), "--out", str(dest)]) == 2
     assert "finetune-lab prepare-cls" in capsys.readouterr().err
+
+
+def test_train_size_reads_the_committed_summary(tmp_path):
+    committed = PROJECT_ROOT / "data" / "summaries" / ds.SUMMARY_NAME
+    splits = json.loads(committed.read_text(encoding="utf-8"))["cls"]["splits"]
+    assert ds.train_size(committed) == 1800 == next(
+        s["reviews"] for s in splits if s["split"] == "train")
+    with pytest.raises(UserError, match="finetune-lab data-summary"):
+        ds.train_size(tmp_path / "absent.json")

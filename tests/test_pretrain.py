@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from finetune_lab import checkpoints, pretrain
+from finetune_lab import checkpoints, fairseq_logs, pretrain
 from finetune_lab.manifest import read_manifest
 
 from conftest import needs_data_root
@@ -88,7 +88,7 @@ def test_log_rates_skip_the_start_up_interval():
     log = "\n".join(
         f"x | INFO | train_inner | epoch 001:  {i} / 9 loss=9, wps={w}, ups={u}, wpb=1"
         for i, (w, u) in enumerate([(10, 0.1), (1000, 2.0), (1200, 2.2), (1100, 2.1)]))
-    assert pretrain.log_rates(log) == {"updates_per_s": 2.1, "tokens_per_s": 1100.0}
+    assert fairseq_logs.log_rates(log) == {"updates_per_s": 2.1, "tokens_per_s": 1100.0}
 
 
 def test_mfu_uses_the_gpu_peak():
@@ -115,8 +115,8 @@ def test_time_budget_and_valid_prefix_reach_fairseq(tmp_path):
 
 
 def test_last_update_reads_both_log_formats():
-    assert pretrain.last_update("a | num_updates=120, lr=1\nb | num_updates 130 | lr 1") == 130
-    assert pretrain.last_update("no progress yet") is None
+    assert fairseq_logs.last_update("a | num_updates=120, lr=1\nb | num_updates 130 | lr 1") == 130
+    assert fairseq_logs.last_update("no progress yet") is None
 
 
 def test_experiment_config_fixes_the_recipe_and_lets_budget_vary():

@@ -47,6 +47,19 @@ def summary_path() -> Path:
     return paths().summaries / SUMMARY_NAME
 
 
+def train_size(path: Path | None = None) -> int:
+    """CLS-Books training reviews, from the committed summary: the size the lab's schedule is
+    derived from, available without the prepared data (the runs read it from their data)."""
+    import json
+
+    path = Path(path) if path is not None else summary_path()
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: run `finetune-lab data-summary` after preparing "
+                        "the data (`finetune-lab prepare-cls`)")
+    splits = json.loads(path.read_text(encoding="utf-8"))["cls"]["splits"]
+    return int(next(s for s in splits if s["split"] == "train")["reviews"])
+
+
 def work_folders(work: Path | None = None) -> dict[str, Path]:
     """The prepared-data folders the statistics are computed from."""
     from finetune_lab import binarize, cls_books, pretrain_corpus, tokenizer

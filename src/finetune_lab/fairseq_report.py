@@ -110,7 +110,7 @@ def plan(res: FairseqResults | None = None) -> Plan:
     """
     from dataclasses import fields
 
-    from finetune_lab.data_summary import summary_path
+    from finetune_lab.data_summary import summary_path, train_size
 
     res = res if res is not None else load_results()
     hps = {json.dumps(r.manifest["hyperparameters"], sort_keys=True) for r in res.loaded.used}
@@ -124,9 +124,7 @@ def plan(res: FairseqResults | None = None) -> Plan:
                     dict(hp.get("arch_overrides") or {}))
     summary = summary_path()
     if summary.is_file():
-        splits = json.loads(summary.read_text(encoding="utf-8"))["cls"]["splits"]
-        train = next(s for s in splits if s["split"] == "train")
-        return Plan(int(train["reviews"]), f"`{_show_path(summary)}`")
+        return Plan(train_size(summary), f"`{_show_path(summary)}`")
     bin_dir = ff.require_cls_bin(_default_bin())
     return Plan(ff.train_size(bin_dir), f"`{_show_path(bin_dir)}`")
 
@@ -394,12 +392,6 @@ def gap_sentence(res: FairseqResults) -> str:
 # --- figure -----------------------------------------------------------------------------------
 
 
-def _by_update(df: pd.DataFrame) -> pd.DataFrame:
-    # plots.plot_seed_curves groups on "epoch"; every run of the grid logs at the same updates,
-    # so putting the update count in that column draws the same seed curves and bands by update.
-    return df.assign(epoch=df["step"].astype(float))
-
-
 def plot_curves(res: FairseqResults, p: Plan | None = None):
     """2 × 2 panels against the update count: valid and test accuracy, train loss, learning rate.
 
@@ -423,15 +415,14 @@ def plot_curves(res: FairseqResults, p: Plan | None = None):
         ax.set_ylabel("learning rate")
         ax.legend(frameon=False, fontsize="small")
         return fig
-    df = _by_update(res.loaded.scalars)
+    df = res.loaded.scalars
     fig, axes = plt.subplots(2, 2, figsize=(9, 6), layout="constrained", sharex=True)
     panels = [(axes[0, 0], seedstats.VALID_SUBSET, "accuracy", "validation accuracy (%)"),
               (axes[0, 1], seedstats.TEST_SUBSET, "accuracy", "test accuracy (%)"),
               (axes[1, 0], "train_inner", "loss", "train loss (bits, per log interval)"),
               (axes[1, 1], "train_inner", "lr", "learning rate")]
     for ax, subset, tag, label in panels:
-        plot_seed_curves(df, subset, tag, ax=ax, ylabel=label)
-        ax.set_xlabel("update")
+        plot_seed_curves(df, subset, tag, ax=ax, ylabel=label, x="step")
     lr_ax = axes[1, 1]
     # fairseq logs, at update n, the rate set after it (the one update n + 1 will use)
     lr_ax.plot(planned["update"] - 1, planned["fairseq"], ls="--", color="0.2", lw=1,

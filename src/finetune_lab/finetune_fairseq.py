@@ -124,7 +124,7 @@ def finetune_grid(
     import torch
 
     from finetune_lab import binarize, checkpoints
-    from finetune_lab.pretrain import log_rates
+    from finetune_lab.fairseq_logs import log_rates
     from finetune_lab.recording import record_run, run_dir_for, run_fairseq_train
 
     bin_dir = require_cls_bin(Path(bin_dir) if bin_dir else binarize.default_output())

@@ -83,13 +83,14 @@ def token_check() -> tuple[pd.DataFrame | None, str]:
 # --- learning-rate schedules ------------------------------------------------------------------
 
 
-def lr_schedules(n_train: int = 1800, recipe: FinetuneRecipe = LAB_RECIPE) -> pd.DataFrame:
+def lr_schedules(n_train: int | None = None, recipe: FinetuneRecipe = LAB_RECIPE) -> pd.DataFrame:
     """The learning rate of every update, from fairseq's and Transformers' own scheduler classes.
 
     fairseq: ``PolynomialDecayLRSchedule`` driven as ``fairseq.trainer.Trainer`` drives it
     (``step_update(0)`` when built; ``step_begin_epoch`` + ``step_update`` at each epoch start;
     ``step_update(n)`` after update ``n``; ``step`` + ``step_update`` at each epoch end).
     Transformers: ``get_scheduler("linear", ...)`` stepped once per update, as the Trainer does.
+    ``n_train`` defaults to the training reviews of the committed data summary.
     """
     import torch
     from transformers import get_scheduler
@@ -101,6 +102,10 @@ def lr_schedules(n_train: int = 1800, recipe: FinetuneRecipe = LAB_RECIPE) -> pd
     from fairseq.optim.lr_scheduler.polynomial_decay_schedule import (
         PolynomialDecayLRSchedule, PolynomialDecayLRScheduleConfig)
 
+    if n_train is None:
+        from finetune_lab.data_summary import train_size
+
+        n_train = train_size()
     total, warm = recipe.total_updates(n_train), recipe.warmup_updates(n_train)
     per_epoch = recipe.updates_per_epoch(n_train)
     param = torch.nn.Parameter(torch.zeros(1))

@@ -357,13 +357,18 @@ def _value(option: Any) -> str:
     return str(getattr(option, "value", option))
 
 
-def hf_vs_fairseq_defaults(recipe: FinetuneRecipe = LAB_RECIPE, n_train: int = 1800) -> pd.DataFrame:
+def hf_vs_fairseq_defaults(recipe: FinetuneRecipe = LAB_RECIPE, n_train: int | None = None) -> pd.DataFrame:
     """Each setting: Trainer/run_glue default (read live), fairseq default, lab recipe, our value.
 
-    ``matched`` says whether the Transformers runs use the lab's effective value.
+    ``matched`` says whether the Transformers runs use the lab's effective value; ``n_train``
+    defaults to the training reviews of the committed data summary.
     """
     from transformers import RobertaConfig
 
+    if n_train is None:
+        from finetune_lab.data_summary import train_size
+
+        n_train = train_size()
     d = {k: _value(v) for k, v in _trainer_defaults().items()}
     fs = _fairseq_defaults()
     rc = RobertaConfig()

@@ -24,8 +24,12 @@ def plot_seed_curves(
     hue: str = "init",
     ax: plt.Axes | None = None,
     ylabel: str | None = None,
+    x: str = "epoch",
 ) -> plt.Figure:
-    """Per-seed curves of ``subset/tag`` by epoch, plus a mean ± sample-std band per ``hue``."""
+    """Per-seed curves of ``subset/tag`` against ``x`` (``"epoch"``, or ``"step"`` when every
+    run logs at the same updates), plus a mean ± sample-std band per ``hue``."""
+    if x != "epoch":  # the per-seed statistics group on "epoch": put the x values there
+        df = df.assign(epoch=df[x].astype(float))
     sel = _metric(df, subset, tag)
     per_run = sel.sort_values("step").groupby(GROUP + ["seed", "run", "epoch"], as_index=False).last()
     summ = epoch_summary(df, subset, tag)
@@ -47,7 +51,7 @@ def plot_seed_curves(
                 label=f"{hue} = {level} (n = {int(s['n'].max())})")
         ax.fill_between(s["epoch"], s["mean"] - s["std"].fillna(0), s["mean"] + s["std"].fillna(0),
                         color=color, alpha=0.2, lw=0)
-    ax.set_xlabel("epoch")
+    ax.set_xlabel({"step": "update"}.get(x, x))
     ax.set_ylabel(ylabel or f"{tag} ({subset if isinstance(subset, str) else 'valid'})")
     ax.legend(frameon=False, fontsize="small")
     sns.despine(ax=ax)

@@ -12,7 +12,6 @@ GPU (bf16, large batches) and on a CPU (smaller budget); the run lands in the ru
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
+from finetune_lab.fairseq_logs import last_update, log_rates
 
 EXPERIMENT = "pretrain"
 
@@ -150,25 +150,6 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
     return args
 
 
-# fairseq's "simple" log writes "wps=123.4, ups=5.6" to files and "| wps 123.4 | ups 5.6" to ttys.
-_UPS_RE = re.compile(r"\bups[=\s]+([0-9.]+)")
-_WPS_RE = re.compile(r"\bwps[=\s]+([0-9.]+)")
-
-
-def log_rates(log_text: str) -> dict[str, float]:
-    """Median updates/s and words (tokens)/s over fairseq's ``train_inner`` log lines."""
-    import statistics
-
-    lines = [ln for ln in log_text.splitlines() if "| train_inner |" in ln]
-    ups = [float(m.group(1)) for ln in lines if (m := _UPS_RE.search(ln))]
-    wps = [float(m.group(1)) for ln in lines if (m := _WPS_RE.search(ln))]
-    if not ups:
-        return {}
-    # The first interval includes start-up; leave it out when there are others.
-    ups, wps = (ups[1:], wps[1:]) if len(ups) > 1 else (ups, wps)
-    return {"updates_per_s": statistics.median(ups), "tokens_per_s": statistics.median(wps)}
-
-
 def calibrate(bin_dir: Path, recipe: PretrainRecipe, *, device: str, precision: str,
               scratch: Path, updates: int = 40) -> dict[str, float]:
     """Measure updates/s with a short throwaway run, to turn a minutes budget into updates."""
@@ -184,12 +165,6 @@ def calibrate(bin_dir: Path, recipe: PretrainRecipe, *, device: str, precision: 
     if not rates:
         raise UserError("the calibration run logged no throughput; raise its number of updates")
     return rates
-
-
-def last_update(log_text: str) -> int | None:
-    """The last ``num_updates`` fairseq logged (below ``max_update`` if the time budget hit)."""
-    found = re.findall(r"\bnum_updates[=\s]+([0-9]+)", log_text)
-    return int(found[-1]) if found else None
 
 
 def model_flops_per_token(n_params: int, layers: int, dim: int, context: int) -> float:
