@@ -15,6 +15,10 @@ def test_with_a_checkpoint_the_tokenizer_is_adopted_not_retrained():
     assert not any(s[0] == "pretrain" for s in steps)
     hf = next(s for s in steps if s[:2] == ["finetune", "transformers"])
     assert "random" not in hf  # random-init Transformers runs only with a GPU
+    lora = next(s for s in steps if s[:2] == ["finetune", "lora"])
+    # LoRA's full fine-tuning row is the Transformers pretrained runs, made one step earlier
+    assert "full" not in lora and {"lora-qv", "lora-attn"} <= set(lora)
+    assert steps.index(hf) < steps.index(lora)
 
 
 def test_from_scratch_pretrains_with_the_budget_before_fine_tuning():

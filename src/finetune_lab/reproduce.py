@@ -45,6 +45,8 @@ def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path) -> boo
 def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
          pretrain_minutes: float | None) -> list[list[str]]:
     """The commands, in order (``[["adopt-tokenizer"], ...]`` marks the in-process step)."""
+    from finetune_lab import lora_cls
+
     steps: list[list[str]] = [["prepare-cls"]]
     pretrain = from_scratch or not have_checkpoint
     steps.append(["train-tokenizer"] if pretrain else ["adopt-tokenizer"])
@@ -55,7 +57,8 @@ def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
     steps.append(["finetune", "fairseq", "--init", "pretrained", "random", "--seeds", "0", "1", "2"])
     hf_inits = ["pretrained", "random"] if gpu else ["pretrained"]
     steps.append(["finetune", "transformers", "--init", *hf_inits, "--seeds", "0", "1", "2"])
-    lora_methods = ["lora-qv", "lora-attn", "full"] + (["qlora-qv"] if gpu else [])
+    # the LoRA table's full fine-tuning row is the Transformers pretrained runs above
+    lora_methods = [*lora_cls.DEFAULT_METHODS] + (["qlora-qv"] if gpu else [])
     steps.append(["finetune", "lora", "--methods", *lora_methods, "--seeds", "0", "1", "2"])
     steps.append(["data-summary"])
     return steps
