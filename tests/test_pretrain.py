@@ -123,3 +123,59 @@ def test_experiment_config_fixes_the_recipe_and_lets_budget_vary():
     cfg = pretrain.experiment_config(pretrain.PretrainRecipe())
     assert cfg["hyperparameters"]["mask_prob"] == 0.15
     assert "max_update" not in cfg["hyperparameters"] and "max_update" in cfg["varying"]
+
+
+def _valid_losses(run_dir) -> list[float]:
+    from finetune_lab.registry import validate_run
+    from finetune_lab.tblogs import run_scalars
+
+    df = run_scalars(validate_run(run_dir))
+    valid = df[(df["subset"] == "valid") & (df["tag"] == "loss")]
+    return valid.sort_values("step")["value"].tolist()
+
+
+@pytest.mark.slow
+def test_pretraining_continues_from_the_packaged_weights(tiny_pipeline, tmp_path, monkeypatch):
+    from conftest import TINY_ARCH
+    from finetune_lab.manifest import sha256_file
+
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    parent = tiny_pipeline["packaged"]
+    recipe = pretrain.PretrainRecipe(tokens_per_sample=64, batch_size=8, max_update=10,
+                                     validate_every=5, log_interval=5, lr=1e-3, arch=TINY_ARCH)
+    run_dir = pretrain.pretrain(max_update=10, data_dir=tiny_pipeline["corpus"],
+                                tokenizer_dir=tiny_pipeline["tok"], recipe=recipe,
+                                package_to=tmp_path / "pkg", quiet=True, continue_from=parent)
+    assert run_dir.name == "tiny-c1"  # the parent run's name, continued once
+    m = read_manifest(run_dir)
+    assert m["status"] == "complete" and m["init"] == "continued"
+    assert m["extra"]["continued_from"]["sha256"] == sha256_file(parent / "model.pt")
+    # the weights were loaded: the continued run starts where the parent's 30 updates ended,
+    # not where a random initialisation starts
+    parent_valid, valid = _valid_losses(tiny_pipeline["pretrain_run"]), _valid_losses(run_dir)
+    assert valid[0] < parent_valid[0] and abs(valid[0] - parent_valid[-1]) < 0.05
+    lineage = json.loads((tmp_path / "pkg" / "manifest.json").read_text())["lineage"]
+    assert [step["updates"] for step in lineage] == [30, 10]
+    assert [step["tokens"] for step in lineage] == [30 * 64 * 8, 10 * 64 * 8]
+    assert lineage[1]["run"].endswith("tiny-c1")
+
+
+def test_continuing_needs_a_trusted_package_with_the_corpus_dictionary(tiny_pipeline, tmp_path):
+    from finetune_lab.errors import UserError
+
+    with pytest.raises(UserError, match="model.pt is missing"):
+        pretrain.continuation_source(tmp_path, tiny_pipeline["corpus"])
+    other = tmp_path / "other"
+    shutil.copytree(tiny_pipeline["packaged"], other)
+    (other / "dict.txt").write_text("▁le 1\n")
+    with pytest.raises(UserError, match="is not the dictionary of"):
+        pretrain.continuation_source(other, pretrain.require_corpus(tiny_pipeline["corpus"]))
+    # a package from before lineages were kept: its one run, read from its manifest
+    shutil.copytree(tiny_pipeline["packaged"], tmp_path / "legacy")
+    man = json.loads((tmp_path / "legacy" / "manifest.json").read_text())
+    del man["lineage"]
+    (tmp_path / "legacy" / "manifest.json").write_text(json.dumps(man))
+    src = pretrain.continuation_source(tmp_path / "legacy",
+                                       pretrain.require_corpus(tiny_pipeline["corpus"]))
+    assert src["lineage"] == [{"run": man["run"], "updates": 30, "tokens": 30 * 64 * 8}]

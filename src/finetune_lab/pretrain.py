@@ -12,6 +12,7 @@ GPU (bf16, large batches) and on a CPU (smaller budget); the run lands in the ru
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import threading
@@ -108,11 +109,14 @@ def require_corpus(data_dir: Path) -> Path:
 
 
 def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed: int,
-                 device: str, precision: str, stop_minutes: float | None = None) -> list[str]:
+                 device: str, precision: str, stop_minutes: float | None = None,
+                 init_from: Path | None = None) -> list[str]:
     """The ``fairseq-train`` command line (without ``--tensorboard-logdir``).
 
     ``stop_minutes`` makes fairseq itself stop (validating and saving a checkpoint, exit 0) when
     the time budget is spent, even if the machine turned out slower than calibrated.
+    ``init_from`` (a ``model.pt``) starts from those weights with a fresh optimizer, schedule,
+    data order and meters (fairseq's ``--finetune-from-model``): continued pretraining.
     """
     args = [
         str(bin_dir), "--user-dir", str(paths().user_dir),
@@ -141,6 +145,8 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
         args += ["--max-valid-steps", str(recipe.max_valid_steps)]
     if stop_minutes is not None:
         args += ["--stop-time-hours", f"{stop_minutes / 60:.4f}"]
+    if init_from is not None:
+        args += ["--finetune-from-model", str(init_from)]
     if device == "cpu":
         args.append("--cpu")
     elif precision == "bf16":
@@ -219,6 +225,44 @@ def _echo_progress(log: Path, stop: threading.Event) -> None:
         stop.wait(2.0)
 
 
+def continuation_source(folder: Path, bin_dir: Path) -> dict[str, Any]:
+    """The packaged checkpoint to continue pretraining from, checked, with its lineage.
+
+    It must be trusted (its sha256 in its manifest) and share the corpus's dictionary, or the
+    embedding rows would mean other pieces. The lineage lists every run the weights went through
+    (updates and tokens each), so the tokens seen add up across continued runs.
+    """
+    import json
+
+    from finetune_lab import checkpoints
+    from finetune_lab.manifest import sha256_file
+
+    folder = Path(folder)
+    model, manifest = folder / checkpoints.MODEL_FILE, folder / checkpoints.MANIFEST_FILE
+    for f in (model, manifest, folder / checkpoints.DICT_FILE):
+        if not f.is_file():
+            raise UserError(f"{f} is missing: --continue-from needs a packaged checkpoint folder "
+                            "(model.pt, dict.txt, manifest.json), as `finetune-lab pretrain` "
+                            "writes to data/checkpoints/roberta-small-fr")
+    checkpoints.check_trusted(model, [manifest])
+    if sha256_file(folder / checkpoints.DICT_FILE) != sha256_file(bin_dir / "dict.txt"):
+        raise UserError(f"{bin_dir / 'dict.txt'} is not the dictionary of {folder}: binarize the "
+                        "corpus with the checkpoint's tokenizer (`finetune-lab reproduce` adopts "
+                        "it; or copy its dict.txt and sentencepiece model to data/work/tokenizer "
+                        "and run `finetune-lab prepare-pretrain`)")
+    man = json.loads(manifest.read_text(encoding="utf-8"))
+    lineage = man.get("lineage")
+    if lineage is None:  # packaged before lineages were kept: one run, read from its manifest
+        tokens = None
+        run_manifest = paths().project / str(man.get("run") or "") / "manifest.json"
+        if man.get("run") and run_manifest.is_file():
+            hp = json.loads(run_manifest.read_text(encoding="utf-8"))["hyperparameters"]
+            tokens = int(hp["tokens_per_update"]) * int(man.get("num_updates") or 0)
+        lineage = [{"run": man.get("run"), "updates": man.get("num_updates"), "tokens": tokens}]
+    return {"path": str(model), "sha256": sha256_file(model), "run": man.get("run"),
+            "lineage": lineage}
+
+
 def pretrain(
     *,
     max_update: int | None = None,
@@ -233,8 +277,14 @@ def pretrain(
     package: bool = True,
     overwrite: bool = False,
     quiet: bool = False,
+    continue_from: Path | None = None,
 ) -> Path:
-    """Run one pretraining job into the run cache and (optionally) package its best checkpoint."""
+    """Run one pretraining job into the run cache and (optionally) package its best checkpoint.
+
+    ``continue_from`` (a packaged checkpoint folder) starts from its weights instead of a random
+    initialisation, with a fresh warm-up and decay: on a CPU, sessions can add up this way. The
+    packaged result then carries the lineage of every run behind it.
+    """
     from finetune_lab import checkpoints, pretrain_corpus, tokenizer
     from finetune_lab.manifest import device_info, portable_path, sha256_file
     from finetune_lab.recording import record_run, run_fairseq_train
@@ -247,6 +297,9 @@ def pretrain(
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else tokenizer.default_output()
     spm_model, spm_dict = tokenizer.require_tokenizer(tok_dir) if package else (None, None)
     device, precision = defaults["device"], defaults["precision"]
+    parent = continuation_source(Path(continue_from), bin_dir) if continue_from else None
+    if parent is not None and run is None:
+        run = f"{Path(str(parent['run'] or device)).name}-c{len(parent['lineage'])}"
     run = run or f"{device}-seed{seed}"
     save_dir = paths().work / "pretrain-checkpoints" / run
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -263,8 +316,13 @@ def pretrain(
     recipe = replace(recipe, max_update=max_update,
                      validate_every=min(recipe.validate_every, max(1, max_update // 4)))
 
+    if parent is not None:
+        # a copy in the run's scratch folder: the packaged file is replaced when this run ends
+        init_copy = save_dir / "init_model.pt"
+        shutil.copyfile(parent["path"], init_copy)
     args = fairseq_args(bin_dir, save_dir, recipe, seed=seed, device=device, precision=precision,
-                        stop_minutes=budget)
+                        stop_minutes=budget,
+                        init_from=save_dir / "init_model.pt" if parent is not None else None)
     hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget}
     env = {checkpoints.TRUSTED_DIRS_ENV: str(save_dir)}
     from finetune_lab.manifest import write_json_atomic
@@ -272,9 +330,13 @@ def pretrain(
 
     root = Path(runs_root) if runs_root is not None else paths().runs
     write_json_atomic(root / EXPERIMENT / EXPERIMENT_CONFIG, experiment_config(recipe))
-    with record_run(EXPERIMENT, run, framework="fairseq", init="random", seed=seed,
+    extra: dict[str, Any] = {"calibration": calibration}
+    if parent is not None:
+        extra["continued_from"] = {k: parent[k] for k in ("sha256", "run", "lineage")}
+    with record_run(EXPERIMENT, run, framework="fairseq",
+                    init="random" if parent is None else "continued", seed=seed,
                     hyperparameters=hyper, data=[bin_dir], runs_root=runs_root,
-                    overwrite=overwrite, extra={"calibration": calibration}) as handle:
+                    overwrite=overwrite, extra=extra) as handle:
         stop = threading.Event()
         watcher = None
         if not quiet:
@@ -299,8 +361,14 @@ def pretrain(
         run_dir = handle.run_dir
     if package:
         manifests = [run_dir / "manifest.json"]
+        metadata = checkpoint_metadata(best, manifests)
+        done = handle.manifest.get("updates_done")
+        metadata["lineage"] = [*(parent["lineage"] if parent else []), {
+            "run": metadata["run"], "updates": done,
+            "tokens": done * recipe.hyperparameters()["tokens_per_update"]
+            if done is not None else None}]
         checkpoints.package_checkpoint(best, spm_model, spm_dict, package_to, manifests=manifests,
-                                       metadata=checkpoint_metadata(best, manifests))
+                                       metadata=metadata)
     return run_dir
 
 
@@ -341,6 +409,10 @@ def add_parser(sub) -> None:
     p.add_argument("--no-package", action="store_true",
                    help="do not replace data/checkpoints/roberta-small-fr")
     p.add_argument("--overwrite", action="store_true", help="redo an existing run")
+    p.add_argument("--continue-from", type=Path, metavar="CHECKPOINT_DIR",
+                   help="continue pretraining from a packaged checkpoint folder (e.g. "
+                        "data/checkpoints/roberta-small-fr) with a fresh warm-up and decay, so "
+                        "CPU sessions add up; the new package records the lineage")
     p.set_defaults(func=_run)
 
     pk = sub.add_parser("package-checkpoint",
@@ -358,7 +430,8 @@ def _run(args: argparse.Namespace) -> int:
     run_dir = pretrain(max_update=args.max_update, minutes=args.minutes or args.stop_minutes,
                        seed=args.seed,
                        run=args.run, data_dir=args.data, recipe=recipe,
-                       package=not args.no_package, overwrite=args.overwrite)
+                       package=not args.no_package, overwrite=args.overwrite,
+                       continue_from=args.continue_from)
     print(f"pretrain: run recorded in {run_dir}")
     return 0
 

@@ -97,13 +97,20 @@ def run_facts(runs: PretrainRuns) -> dict[str, Any]:
     df = runs.scalars
     valid = df[(df["run"] == rec.name) & (df["subset"] == "valid") & (df["tag"] == "loss")]
     updates = int(hp["max_update"])
+    own_tokens = updates * int(hp["tokens_per_update"])
+    # a continued run's package lists every run behind the weights (pretrain --continue-from)
+    lineage = list((runs.checkpoint or {}).get("lineage") or [])
+    tokens = [step.get("tokens") for step in lineage]
+    total = (sum(tokens) if len(lineage) > 1 and None not in tokens else own_tokens)
     return {
+        "lineage": lineage,
+        "tokens_total": total,
         "run": f"{rec.experiment}/{rec.name}",
         "device": _device(man),
         "precision": hp.get("precision"),
         "updates": updates,
         "tokens_per_update": int(hp["tokens_per_update"]),
-        "tokens_seen": updates * int(hp["tokens_per_update"]),
+        "tokens_seen": own_tokens,
         "wall_time_min": (man.get("wall_time_s") or 0) / 60,
         "tokens_per_s": thr.get("tokens_per_s"),
         "mfu": thr.get("mfu"),
@@ -126,6 +133,9 @@ def comparison_table(runs: PretrainRuns, summary: dict[str, Any] | None) -> pd.D
         ours_training = (f"masked LM, {facts['updates']:,} updates of "
                          f"{facts['tokens_per_update']:,} tokens "
                          f"({facts['tokens_seen'] / 1e6:.1f} M tokens seen)")
+        if len(facts["lineage"]) > 1:
+            ours_training += (f", continuing {len(facts['lineage']) - 1} earlier run(s): "
+                              f"{facts['tokens_total'] / 1e6:.1f} M tokens in all")
         ours_hw = f"{facts['device']}, {facts['wall_time_min']:.0f} min"
     else:
         ours_training = ours_hw = "not run yet"
@@ -162,7 +172,40 @@ def curves(runs: PretrainRuns) -> pd.DataFrame:
         return df
     keep = df[((df["subset"] == "train_inner") & df["tag"].isin(["loss", "lr"]))
               | ((df["subset"] == "valid") & (df["tag"] == "loss"))]
-    return keep[["run", "subset", "tag", "step", "value"]].reset_index(drop=True)
+    offset = {rec.name: update_offset(rec.manifest) for rec in runs.used}
+    keep = keep.assign(update=keep["step"] + keep["run"].map(offset).fillna(0).astype(int))
+    return keep[["run", "subset", "tag", "step", "update", "value"]].reset_index(drop=True)
+
+
+def update_offset(manifest: dict[str, Any]) -> int:
+    """Updates the weights had before this run: 0, or the sum over a continued run's lineage."""
+    lineage = ((manifest.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+    return sum(int(step.get("updates") or 0) for step in lineage)
+
+
+def training_text(facts: dict[str, Any], summary: dict[str, Any] | None) -> str:
+    """The training paragraph's numbers: run, device, budget, tokens (over the whole lineage of a
+    continued checkpoint), passes over the corpus, and the last validation loss."""
+    if not facts:
+        return ("**No pretraining run has been recorded yet**: run `finetune-lab pretrain` "
+                "(see the README).")
+    text = (f"The checkpoint comes from run `{facts['run']}` on {facts['device']}: "
+            f"{facts['updates']:,} updates, {facts['tokens_seen'] / 1e6:.1f} M tokens seen in "
+            f"{facts['wall_time_min']:.0f} minutes.")
+    earlier = facts["lineage"][:-1]
+    if earlier:
+        runs = ", ".join(f"`{step['run']}` ({step['updates']:,} updates)" for step in earlier)
+        text += (f" It continued from the weights of {runs} (`finetune-lab pretrain "
+                 f"--continue-from`), so the weights have seen "
+                 f"{facts['tokens_total'] / 1e6:.1f} M tokens in all.")
+    loss = facts.get("valid_loss_bits")
+    if loss is not None:
+        text += (f" The last validation loss on the held-out novels is {loss:.2f} bits per "
+                 f"masked token, a perplexity of {2 ** loss:,.0f}.")
+    corpus = ((summary or {}).get("pretrain") or {}).get("counts", {}).get("train", {}).get("tokens")
+    if corpus:
+        text += f" That is {facts['tokens_total'] / corpus:.2f} passes over the training corpus."
+    return text
 
 
 def plot_curves(runs: PretrainRuns):
@@ -181,7 +224,7 @@ def plot_curves(runs: PretrainRuns):
         part = part.sort_values("step")
         style = {"train_inner": dict(lw=1, alpha=0.8), "valid": dict(marker="o", lw=2)}[subset]
         label = {"train_inner": "train", "valid": "valid (held-out novels)"}[subset]
-        ax.plot(part["step"], part["value"], label=f"{label} [{run}]", **style)
+        ax.plot(part["update"], part["value"], label=f"{label} [{run}]", **style)
     ax.set_xlabel("update")
     ax.set_ylabel("MLM loss (bits / masked token)")
     ax.legend(frameon=False, fontsize="small")
@@ -190,7 +233,7 @@ def plot_curves(runs: PretrainRuns):
     sec.set_ylabel("perplexity")
     for run, part in df[df["tag"] == "lr"].groupby("run"):
         part = part.sort_values("step")
-        ax_lr.plot(part["step"], part["value"], label=run)
+        ax_lr.plot(part["update"], part["value"], label=run)
     ax_lr.set_xlabel("update")
     ax_lr.set_ylabel("learning rate")
     return fig
