@@ -192,13 +192,20 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
 
     runs_root, dirs = tiny_runs
     root = tmp_path / "runs"
+    hf = [hf_finetune.finetune_transformers(
+        "pretrained", seed, cls_dir=tiny["cls_dir"], model_dir=tiny["model_dir"],
+        recipe=TINY_RECIPE, logging_steps=2, runs_root=root) for seed in (0, 1)]
+    # before any LoRA run: the full row alone, and the command for the missing methods
+    loaded = lora_cls.cached_runs(root)
+    assert lora_cls.summary(loaded)["method"].tolist() == ["full"]
+    text = lora_cls.state_markdown(loaded)
+    assert "**Not run yet:** `lora-qv`, `lora-attn`" in text
+    assert "finetune-lab finetune lora --methods lora-qv lora-attn --seeds 0 1 2" in text
+
     (root / "lora").mkdir(parents=True)
     shutil.copy(runs_root / "lora" / "experiment.json", root / "lora" / "experiment.json")
     for seed in SEEDS["lora-qv"]:
         shutil.copytree(dirs[("lora-qv", seed)], root / "lora" / f"lora-qv-seed{seed}")
-    hf = [hf_finetune.finetune_transformers(
-        "pretrained", seed, cls_dir=tiny["cls_dir"], model_dir=tiny["model_dir"],
-        recipe=TINY_RECIPE, logging_steps=2, runs_root=root) for seed in (0, 1)]
 
     loaded = lora_cls.cached_runs(root)
     assert lora_cls.summary(loaded)["method"].tolist() == ["lora-qv", "full"]
@@ -207,6 +214,7 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
     assert per_run.loc["pretrained-seed1", "trainable"] == _base_total(tiny["size"])
     text = lora_cls.state_markdown(loaded)
     assert "The `full` row is the 2 Transformers runs" in text and "`pretrained-seed1`" in text
+    assert "**Not run yet:** `lora-attn`" in text
 
     # a run without the measurements is excluded with the reason
     original = read_manifest(hf[1])

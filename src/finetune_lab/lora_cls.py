@@ -404,19 +404,21 @@ def check_methods(records) -> None:
 
 def cached_runs(root: Path | str | None = None, experiment: str = EXPERIMENT):
     """Every recorded run of the experiment (valid or not) with the valid ones' scalars;
-    ``None`` when none was ever recorded under the runs root."""
+    ``None`` when none was ever recorded under the runs root (the Transformers pretrained runs
+    count, as the full fine-tuning row)."""
     from finetune_lab.config import paths
     from finetune_lab.registry import discover_runs, valid_runs
     from finetune_lab.tblogs import LoadedRuns, load_scalars
 
     base = Path(root) if root is not None else paths().runs
     exp = base / experiment
-    if not exp.is_dir() or not any(p.is_dir() and p.name[0] not in "._" for p in exp.iterdir()):
-        return None
-    records = discover_runs(base, [experiment])
+    recorded = exp.is_dir() and any(p.is_dir() and p.name[0] not in "._" for p in exp.iterdir())
+    records = discover_runs(base, [experiment]) if recorded else []
     check_methods(records)
     if not any(r.valid and method_of(r) == "full" for r in records):
         records += baseline_full_runs(base, exp)
+    if not records:
+        return None
     return LoadedRuns(scalars=load_scalars(valid_runs(records)), runs=records)
 
 
@@ -535,6 +537,11 @@ def state_markdown(loaded) -> str:
         elif "full" not in methods:
             text += (f"\n\nNo full fine-tuning run is recorded yet: `{FULL_COMMAND}` makes "
                      "the row.")
+        missing = [m for m in DEFAULT_METHODS if m not in methods]
+        if missing:
+            text += (f"\n\n**Not run yet:** {', '.join(f'`{m}`' for m in missing)}, so the "
+                     f"table has no row for {'it' if len(missing) == 1 else 'them'}; "
+                     f"`{run_command(missing)}` makes the runs.")
     if loaded is not None and loaded.excluded:
         text += "\n\nExcluded from the table:\n\n" + exclusions_markdown(loaded.runs)
     return text
