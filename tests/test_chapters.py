@@ -54,3 +54,24 @@ def test_chapters_run_in_their_own_folder(tmp_path):
     nb = execute_chapter(qmd)
     out = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert out[0]["text"].strip() == str(sub)
+
+
+def test_a_figure_cell_must_show_its_figure(tmp_path):
+    """The regression this guards: a module that forces ``matplotlib.use("Agg")`` on import
+    switches the kernel off its inline backend, and every figure silently disappears."""
+    from finetune_lab.errors import UserError
+
+    draw = ("import matplotlib.pyplot as plt\n"
+            "from finetune_lab import plots\n"  # the package's plotting module, imported
+            "plt.subplots()[1].plot([0, 1]);\n")
+    good = tmp_path / "good.qmd"
+    good.write_text(f"# Good\n\n```{{python}}\n#| label: fig-line\n{draw}```\n")
+    nb = execute_chapter(good)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert any("image/png" in o.get("data", {}) for o in outputs)
+
+    silent = tmp_path / "silent.qmd"
+    silent.write_text("# Silent\n\n```{python}\n#| label: fig-none\nimport matplotlib\n"
+                      f"matplotlib.use('Agg')\n{draw}```\n")
+    with pytest.raises(UserError, match="fig-none produced no image"):
+        execute_chapter(silent)

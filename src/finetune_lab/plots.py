@@ -6,15 +6,14 @@ a confidence interval; :func:`seed_band_caption` says what the band is, with n.
 
 from __future__ import annotations
 
-import matplotlib
+# No matplotlib.use() here: forcing a backend on import would switch a Jupyter kernel (Quarto's
+# included) away from its inline backend, and every figure of the book would silently vanish.
+# Without a display matplotlib falls back to Agg by itself.
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")  # headless: chapters execute without a display
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from finetune_lab.seedstats import GROUP, _metric, epoch_summary  # noqa: E402
+from finetune_lab.seedstats import GROUP, _metric, epoch_summary
 
 
 def plot_seed_curves(

@@ -127,12 +127,56 @@ def to_notebook(path: Path):
     return nb
 
 
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+"""The backend of a Jupyter kernel, Quarto's included: figures are sent as images."""
+
+FIGURE_LABEL_RE = re.compile(r"^#\|\s*label:\s*(fig-[\w-]+)", re.MULTILINE)
+
+
+def figures_missing(nb) -> list[str]:
+    """Labels of ``fig-`` cells that produced no image: such a cell renders as an empty figure."""
+    missing = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        label = FIGURE_LABEL_RE.search(cell.source)
+        if label is None:
+            continue
+        images = [o for o in cell.get("outputs", [])
+                  if {"image/png", "image/svg+xml"} & set(o.get("data", {}))]
+        if not images:
+            missing.append(label.group(1))
+    return missing
+
+
 def execute_chapter(path: Path, timeout: int = 600):
-    """Run every cell of ``path`` in its own folder, as Quarto does; raise on the first error."""
+    """Run every cell of ``path`` in its own folder, as Quarto does; raise on the first error,
+    and if a ``fig-`` cell shows no image.
+
+    The kernel gets Jupyter's inline matplotlib backend (whatever ``MPLBACKEND`` the caller has,
+    e.g. Agg under pytest), as under Quarto, so that figures are checked the way they render.
+    """
+    import os
+
     from nbclient import NotebookClient
+
+    from finetune_lab.errors import UserError
 
     nb = to_notebook(path)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
+    before = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
+    try:
+        client.execute()
+    finally:
+        if before is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = before
+    missing = figures_missing(nb)
+    if missing:
+        raise UserError(f"{path}: figure cell(s) {', '.join(missing)} produced no image; a "
+                        "plotting function must draw with pyplot (shown when the cell ends) or "
+                        "the cell must end with the figure")
     return nb
