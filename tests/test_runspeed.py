@@ -43,3 +43,8 @@ def test_setting_names_what_the_time_depends_on(device, label):
     assert set(t["setting"]) == {label}
     assert runspeed.comparable(t)
     assert runspeed.settings_sentence(t) == f"all on one setting, {label}, so their times compare"
+
+
+def test_threads_cell_reads_as_a_count_or_a_dash():
+    assert runspeed.fmt_threads(2.0) == "2"
+    assert runspeed.fmt_threads(np.nan) == "–"

@@ -59,6 +59,12 @@ def speed_table(records: Iterable) -> pd.DataFrame:
     return t.sort_values(["experiment", "init", "seed"]).reset_index(drop=True)
 
 
+def fmt_threads(value: float) -> str:
+    """A table cell: the thread count, or "–" (a GPU run, or a manifest from before threads
+    were recorded; the ``setting`` column says which)."""
+    return "–" if pd.isna(value) else f"{int(value)}"
+
+
 def _settings(t: pd.DataFrame) -> list[str]:
     return sorted(set(t["setting"]))
 
