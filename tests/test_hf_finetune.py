@@ -166,3 +166,9 @@ def test_framework_gap_says_whether_it_is_within_seed_noise():
     far = best.assign(test=[80.0, 80.1, 80.2, 90.0, 90.1, 90.2])
     row = hf_compare.framework_gaps(hf_compare.Comparison(None, far, {})).iloc[0]
     assert not bool(row["within seed noise"])
+    # an init one framework never ran (random Transformers runs need a GPU) is named, not failed
+    fs_random = best[best["framework"] == "fairseq"].assign(init="random")
+    both = hf_compare.Comparison(None, pd.concat([best, fs_random]), {})
+    rows = hf_compare.framework_gaps(both).set_index("init")
+    assert rows.loc["random", "95 % CI"] == "no transformers random runs to compare"
+    assert bool(rows.loc["pretrained", "within seed noise"])

@@ -278,6 +278,12 @@ def framework_gaps(comp: Comparison, column: str = "test") -> pd.DataFrame:
         return pd.DataFrame(columns=["init", "difference", "95 % CI", "p", "within seed noise"])
     for init in sorted(comp.best["init"].unique()):
         sub = comp.best[comp.best["init"] == init].assign(init=lambda d: d["framework"])
+        absent = [f for f in ("transformers", "fairseq") if not (sub["init"] == f).any()]
+        if absent:  # e.g. random-init Transformers runs, made only where a GPU is
+            rows.append({"init": init, "difference": np.nan,
+                         "95 % CI": f"no {' or '.join(absent)} {init} runs to compare",
+                         "p": np.nan, "within seed noise": None})
+            continue
         try:
             g = seedstats.init_gap(sub, a="transformers", b="fairseq", column=column)
         except Exception as exc:  # fewer than 2 seeds on a side: say so in the table

@@ -532,8 +532,8 @@ def state_markdown(loaded) -> str:
                      f"{'s' if len(borrowed) != 1 else ''} from the pretrained checkpoint "
                      f"(`data/runs/{FULL_BASELINE}/`: "
                      f"{', '.join(f'`{r.name}`' for r in borrowed)}): the function and recipe "
-                     "that `--methods full` would run, checked against this experiment's "
-                     "pinned recipe, so the same runs are not made twice.")
+                     "that `--methods full` would run, so the same runs are not made twice; "
+                     "once LoRA runs exist, each is checked against their pinned recipe.")
         elif "full" not in methods:
             text += (f"\n\nNo full fine-tuning run is recorded yet: `{FULL_COMMAND}` makes "
                      "the row.")
