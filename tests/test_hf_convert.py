@@ -127,3 +127,16 @@ def _tiny_tokenizer(folder, vocab):
     T.train_spm(words, folder / "spm", vocab_size=vocab - 1)
     sp = spm.SentencePieceProcessor(model_file=str(folder / "spm.model"))
     T.write_fairseq_dict(sp, folder / "dict.txt")
+
+
+def test_conversion_is_exact_on_the_committed_checkpoint():
+    """The issue's bar: hidden states, MLM logits and the classification path of the real,
+    committed RoBERTa-small-fr agree between fairseq and Transformers within 1e-4."""
+    from finetune_lab.checkpoints import MODEL_FILE, packaged_dir
+
+    ckpt = packaged_dir() / MODEL_FILE
+    assert ckpt.is_file(), f"{ckpt} is committed; it should be in every checkout"
+    table = hf_convert.checkpoint_check(ckpt)
+    assert table["equal"].all(), table
+    assert {"MLM logits", "classification logits", "hidden states, layer 4"} <= set(table["quantity"])
+    assert table["max abs difference"].max() <= 1e-4, table

@@ -92,8 +92,9 @@ def test_hash_mismatch_data_changed(tiny_grid, tmp_path: Path) -> None:  # noqa:
     # the folder's build record (timings) is not data: rebuilding identical data keeps the run,
     # also for manifests written when inputs still listed it
     assert mf.BUILD_RECORD not in man["inputs"]["data"][0]["sha256"]
-    (data / mf.BUILD_RECORD).write_text('{"seconds": 12.3}')
-    man["inputs"]["data"][0]["sha256"][mf.BUILD_RECORD] = "0" * 64
+    for record in sorted(mf.BUILD_RECORDS):  # manifest.json, conversion.json
+        (data / record).write_text('{"seconds": 12.3}')
+        man["inputs"]["data"][0]["sha256"][record] = "0" * 64
     mf.write_manifest(run, man)
     assert _only(discover_runs(tmp_path / "runs"), "pretrained-seed1").valid
     (data / "label" / "dict.txt").write_text("1 5\n0 5\n")  # labels swapped

@@ -281,12 +281,39 @@ def fairseq_model_from_state(state: Mapping[str, Any], size: RobertaSize):
     return model.eval()
 
 
+def with_seeded_head(fs_model, size: RobertaSize, seed: int = 0):
+    """``fs_model`` plus a 2-class head of seeded random weights, as fine-tuning adds one: so
+    the classification path is checked on a pretrained checkpoint, which has no head."""
+    import torch
+
+    from finetune_lab.params import fairseq_model
+
+    model = fairseq_model(size, classification_head=True)
+    missing, unexpected = model.load_state_dict(fs_model.state_dict(), strict=False)
+    if unexpected or any(not k.startswith(f"classification_heads.{HEAD}.") for k in missing):
+        raise UserError(f"adding a head changed more than the head: missing {missing}, "
+                        f"unexpected {unexpected}")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith(f"classification_heads.{HEAD}."):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
 def checkpoint_check(path: Path, seed: int = 0) -> pd.DataFrame:
-    """Load the real checkpoint in fairseq, convert it, compare on sample inputs (CPU)."""
+    """Load the real checkpoint in fairseq, convert it, compare on sample inputs (CPU).
+
+    Hidden states and MLM logits come from the checkpoint as it is; the classification logits
+    from its weights plus its own head, or a seeded random one if it has none.
+    """
     state, heads = load_fairseq_checkpoint(path)
     size = size_from_state_dict(state, heads)
     fs = fairseq_model_from_state(state, size)
-    return equivalence_table(fs, to_hf_masked_lm(state, size), to_hf_classifier(state, size),
+    if HEAD not in getattr(fs, "classification_heads", {}):
+        fs = with_seeded_head(fs, size, seed)
+    full = fs.state_dict()
+    return equivalence_table(fs, to_hf_masked_lm(full, size), to_hf_classifier(full, size),
                              sample_inputs(size.vocab, seed=seed, max_len=size.max_positions))
 
 

@@ -131,14 +131,18 @@ def resolve_stored_path(stored: str) -> Path:
 BUILD_RECORD = "manifest.json"
 """A data folder's own record of how it was built (commands, counts, timings): provenance, not
 data. Run inputs leave it out, so rebuilding identical data does not invalidate the runs."""
+BUILD_RECORDS = frozenset({BUILD_RECORD, "conversion.json"})
+"""Every such record at the top of an input folder (``conversion.json``: a converted
+Transformers model's source and numerical check, with its time)."""
 
 
 def input_record(path: Path | str) -> dict[str, Any]:
     """``{"path": ..., "sha256": {relpath: sha}}`` for a data folder/file or checkpoint (a
-    folder's top-level :data:`BUILD_RECORD` left out)."""
+    folder's top-level :data:`BUILD_RECORDS` left out)."""
     hashes = sha256_tree(path)
     if Path(path).is_dir():
-        hashes.pop(BUILD_RECORD, None)
+        for name in BUILD_RECORDS:
+            hashes.pop(name, None)
     return {"path": portable_path(path), "sha256": hashes}
 
 

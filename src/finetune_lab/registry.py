@@ -174,7 +174,7 @@ def _check_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
         rec.warnings.append(f"{label} {stored} is not on this machine; its sha256 is unverified")
         return
     if root.is_dir():  # manifests written before inputs left the build record out
-        recorded = {k: v for k, v in recorded.items() if k != mf.BUILD_RECORD}
+        recorded = {k: v for k, v in recorded.items() if k not in mf.BUILD_RECORDS}
     for rel, want in sorted(recorded.items()):
         f = root if rel == "." else root / rel
         if not f.is_file():
@@ -188,7 +188,7 @@ def _check_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
             )
     if root.is_dir():
         now = {f.relative_to(root).as_posix() for f in root.rglob("*") if f.is_file()}
-        now.discard(mf.BUILD_RECORD)
+        now -= mf.BUILD_RECORDS
         for extra in sorted(now - set(recorded)):
             rec.problems.append(f"{label} folder {root} has a new file {extra} the run never saw")
 
