@@ -172,3 +172,7 @@ def test_framework_gap_says_whether_it_is_within_seed_noise():
     rows = hf_compare.framework_gaps(both).set_index("init")
     assert rows.loc["random", "95 % CI"] == "no transformers random runs to compare"
     assert bool(rows.loc["pretrained", "within seed noise"])
+    both.present = {"fairseq": 6, "transformers": 3}
+    status = hf_compare.results_status(both)
+    assert "**No random-init Transformers runs were made**" in status
+    assert "--init random --seeds 0 1 2" in status and "pretrained-init" not in status

@@ -454,7 +454,6 @@ def speed_sentence(res: FairseqResults) -> str:
     t = run_speeds(res.loaded.used)
     if t.empty:
         return "There is no run to time yet."
-
     dev = settings_sentence(t)
     return (f"The {len(t)} runs took {t['wall time (min)'].mean():.1f} min each on average "
             f"(fastest {t['wall time (min)'].min():.1f}, slowest {t['wall time (min)'].max():.1f}), "

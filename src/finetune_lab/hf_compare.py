@@ -204,8 +204,15 @@ def results_status(comp: Comparison) -> str:
     excluded = len(comp.loaded.excluded) if comp.loaded is not None else 0
     tail = f" ({excluded} recorded run(s) excluded, listed below)" if excluded else ""
     if comp.ready:
-        return (f"The run cache holds {n_fs} valid fairseq run(s) and {n_hf} valid Transformers "
+        text = (f"The run cache holds {n_fs} valid fairseq run(s) and {n_hf} valid Transformers "
                 f"run(s){tail}; the tables and figures below are computed from their logs.")
+        inits = {f: set(comp.best.loc[comp.best["framework"] == f, "init"])
+                 for f in ("fairseq", "transformers")}
+        for init in sorted(inits["fairseq"] - inits["transformers"]):
+            text += (f" **No {init}-init Transformers runs were made** (`finetune-lab reproduce` makes "
+                     f"them only where a GPU is; `finetune-lab finetune transformers --init "
+                     f"{init} --seeds 0 1 2` makes them), so the {init} rows are fairseq's alone.")
+        return text
     missing = [name for name, n in (("fairseq", n_fs), ("Transformers", n_hf)) if n == 0]
     return (f"The {' and '.join(missing)} runs have not been made yet{tail}, so there is no "
             f"comparison to show: the tables below are empty. `{FINETUNE_COMMAND}` makes the "

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,7 +292,7 @@ def pin_experiment(run_dir: Path) -> Path:
     later runs must agree with it, or the registry flags them (refused here, loudly)."""
     from finetune_lab.manifest import read_manifest, write_json_atomic
     from finetune_lab.registry import (EXPERIMENT_CONFIG, VARYING_KEYS,
-                                       read_experiment_config)
+                                       differing_hyperparameters, read_experiment_config)
 
     hp = read_manifest(run_dir)["hyperparameters"]
     varying = sorted(VARYING)
@@ -311,19 +310,6 @@ def pin_experiment(run_dir: Path) -> Path:
                             f"other runs ({exp_dir / EXPERIMENT_CONFIG}); the registry will "
                             "exclude it. Use another --runs-root or experiment to change them.")
     return exp_dir / EXPERIMENT_CONFIG
-
-
-def differing_hyperparameters(config: dict[str, Any], hp: dict[str, Any]) -> list[str]:
-    """The keys in which ``hp`` departs from the experiment's pinned ``config`` (what varies by
-    design, the seed and the init aside)."""
-    from finetune_lab.registry import VARYING_KEYS
-
-    ignore = set(config.get("varying", [])) | VARYING_KEYS
-    expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
-    got = {k: v for k, v in hp.items() if k not in ignore}
-    return sorted(k for k in set(expected) | set(got)
-                  if json.dumps(expected.get(k), sort_keys=True)
-                  != json.dumps(got.get(k), sort_keys=True))
 
 
 # --- reading cached runs (for the chapter) ---------------------------------------------------
@@ -348,7 +334,8 @@ def baseline_full_runs(base: Path, experiment_dir: Path) -> list:
     experiment's pinned recipe and with the lab's learning rate; one that does not is returned
     with the reason, so the chapter lists it as excluded.
     """
-    from finetune_lab.registry import check_hyperparameters, discover_runs, read_experiment_config
+    from finetune_lab.registry import (check_hyperparameters, differing_hyperparameters,
+                                       discover_runs, read_experiment_config)
 
     if not (base / FULL_BASELINE).is_dir():
         return []

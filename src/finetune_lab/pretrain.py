@@ -316,13 +316,12 @@ def pretrain(
     recipe = replace(recipe, max_update=max_update,
                      validate_every=min(recipe.validate_every, max(1, max_update // 4)))
 
-    if parent is not None:
-        # a copy in the run's scratch folder: the packaged file is replaced when this run ends
-        init_copy = save_dir / "init_model.pt"
+    # a copy in the run's scratch folder: the packaged file is replaced when this run ends
+    init_copy = save_dir / "init_model.pt" if parent is not None else None
+    if init_copy is not None:
         shutil.copyfile(parent["path"], init_copy)
     args = fairseq_args(bin_dir, save_dir, recipe, seed=seed, device=device, precision=precision,
-                        stop_minutes=budget,
-                        init_from=save_dir / "init_model.pt" if parent is not None else None)
+                        stop_minutes=budget, init_from=init_copy)
     hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget}
     env = {checkpoints.TRUSTED_DIRS_ENV: str(save_dir)}
     from finetune_lab.manifest import write_json_atomic

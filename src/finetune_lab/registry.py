@@ -261,6 +261,16 @@ def read_experiment_config(experiment_dir: Path) -> dict[str, Any] | None:
     return config
 
 
+def differing_hyperparameters(config: dict[str, Any], hp: dict[str, Any]) -> list[str]:
+    """The keys in which ``hp`` departs from an ``experiment.json`` ``config`` (what it lists as
+    varying, the seed and the init aside): missing, extra, or of another value."""
+    ignore = VARYING_KEYS | set(config.get("varying", []))
+    expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
+    got = {k: v for k, v in hp.items() if k not in ignore}
+    return sorted(k for k in set(expected) | set(got)
+                  if k not in expected or k not in got or _canon(got[k]) != _canon(expected[k]))
+
+
 def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] | None) -> None:
     """Flag runs whose hyperparameters differ from their experiment's (seed and init aside).
 
@@ -280,7 +290,7 @@ def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] |
         if config is not None:
             expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
             for rec, hp in zip(group, hps):
-                for key in sorted(set(expected) | set(hp)):
+                for key in differing_hyperparameters(config, hp):
                     if key not in hp:
                         rec.problems.append(
                             f"hyperparameter '{key}' missing; experiment.json expects "
@@ -290,7 +300,7 @@ def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] |
                         rec.problems.append(
                             f"hyperparameter '{key}' = {_canon(hp[key])} is not in experiment.json"
                         )
-                    elif _canon(hp[key]) != _canon(expected[key]):
+                    else:
                         rec.problems.append(
                             f"hyperparameter '{key}' = {_canon(hp[key])} differs from "
                             f"experiment.json ({_canon(expected[key])})"
