@@ -17,13 +17,14 @@ import shutil
 import subprocess
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from finetune_lab.config import RUNS_DIR_ENV, paths
-from finetune_lab.recording import record_run, run_fairseq_train
+from finetune_lab.recording import TrainingFailedError, record_run, run_fairseq_train
 
 EXPERIMENT = "tiny-grid"
 SEEDS = (1, 2)
@@ -164,11 +165,22 @@ def build_grid(root: Path) -> TinyGrid:
     jobs = [(init, seed) for init in INITS for seed in SEEDS]
     errors: list[BaseException] = []
 
+    def one(init: str, seed: int) -> None:
+        record_tiny_run(runs_root, data_bin, checkpoint if init == "pretrained" else None,
+                        init=init, seed=seed)
+
     def worker(batch):
         try:
             for init, seed in batch:
-                record_tiny_run(runs_root, data_bin, checkpoint if init == "pretrained" else None,
-                                init=init, seed=seed)
+                try:
+                    one(init, seed)
+                except TrainingFailedError as exc:
+                    # One CI run saw a tiny run exit 1 once (its log was lost with the machine).
+                    # The grid is test input, not the test: retry once, in the open, with the
+                    # failed log's tail as a warning; a second failure fails the tests.
+                    warnings.warn(f"tiny run {init}-seed{seed} failed once, retried: {exc}")
+                    shutil.rmtree(runs_root / EXPERIMENT / f"{init}-seed{seed}")
+                    one(init, seed)
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 

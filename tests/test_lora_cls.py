@@ -145,6 +145,20 @@ def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs):
     assert f"{len(dirs)} valid runs" in text and "not been run" not in text
     per_run = lora_cls.per_run_table(loaded)
     assert per_run["best_epoch"].between(1, EPOCHS).all()
+    # each LoRA method against full: the mean difference of the runs' own test accuracies
+    gaps = lora_cls.gaps_to_full(loaded).set_index("method")
+    assert list(gaps.index) == ["lora-qv", "lora-attn"]
+    mean = per_run.groupby("method")["test"].mean()
+    trainable = per_run.groupby("method")["trainable"].max()
+    for method in gaps.index:
+        g = gaps.loc[method]
+        assert g["test gap (points)"] == pytest.approx(mean[method] - mean["full"])
+        assert g["ci_low"] <= g["test gap (points)"] <= g["ci_high"]
+        assert g["trainable / full"] == pytest.approx(trainable[method] / trainable["full"])
+        assert 0 < g["trainable / full"] < 1
+    text = lora_cls.gaps_markdown(loaded)
+    assert text.count("`full`:") == 2 and "n = 2 and 2 seeds" in text
+    assert "LoRA at 0.0005, full fine-tuning at the lab's 1e-05" in text
 
 
 @pytest.mark.slow
@@ -201,6 +215,7 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
     text = lora_cls.state_markdown(loaded)
     assert "**Not run yet:** `lora-qv`, `lora-attn`" in text
     assert "finetune-lab finetune lora --methods lora-qv lora-attn --seeds 0 1 2" in text
+    assert "once LoRA runs exist, each is checked" in text
 
     (root / "lora").mkdir(parents=True)
     shutil.copy(runs_root / "lora" / "experiment.json", root / "lora" / "experiment.json")
@@ -214,6 +229,8 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
     assert per_run.loc["pretrained-seed1", "trainable"] == _base_total(tiny["size"])
     text = lora_cls.state_markdown(loaded)
     assert "The `full` row is the 2 Transformers runs" in text and "`pretrained-seed1`" in text
+    assert "each agrees with the LoRA runs' pinned recipe" in text
+    assert lora_cls.gaps_to_full(loaded)["method"].tolist() == ["lora-qv"]
     assert "**Not run yet:** `lora-attn`" in text
 
     # a run without the measurements is excluded with the reason

@@ -79,8 +79,10 @@ def test_record_run_complete_only_after_exit_zero(tmp_path: Path) -> None:
 
 
 def test_record_run_failed_process(tmp_path: Path) -> None:
-    with pytest.raises(TrainingFailedError, match="exited with code 3"):
-        _record(tmp_path, "raise SystemExit(3)")
+    with pytest.raises(TrainingFailedError, match="exited with code 3") as info:
+        _record(tmp_path, "print('the reason it failed'); raise SystemExit(3)")
+    # the log's tail travels with the error, so a failure in CI can be read where it is reported
+    assert "the reason it failed" in str(info.value)
     man = mf.read_manifest(tmp_path / "exp" / "r1")
     assert man["status"] == "failed" and man["exit_code"] == 3
     assert any("exited with code 3" in p for p in mf.manifest_problems(man))

@@ -8,7 +8,7 @@ validation are listed with their reason, never used.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +16,7 @@ import pandas as pd
 
 from finetune_lab.config import paths
 from finetune_lab.recipe import LAB_RECIPE, FinetuneRecipe
+from finetune_lab.runspeed import SPEED_COLUMNS
 
 FAIRSEQ_EXPERIMENT = "fairseq"
 TRANSFORMERS_EXPERIMENT = "transformers"
@@ -165,11 +166,13 @@ def adam_eps_factor(recipe: FinetuneRecipe = LAB_RECIPE, updates: tuple[int, ...
 
 @dataclass
 class Comparison:
-    """Valid runs of both experiments, their per-seed best epochs, and every excluded run."""
+    """Valid runs of both experiments, their per-seed best epochs, their speed (built once,
+    :func:`finetune_lab.runspeed.speed_table`), and every excluded run."""
 
     loaded: object  # tblogs.LoadedRuns
     best: pd.DataFrame
     present: dict[str, int]
+    speed: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SPEED_COLUMNS))
 
     @property
     def ready(self) -> bool:
@@ -180,6 +183,7 @@ def load_comparison(runs_root: Path | None = None) -> Comparison:
     """Valid runs of ``fairseq`` and ``transformers`` (either may be absent)."""
     from finetune_lab import seedstats
     from finetune_lab.registry import discover_runs
+    from finetune_lab.runspeed import speed_table
     from finetune_lab.tblogs import LoadedRuns, load_scalars
 
     root = Path(runs_root) if runs_root is not None else paths().runs
@@ -191,7 +195,7 @@ def load_comparison(runs_root: Path | None = None) -> Comparison:
     present = {e: sum(r.experiment == e for r in valid)
                for e in (FAIRSEQ_EXPERIMENT, TRANSFORMERS_EXPERIMENT)}
     best = seedstats.best_epochs(scalars) if not scalars.empty else pd.DataFrame()
-    return Comparison(loaded=loaded, best=best, present=present)
+    return Comparison(loaded=loaded, best=best, present=present, speed=speed_table(valid))
 
 
 PER_SEED_COLUMNS = ["framework", "init", "seed", "best epoch", "valid acc (%)", "test acc (%)",
@@ -229,12 +233,9 @@ def exclusions(comp: Comparison) -> str:
 def per_seed_table(comp: Comparison) -> pd.DataFrame:
     """One row per run: framework, init, seed, best epoch, valid and test accuracy, wall time,
     device and CPU threads (from the manifests, :mod:`finetune_lab.runspeed`)."""
-    from finetune_lab.runspeed import speed_table
-
     if comp.best.empty:
         return pd.DataFrame(columns=PER_SEED_COLUMNS)
-    speed = speed_table(comp.loaded.used)[["experiment", "run", "wall time (min)", "device",
-                                           "threads"]]
+    speed = comp.speed[["experiment", "run", "wall time (min)", "device", "threads"]]
     best = comp.best.merge(speed, on=["experiment", "run"], how="left")
     return best[["framework", "init", "seed", "best_epoch", "valid", "test", "wall time (min)",
                  "device", "threads"]].rename(columns={"best_epoch": "best epoch",
@@ -244,10 +245,8 @@ def per_seed_table(comp: Comparison) -> pd.DataFrame:
 
 def time_table(comp: Comparison) -> pd.DataFrame:
     """Mean wall time per framework and init, with the settings (device, threads) it came from."""
-    from finetune_lab.runspeed import speed_table
-
     columns = ["framework", "init", "runs", "mean wall time (min)", "settings"]
-    t = speed_table(comp.loaded.used) if comp.loaded is not None else pd.DataFrame()
+    t = comp.speed
     if t.empty:
         return pd.DataFrame(columns=columns)
     return (t.groupby(["framework", "init"])
@@ -258,9 +257,9 @@ def time_table(comp: Comparison) -> pd.DataFrame:
 
 def same_device(comp: Comparison) -> bool:
     """True when every valid run of both frameworks had one device model and thread count."""
-    from finetune_lab.runspeed import comparable, speed_table
+    from finetune_lab.runspeed import comparable
 
-    return comparable(speed_table(comp.loaded.used))
+    return comparable(comp.speed)
 
 
 def seed_table(comp: Comparison) -> pd.DataFrame:

@@ -33,11 +33,12 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.errors import UserError
+from finetune_lab.manifest import CONVERSION_RECORD
 from finetune_lab.params import SMALL, RobertaSize, hf_config
 
 TOLERANCE = 1e-4
 HEAD = "sentence_classification_head"
-CONVERSION_FILE = "conversion.json"
+CONVERSION_FILE = CONVERSION_RECORD
 
 _LAYER = {
     "self_attn.q_proj": "attention.self.query",

@@ -474,6 +474,64 @@ def results_table(loaded) -> pd.DataFrame:
     })
 
 
+def gaps_to_full(loaded) -> pd.DataFrame:
+    """Each LoRA method against full fine-tuning: test accuracy difference at the best-valid
+    epoch with its 95 % Welch interval, and the ratios of trainable parameters, time per run and
+    peak memory. A method with fewer than two seeds (or no full row) gets no line."""
+    from finetune_lab.seedstats import init_gap
+
+    columns = ["method", "n", "n full", "test gap (points)", "ci_low", "ci_high",
+               "trainable / full", "time / full", "peak memory / full"]
+    runs = per_run_table(loaded)
+    s = summary(loaded).set_index("method")
+    best = runs.assign(init=runs["method"])
+    if "full" not in s.index or s.loc["full", "n"] < 2:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for method in s.index:
+        if method == "full" or s.loc[method, "n"] < 2:
+            continue
+        g = init_gap(best, method, "full", "test")
+        rows.append({"method": method, "n": g.n_a, "n full": g.n_b, "test gap (points)": g.diff,
+                     "ci_low": g.ci_low, "ci_high": g.ci_high,
+                     "trainable / full": s.loc[method, "trainable_max"] / s.loc["full", "trainable_max"],
+                     "time / full": s.loc[method, "time_s"] / s.loc["full", "time_s"],
+                     "peak memory / full": s.loc[method, "peak_bytes"] / s.loc["full", "peak_bytes"]})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def gaps_markdown(loaded) -> str:
+    """What the LoRA-vs-full table says, one sentence per method, from :func:`gaps_to_full`."""
+    if loaded is None or not loaded.used:
+        return ""
+    gaps = gaps_to_full(loaded)
+    if gaps.empty:
+        return ("The comparison with full fine-tuning needs at least two seeds of a LoRA method "
+                "and of the full row; the cache does not hold them yet.")
+    out = []
+    for g in gaps.to_dict("records"):
+        lo, hi = g["ci_low"], g["ci_high"]
+        if lo > 0:
+            verdict = "better than full fine-tuning, by a margin the seeds show"
+        elif hi < 0:
+            verdict = "worse than full fine-tuning, by a margin the seeds show"
+        else:
+            verdict = "not distinguishable from full fine-tuning with these seeds"
+        out.append(
+            f"`{g['method']}` − `full`: {g['test gap (points)']:+.2f} points of test accuracy "
+            f"(95 % Welch CI {lo:.2f} to {hi:.2f}; n = {g['n']} and {g['n full']} seeds), "
+            f"{verdict}. It trains {100 * g['trainable / full']:.2f} % of full fine-tuning's "
+            f"parameters, and takes {g['time / full']:.2f}× its time per run and "
+            f"{g['peak memory / full']:.2f}× its peak memory.")
+    lrs = summary(loaded).set_index("method")["lr"]
+    lora_lrs = sorted({f"{lrs[m]:g}" for m in gaps["method"]})
+    if lora_lrs != [f"{lrs['full']:g}"]:
+        out.append(f"Each gap is the method and its learning rate together (LoRA at "
+                   f"{', '.join(lora_lrs)}, full fine-tuning at the lab's {lrs['full']:g}): "
+                   "these runs do not separate the two.")
+    return "\n\n".join(out)
+
+
 def memory_note(loaded) -> str:
     """How the peak memory of the used runs was measured (one sentence per distinct measure)."""
     measures = sorted({((r.manifest or {}).get("extra") or {})["peak_memory"]["measure"]
@@ -520,7 +578,10 @@ def state_markdown(loaded) -> str:
                      f"(`data/runs/{FULL_BASELINE}/`: "
                      f"{', '.join(f'`{r.name}`' for r in borrowed)}): the function and recipe "
                      "that `--methods full` would run, so the same runs are not made twice; "
-                     "once LoRA runs exist, each is checked against their pinned recipe.")
+                     + (f"each agrees with the LoRA runs' pinned recipe (`data/runs/{EXPERIMENT}/"
+                        "experiment.json`) in everything but what the methods vary."
+                        if any(r.experiment == EXPERIMENT for r in loaded.used) else
+                        "once LoRA runs exist, each is checked against their pinned recipe."))
         elif "full" not in methods:
             text += (f"\n\nNo full fine-tuning run is recorded yet: `{FULL_COMMAND}` makes "
                      "the row.")

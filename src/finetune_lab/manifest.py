@@ -131,9 +131,11 @@ def resolve_stored_path(stored: str) -> Path:
 BUILD_RECORD = "manifest.json"
 """A data folder's own record of how it was built (commands, counts, timings): provenance, not
 data. Run inputs leave it out, so rebuilding identical data does not invalidate the runs."""
-BUILD_RECORDS = frozenset({BUILD_RECORD, "conversion.json"})
-"""Every such record at the top of an input folder (``conversion.json``: a converted
-Transformers model's source and numerical check, with its time)."""
+CONVERSION_RECORD = "conversion.json"
+"""A converted Transformers model's record: its source's sha256 and the numerical check, with
+its time (written by :mod:`finetune_lab.hf_convert`)."""
+BUILD_RECORDS = frozenset({BUILD_RECORD, CONVERSION_RECORD})
+"""Every such record at the top of an input folder."""
 
 
 def input_record(path: Path | str) -> dict[str, Any]:

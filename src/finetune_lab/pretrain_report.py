@@ -16,6 +16,7 @@ import pandas as pd
 
 from finetune_lab.checkpoints import MANIFEST_FILE, packaged_dir
 from finetune_lab.pretrain import EXPERIMENT
+from finetune_lab.runspeed import device_name
 
 COURSE_MODEL = {
     "corpus": "French part of mC4, 39 GB of web text",
@@ -79,13 +80,6 @@ def load_pretrain_runs() -> PretrainRuns:
     return PretrainRuns(loaded=loaded, checkpoint=checkpoint)
 
 
-def _device(man: dict[str, Any]) -> str:
-    dev = man.get("device") or {}
-    if dev.get("type") == "cuda":
-        return f"{dev.get('count', 1)} x {dev.get('name', 'GPU')}"
-    return f"CPU: {dev.get('cpu') or dev.get('name') or 'unknown'} ({dev.get('cpu_count', '?')} cores)"
-
-
 def run_facts(runs: PretrainRuns) -> dict[str, Any]:
     """Budget, tokens seen, device and final validation loss of the run behind the checkpoint."""
     rec = runs.latest
@@ -106,7 +100,7 @@ def run_facts(runs: PretrainRuns) -> dict[str, Any]:
         "lineage": lineage,
         "tokens_total": total,
         "run": f"{rec.experiment}/{rec.name}",
-        "device": _device(man),
+        "device": device_name(man, cores=True),
         "precision": hp.get("precision"),
         "updates": updates,
         "tokens_per_update": int(hp["tokens_per_update"]),
@@ -247,7 +241,7 @@ def throughput_table(runs: PretrainRuns) -> pd.DataFrame:
         thr = man.get("throughput") or {}
         rows.append({
             "run": rec.name,
-            "device": _device(man),
+            "device": device_name(man, cores=True),
             "updates": man["hyperparameters"]["max_update"],
             "wall time (min)": f"{(man.get('wall_time_s') or 0) / 60:.1f}",
             "tokens/s": f"{thr['tokens_per_s']:,.0f}" if thr.get("tokens_per_s") else "n/a",

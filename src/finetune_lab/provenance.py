@@ -18,6 +18,7 @@ from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.freeze import MISSING, declared_inputs, hash_inputs
 from finetune_lab.manifest import MANIFEST_NAME, digest_of, git_commit, package_versions, sha256_file, utc_now
 from finetune_lab.registry import RunRecord
+from finetune_lab.runspeed import device_name
 
 _VERSION_KEYS = ("torch", "fairseq-fixed", "transformers", "peft")
 
@@ -40,13 +41,6 @@ def _short(sha: str | None, n: int = 12) -> str:
     return f"`{sha[:n]}`" if sha and sha != MISSING else (sha or "–")
 
 
-def _device(man: dict[str, Any]) -> str:
-    dev = man.get("device") or {}
-    if dev.get("type") == "cuda":
-        return f"{dev.get('count', 1)}× {dev.get('name', 'GPU')}"
-    return str(dev.get("name") or dev.get("cpu") or "?")
-
-
 def _versions(man: dict[str, Any]) -> str:
     pk = (man.get("environment") or {}).get("packages") or {}
     return ", ".join(f"{k} {pk[k]}" for k in _VERSION_KEYS if k in pk) or "?"
@@ -63,7 +57,7 @@ def run_rows(runs: Iterable[RunRecord]) -> list[dict[str, str]]:
             "run": f"{r.experiment}/{r.name}",
             "init / seed": f"{r.init} / {r.seed}",
             "status": "valid" if r.valid else f"excluded: {r.reason}",
-            "device": _device(man),
+            "device": device_name(man),
             "versions": _versions(man),
             "commit": _short(git.get("commit"), 8) + (" (dirty)" if git.get("dirty") else ""),
             "manifest sha256": _short(sha256_file(mpath)) if mpath.is_file() else "–",

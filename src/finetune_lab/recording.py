@@ -36,6 +36,15 @@ class RunExistsError(UserError):
     """The run folder already holds a run."""
 
 
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The end of a training log, so a failure can be read where it is reported (e.g. in CI)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
 class TrainingFailedError(UserError):
     """The training process exited non-zero (its log is named in the message)."""
 
@@ -87,7 +96,8 @@ class RunHandle:
         if check and proc.returncode != 0:
             raise TrainingFailedError(
                 f"training exited with code {proc.returncode}; see {self.log_path} "
-                f"(command: {' '.join(command)})"
+                f"(command: {' '.join(command)})\nlast lines of the log:\n"
+                f"{log_tail(self.log_path)}"
             )
         return proc.returncode
 

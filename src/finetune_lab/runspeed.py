@@ -17,11 +17,14 @@ SPEED_COLUMNS = ["experiment", "framework", "init", "seed", "run", "device", "th
                  "updates", "wall time (min)", "updates/s", "setting"]
 
 
-def device_name(manifest: dict[str, Any]) -> str:
-    """``"1× NVIDIA H100 …"`` for GPUs, the CPU model otherwise, ``"?"`` if unrecorded."""
+def device_name(manifest: dict[str, Any], *, cores: bool = False) -> str:
+    """``"1× NVIDIA H100 …"`` for GPUs, the CPU model otherwise (with ``cores``, plus the
+    machine's core count), ``"?"`` if unrecorded: the one way every chapter names a device."""
     dev = manifest.get("device") or {}
     name = dev.get("name") or dev.get("cpu") or "?"
-    return f"{dev.get('count', 1)}× {name}" if dev.get("type") == "cuda" else str(name)
+    if dev.get("type") == "cuda":
+        return f"{dev.get('count', 1)}× {name}"
+    return f"{name} ({dev['cpu_count']} cores)" if cores and dev.get("cpu_count") else str(name)
 
 
 def device_threads(manifest: dict[str, Any]) -> float:
