@@ -159,6 +159,10 @@ def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs):
     text = lora_cls.gaps_markdown(loaded)
     assert text.count("`full`:") == 2 and "n = 2 and 2 seeds" in text
     assert "LoRA at 0.0005, full fine-tuning at the lab's 1e-05" in text
+    # the training state LoRA drops: 12 bytes (fp32 gradient + two Adam moments) per frozen one
+    frozen = trainable["full"] - trainable["lora-qv"]
+    assert gaps.loc["lora-qv", "state saved (MiB)"] == pytest.approx(frozen * 12 / 2**20)
+    assert "MiB under `lora-qv`" in text
 
 
 @pytest.mark.slow
