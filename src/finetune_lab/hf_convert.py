@@ -38,7 +38,6 @@ from finetune_lab.params import SMALL, RobertaSize, hf_config
 
 TOLERANCE = 1e-4
 HEAD = "sentence_classification_head"
-CONVERSION_FILE = CONVERSION_RECORD
 
 _LAYER = {
     "self_attn.q_proj": "attention.self.query",
@@ -344,7 +343,7 @@ def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None =
     out = Path(out)
     mlm.save_pretrained(out)
     tok.save(out)
-    (out / CONVERSION_FILE).write_text(json.dumps({
+    (out / CONVERSION_RECORD).write_text(json.dumps({
         "source": {"path": str(checkpoint), "sha256": sha256_file(checkpoint)},
         "created": utc_now(),
         "size": size.__dict__,

@@ -488,7 +488,7 @@ def gaps_to_full(loaded) -> pd.DataFrame:
 
     columns = ["method", "n", "n full", "test gap (points)", "ci_low", "ci_high",
                "trainable / full", "time / full", "peak memory / full", "state saved (MiB)",
-               "peak saved (MiB)", "peak device"]
+               "peak saved (MiB)", "peak device", "lr", "lr full"]
     s = summary(loaded).set_index("method")
     if "full" not in s.index or s.loc["full", "n"] < 2:
         return pd.DataFrame(columns=columns)
@@ -510,7 +510,7 @@ def gaps_to_full(loaded) -> pd.DataFrame:
             "state saved (MiB)": (full["trainable_max"] - m["trainable_max"])
             * TRAINING_STATE_BYTES / 2**20,
             "peak saved (MiB)": (full["peak_bytes"] - m["peak_bytes"]) / 2**20,
-            "peak device": m["peak_device"]})
+            "peak device": m["peak_device"], "lr": m["lr"], "lr full": full["lr"]})
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -548,11 +548,11 @@ def gaps_markdown(loaded) -> str:
                + (": the peak resident set of a CPU process also holds the Python and torch "
                   "runtime, the data and the activations, which LoRA does not shrink."
                   if on_cpu else "."))
-    lrs = summary(loaded).set_index("method")["lr"]
-    lora_lrs = sorted({f"{lrs[m]:g}" for m in gaps["method"]})
-    if lora_lrs != [f"{lrs['full']:g}"]:
+    lora_lrs = sorted({f"{lr:g}" for lr in gaps["lr"]})
+    full_lr = f"{gaps['lr full'].iloc[0]:g}"
+    if lora_lrs != [full_lr]:
         out.append(f"Each gap is the method and its learning rate together (LoRA at "
-                   f"{', '.join(lora_lrs)}, full fine-tuning at the lab's {lrs['full']:g}): "
+                   f"{', '.join(lora_lrs)}, full fine-tuning at the lab's {full_lr}): "
                    "these runs do not separate the two.")
     return "\n\n".join(out)
 

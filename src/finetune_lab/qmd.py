@@ -165,15 +165,8 @@ def execute_chapter(path: Path, timeout: int = 600):
     nb = to_notebook(path)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
-    before = os.environ.get("MPLBACKEND")
-    os.environ["MPLBACKEND"] = INLINE_BACKEND
-    try:
-        client.execute()
-    finally:
-        if before is None:
-            os.environ.pop("MPLBACKEND", None)
-        else:
-            os.environ["MPLBACKEND"] = before
+    # the kernel's own environment: this process's MPLBACKEND is left as it is
+    client.execute(env={**os.environ, "MPLBACKEND": INLINE_BACKEND})
     missing = figures_missing(nb)
     if missing:
         raise UserError(f"{path}: figure cell(s) {', '.join(missing)} produced no image; a "
