@@ -29,6 +29,18 @@ def test_splits_and_balance(summary):
     assert (table["positive share"] == 0.5).all()
 
 
+def test_pretrain_reviews_text_follows_the_recorded_parameters():
+    def text(params, valid1=None):
+        counts = {"valid1": {"paragraphs": valid1}} if valid1 else {}
+        return ds.pretrain_reviews_text({"pretrain": {"parameters": params, "counts": counts}})
+
+    assert "written 20 times" in text({"with_reviews": True, "review_repeat": 20,
+                                       "review_valid": 400}, valid1=400)
+    assert "400 of them" in text({"with_reviews": True, "review_repeat": 20}, valid1=400)
+    assert "training reviews" in text({"with_reviews": True})  # summaries before upweighting
+    assert "left out" in text({"with_reviews": False})
+
+
 def test_length_histogram_and_truncation_agree(summary):
     lengths = summary["lengths"]
     first_truncated_bin = lengths["max_positions"] // lengths["bin_width"]

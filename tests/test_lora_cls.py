@@ -44,6 +44,9 @@ def test_not_run_state_gives_the_exact_command(tmp_path):
     assert "finetune-lab finetune lora --methods lora-qv lora-attn --seeds 0 1 2" in text
     assert "finetune-lab finetune transformers --init pretrained --seeds 0 1 2" in text
     assert lora_cls.GPU_COMMAND.endswith("lora-attn qlora-qv --seeds 0 1 2") and lora_cls.GPU_COMMAND in text
+    # runs recorded but all excluded (e.g. made from a replaced checkpoint) are not "not run"
+    recorded = lora_cls.not_run_text(recorded=True)
+    assert recorded.startswith("**No usable run.**") and "not been run" not in recorded
 
 
 @pytest.fixture(scope="module")

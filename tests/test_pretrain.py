@@ -112,6 +112,11 @@ def test_time_budget_and_valid_prefix_reach_fairseq(tmp_path):
     gpu = pretrain.fairseq_args(tmp_path, tmp_path, pretrain.PretrainRecipe(), seed=1,
                                 device="cuda", precision="bf16")
     assert "--bf16" in gpu and "--stop-time-hours" not in gpu and "--max-valid-steps" not in gpu
+    assert "--valid-subset" not in gpu  # no held-out reviews: fairseq's default "valid"
+    (tmp_path / "valid1.bin").write_bytes(b"")
+    with_reviews = pretrain.fairseq_args(tmp_path, tmp_path, recipe, seed=1, device="cpu",
+                                         precision="fp32")
+    assert with_reviews[with_reviews.index("--valid-subset") + 1] == "valid,valid1"
 
 
 def test_last_update_reads_both_log_formats():
@@ -179,3 +184,31 @@ def test_continuing_needs_a_trusted_package_with_the_corpus_dictionary(tiny_pipe
     src = pretrain.continuation_source(tmp_path / "legacy",
                                        pretrain.require_corpus(tiny_pipeline["corpus"]))
     assert src["lineage"] == [{"run": man["run"], "updates": 30, "tokens": 30 * 64 * 8}]
+
+
+@pytest.mark.slow
+def test_a_corpus_prepared_again_leaves_the_pretraining_run_valid(tiny_pipeline, tmp_path):
+    """A pretraining run's product is weights: re-preparing the corpus (new files, changed
+    files) is a warning on it, not an exclusion, while a fine-tuning run would be excluded."""
+    from finetune_lab import manifest as mf
+    from finetune_lab.registry import validate_run
+
+    corpus = tmp_path / "bin"
+    shutil.copytree(tiny_pipeline["corpus"] / "bin", corpus)
+    run = tmp_path / "runs" / "pretrain" / "tiny"
+    shutil.copytree(tiny_pipeline["pretrain_run"], run)
+    man = mf.read_manifest(run)
+    man["inputs"]["data"][0]["path"] = str(corpus)
+    mf.write_manifest(run, man)
+    assert validate_run(run).valid and not validate_run(run).warnings
+    (corpus / "valid1.bin").write_bytes(b"held-out reviews")
+    (corpus / "train.idx").write_bytes(b"another corpus")
+    rec = validate_run(run)
+    assert rec.valid and len(rec.warnings) == 2
+    assert all(w.startswith("the corpus was prepared again after the run") for w in rec.warnings)
+    assert "so re-run it" not in " ".join(rec.warnings)
+    moved = tmp_path / "runs" / "fairseq" / "tiny"
+    shutil.copytree(run, moved)
+    man["experiment"] = "fairseq"
+    mf.write_manifest(moved, man)
+    assert not validate_run(moved).valid

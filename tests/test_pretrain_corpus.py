@@ -8,7 +8,7 @@ from fairseq.data import Dictionary, data_utils
 
 from finetune_lab import pretrain_corpus as pc
 from finetune_lab._files import read_json
-from finetune_lab.errors import DataRootError
+from finetune_lab.errors import DataRootError, UserError
 
 
 def test_split_by_novel_is_disjoint_complete_and_seeded():
@@ -30,6 +30,45 @@ def test_books_reviews_never_enter_the_corpus():
     assert not any(n.startswith("webis") for n in (d.name for d in docs["valid"]))
     no_reviews = pc.corpus_documents(data_root(), with_reviews=False)
     assert not any(d.name.startswith("webis") for ds in no_reviews.values() for d in ds)
+
+
+def test_in_domain_reviews_hold_out_a_seeded_disjoint_slice():
+    train, valid = pc.in_domain_reviews(data_root(), seed=1, n_valid=400, repeat=20)
+    assert [d.name for d in train] == [f"webis-cls-10/fr/{d}/{f}.review" for d in ("dvd", "music")
+                                       for f in ("train", "test")]
+    assert {d.repeat for d in train} == {20} and {d.repeat for d in valid} == {1}
+    held = {(d.name, i) for d in valid for i in d.keep}
+    kept = {(d.name, i) for d in train for i in d.keep}
+    assert len(held) == 400 and not held & kept and len(held | kept) == 8000
+    assert not any("/books/" in d.name for d in train + valid)
+    again = pc.in_domain_reviews(data_root(), seed=1, n_valid=400, repeat=20)
+    assert again == (train, valid)
+    assert pc.in_domain_reviews(data_root(), seed=2, n_valid=400)[1] != valid
+    first = valid[0]
+    assert len(list(pc.paragraphs(first))) == len(first.keep)
+
+
+def test_bad_review_options_name_the_flag():
+    with pytest.raises(UserError, match="--review-valid"):
+        pc.in_domain_reviews(data_root(), n_valid=8000)
+    with pytest.raises(UserError, match="--review-repeat"):
+        pc.in_domain_reviews(data_root(), repeat=0)
+
+
+def test_reviews_are_repeated_in_train_and_held_out_as_valid1(tmp_path):
+    out, ran = pc.prepare_pretrain(data_root(), tiny_tokenizer(), tmp_path / "pb", max_novels=2,
+                                   review_repeat=3, review_valid=10)
+    manifest = read_json(out / "manifest.json")
+    counts = manifest["counts"]
+    assert ran and counts["valid1"] == {**counts["valid1"], "novels": 0, "paragraphs": 10}
+    # novels (1 train novel) + 4 review files written 3 times each
+    assert counts["train"]["novels"] == 1 and counts["train"]["documents"] == 1 + 4 * 3
+    assert "--validpref valid.spm,valid1.spm" in manifest["commands"][0]
+    assert manifest["parameters"]["review_repeat"] == 3
+    dictionary = Dictionary.load(str(out / "bin" / "dict.txt"))
+    for split in ("train", "valid1"):
+        dataset = data_utils.load_indexed_dataset(str(out / "bin" / split), dictionary)
+        assert int(dataset.sizes.sum()) == counts[split]["tokens"] + len(dataset)
 
 
 def test_binarized_corpus_matches_the_reported_counts():

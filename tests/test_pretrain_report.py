@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from finetune_lab import pretrain_report as pr
 
 LINEAGE = [{"run": "data/runs/pretrain/cpu-seed1", "updates": 1600, "tokens": 6_553_600},
@@ -11,21 +13,102 @@ LINEAGE = [{"run": "data/runs/pretrain/cpu-seed1", "updates": 1600, "tokens": 6_
 def _facts(lineage):
     return {"run": "pretrain/cpu-seed1-c1", "device": "CPU: x (2 cores)", "updates": 400,
             "tokens_seen": 1_638_400, "wall_time_min": 30.0, "valid_loss_bits": 8.0,
-            "lineage": lineage, "tokens_total": sum(s["tokens"] for s in lineage)}
+            "valid_reviews_loss_bits": 9.0, "corpus_blocks": 3_200, "tokens_per_sample": 256,
+            "samples_seen": 6_400, "unigram_bits": 10.0, "lineage": lineage,
+            "tokens_total": sum(s["tokens"] for s in lineage)}
 
 
 def test_training_text_counts_every_run_behind_the_weights():
-    summary = {"pretrain": {"counts": {"train": {"tokens": 4_096_000}}}}
-    text = pr.training_text(_facts(LINEAGE), summary)
+    text = pr.training_text(_facts(LINEAGE))
     assert "continued from the weights of `data/runs/pretrain/cpu-seed1` (1,600 updates)" in text
     assert "8.2 M tokens in all" in text
-    assert "2.00 passes over the training corpus" in text  # 8,192,000 / 4,096,000
-    assert "perplexity of 256" in text
-    single = pr.training_text(_facts(LINEAGE[1:]), summary)
-    assert "continued" not in single and "0.40 passes" in single
-    assert "No pretraining run" in pr.training_text({}, None)
+    assert "2.00 passes over its training corpus (3,200 samples of 256 tokens" in text
+    assert "perplexity of 256" in text and "reviews it is 9.00 bits (perplexity 512)" in text
+    assert "scores 10.00 bits" in text and "the context is worth 2.00 bits" in text
+    single = pr.training_text(_facts(LINEAGE[1:]))
+    assert "continued" not in single and "2.00 passes" in single
+    assert "No pretraining run" in pr.training_text({})
+
+
+def test_corpus_size_is_read_from_the_run_log_and_matches_the_counts():
+    """The committed first run's log against the counts of the corpus it read (before the
+    reviews were upweighted): masked_lm cuts blocks of 255 tokens + <s>."""
+    from finetune_lab.config import paths
+    from finetune_lab.registry import validate_run
+
+    rec = validate_run(paths().runs / "pretrain" / "cpu-seed1", check_inputs=False)
+    assert pr.corpus_blocks(rec) == 211_196
+    counts = {"tokens": 52_733_579, "paragraphs": 1_120_857, "documents": 431}
+    assert pr.expected_blocks(counts, 256) == 211_196
+    assert pr.expected_blocks({**counts, "tokens": counts["tokens"] + 255}, 256) == 211_197
+    # the continued run read the corpus the committed summary describes (reviews upweighted)
+    summary = json.loads((paths().summaries / "data.json").read_text(encoding="utf-8"))
+    rec = validate_run(paths().runs / "pretrain" / "cpu-seed1-c1", check_inputs=False)
+    assert pr.corpus_blocks(rec) == pr.expected_blocks(summary["pretrain"]["counts"]["train"], 256)
+    assert pr.corpus_blocks(rec) == 304_952
+
+
+def _table(ci_low, n=2):
+    import pandas as pd
+
+    row = {"weights": "packaged checkpoint", "run": "`pretrain/a`", "updates (all runs)": 1600,
+           "tokens (M, all runs)": 6.6, "valid loss, novels (bits)": 8.93,
+           "valid loss, reviews (bits)": None, "n fine-tuned": 3, "test acc. (%)": "66.03",
+           "minus random (points)": -3.0, "ci_low": -6.3, "ci_high": 0.2,
+           "minus packaged (points)": None, "pk_low": None, "pk_high": None}
+    cand = {**row, "weights": "candidate (not packaged)", "run": "`pretrain/b`",
+            "updates (all runs)": 3900, "tokens (M, all runs)": 16.0,
+            "valid loss, novels (bits)": 8.5, "valid loss, reviews (bits)": 9.1,
+            "n fine-tuned": n, "test acc. (%)": "70.00", "minus random (points)": 1.0,
+            "ci_low": ci_low, "ci_high": 5.0, "minus packaged (points)": 4.0, "pk_low": 1.5,
+            "pk_high": 6.5}
+    return pd.DataFrame([row, cand])
+
+
+def test_candidate_text_packages_only_weights_that_beat_random():
+    not_better = pr.candidate_text(_table(-2.0))
+    assert "`pretrain/b` continued the weights for 2,300 more updates" in not_better
+    assert "8.50 bits on the held-out novels, against 8.93" in not_better
+    assert "9.10 bits on the held-out reviews" in not_better
+    assert "+1.0 points against random" in not_better and "It is not packaged yet" in not_better
+    assert "packaged checkpoint's fine-tuning it is +4.0 points (95 % Welch CI 1.5 to 6.5)" in not_better
+    assert "a better starting point than the packaged checkpoint" in not_better
+    worse = _table(-2.0)
+    worse.loc[1, "pk_low"] = -0.5
+    assert "margin over neither" in pr.candidate_text(worse, "2 runs")
+    assert "(2 runs)" in pr.candidate_text(worse, "2 runs")
+    better = pr.candidate_text(_table(0.5))
+    assert "beats random by a margin the seeds show" in better
+    assert "not been fine-tuned yet" in pr.candidate_text(_table(None, n=0))
+    assert "no other weights" in pr.candidate_text(_table(0.5).iloc[0:0])
+    shown = pr.candidate_display(_table(-2.0)).set_index("weights")
+    assert shown.loc["candidate (not packaged)", "minus random (points)"] == "+1.00 (CI -2.00 to 5.00)"
+    assert shown.loc["packaged checkpoint", "valid loss, reviews (bits)"] == "n/a"
+    assert shown.loc["packaged checkpoint", "minus packaged (points)"] == "n/a"
 
 
 def test_a_continued_run_is_drawn_after_its_ancestors():
     assert pr.update_offset({"extra": {"continued_from": {"lineage": LINEAGE}}}) == 2000
     assert pr.update_offset({"extra": {"calibration": None}}) == 0
+
+
+def test_unigram_entropy_of_a_dictionary(tmp_path):
+    (tmp_path / "dict.txt").write_text("a 2\nb 1\nc 1\n", encoding="utf-8")
+    assert pr.unigram_bits(tmp_path / "dict.txt") == 1.5  # -(1/2 log 1/2 + 2 * 1/4 log 1/4)
+    assert pr.unigram_bits(tmp_path / "missing.txt") is None
+
+
+def test_replacement_cost_counts_the_runs_built_on_the_checkpoint():
+    from types import SimpleNamespace as NS
+
+    runs = [NS(experiment="fairseq", manifest={"wall_time_s": 1800}),
+            NS(experiment="lora", manifest={"wall_time_s": 3600}),
+            NS(experiment="lora", manifest={"wall_time_s": 1800})]
+    assert pr.replacement_cost(runs) == "3 runs (1 fairseq, 2 lora; 2.0 h of recorded run time)"
+
+
+def test_the_committed_runs_on_the_checkpoint_are_the_pretrained_ones():
+    """fairseq pretrained, Transformers pretrained and LoRA runs; never random, never pretraining."""
+    recs = pr.runs_on_checkpoint()
+    assert recs and all(r.init != "random" for r in recs)
+    assert {r.experiment for r in recs} <= {"fairseq", "transformers", "lora"}

@@ -105,6 +105,19 @@ def test_hash_mismatch_data_changed(tiny_grid, tmp_path: Path) -> None:  # noqa:
     shutil.rmtree(data)
     rec = _only(discover_runs(tmp_path / "runs"), "pretrained-seed1")
     assert rec.valid and "unverified" in rec.warnings[0]
+    # a replaced checkpoint (a new pretraining) says so, and what to do
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"new weights")
+    man["inputs"]["checkpoint"] = {"path": str(model), "sha256": {".": "0" * 64}}
+    mf.write_manifest(run, man)
+    rec = _only(discover_runs(tmp_path / "runs"), "pretrained-seed1")
+    assert f"hash mismatch: checkpoint file {model}" in rec.reason
+    assert "the checkpoint was replaced after the run" in rec.reason
+    assert rec.stale_checkpoint == "0" * 64
+    assert exclusions_markdown([rec]) == (
+        "- `fairseq/pretrained-seed1`: made from an earlier stand-in checkpoint, which a new "
+        "pretraining has replaced; excluded until re-run from the current one, never mixed with "
+        "its runs.")
 
 
 def test_empty_log_directory(tiny_grid, tmp_path: Path) -> None:  # noqa: F811

@@ -296,6 +296,27 @@ def held_out_novels(summary: dict[str, Any]) -> str:
     return ", ".join(f"`{n}`" for n in names)
 
 
+def pretrain_reviews_text(summary: dict[str, Any]) -> str:
+    """What the pretraining corpus takes from the dvd/music reviews, from its parameters."""
+    from finetune_lab.pretrain_corpus import REVIEW_DOMAINS
+
+    params = summary["pretrain"]["parameters"]
+    domains = " and ".join(f"`{d}`" for d in REVIEW_DOMAINS)
+    if not params.get("with_reviews"):
+        return f"The {domains} reviews of Webis-CLS-10 were left out (`--no-reviews`)."
+    if not params.get("review_repeat"):
+        return (f"The training side also holds the {domains} training reviews of Webis-CLS-10 "
+                "as unlabeled in-domain text (`--no-reviews` leaves them out).")
+    held = (summary["pretrain"]["counts"].get("valid1") or {}).get("paragraphs", 0)
+    return (f"The lab's task is reviews, and novels are far from them, so the {domains} reviews "
+            f"of Webis-CLS-10 (train and test files: unlabeled in-domain text for this purpose) "
+            f"are added: {held:,} of them, drawn with the same seed, are held out as a second "
+            f"validation set (`valid1`, the in-domain perplexity), and the others are written "
+            f"{params['review_repeat']} times into the training side (`--review-repeat`), so "
+            "that a budget that sees a fraction of one pass over the novels sees each review a "
+            "few times (`--no-reviews` leaves them out).")
+
+
 def tokenization_table(summary: dict[str, Any]):
     """Tokens per word and ``<unk>`` rate of the tokenizer on CLS-Books and on ELTeC."""
     import pandas as pd

@@ -518,7 +518,12 @@ def corpus_description() -> str:
     train = (rec.get("counts") or {}).get("train") or {}
     novels = train.get("novels")
     text = f"{novels:,} ELTeC-fra novels" if novels else "ELTeC-fra novels"
-    if (rec.get("parameters") or {}).get("with_reviews"):
+    params = rec.get("parameters") or {}
+    if params.get("with_reviews") and params.get("review_repeat"):
+        text += (f" + Webis-CLS-10 {'/'.join(REVIEW_DOMAINS)} reviews (train and test files, "
+                 f"{params['review_valid']:,} held out, the rest written "
+                 f"{params['review_repeat']}x; never books)")
+    elif params.get("with_reviews"):
         text += f" + Webis-CLS-10 {'/'.join(REVIEW_DOMAINS)} training reviews (not books)"
     return text
 

@@ -19,6 +19,9 @@ from finetune_lab.errors import UserError
 from finetune_lab.recipe import LAB_RECIPE, FinetuneRecipe
 
 EXPERIMENT = "fairseq"
+CANDIDATE_EXPERIMENT = "fairseq-candidate"
+"""Fine-tuning runs from a candidate checkpoint (a pretraining not, or not yet, packaged): the lab's
+recipe, kept apart from the grid so that trying a checkpoint never replaces the grid's runs."""
 INITS = ("pretrained", "random")
 
 
@@ -99,6 +102,17 @@ def run_name(init: str, seed: int) -> str:
     return f"{init}-seed{seed}"
 
 
+def checkpoint_source(ckpt_dir: Path) -> dict[str, Any]:
+    """Where the packaged weights come from (its manifest's pretraining run, lineage and
+    validation loss), so a fine-tuning run names the pretraining behind it."""
+    import json
+
+    from finetune_lab import checkpoints
+
+    man = json.loads((Path(ckpt_dir) / checkpoints.MANIFEST_FILE).read_text(encoding="utf-8"))
+    return {k: man.get(k) for k in ("run", "lineage", "valid_loss_bits")}
+
+
 def is_done(run_dir: Path) -> bool:
     """A run that the registry accepts as complete and valid is not redone."""
     from finetune_lab.registry import validate_run
@@ -136,6 +150,7 @@ def finetune_grid(
             raise UserError(f"{model_pt} does not exist: run `finetune-lab pretrain` first")
         check_same_dictionary(bin_dir, ckpt_dir)
         checkpoints.check_trusted(model_pt, [ckpt_dir / checkpoints.MANIFEST_FILE])
+    source = checkpoint_source(ckpt_dir) if "pretrained" in inits else None
     cpu = not torch.cuda.is_available()
     hyper: dict[str, Any] = {**recipe.as_dict(n_train), "arch": "roberta_small",
                              "arch_overrides": dict(arch or {}), "precision": "fp32"}
@@ -159,7 +174,8 @@ def finetune_grid(
                       f"({recipe.total_updates(n_train)} updates, {'CPU' if cpu else 'GPU'})")
             with record_run(experiment, name, framework="fairseq", init=init, seed=seed,
                             hyperparameters=hyper, data=[bin_dir], checkpoint=ckpt,
-                            runs_root=runs_root, overwrite=True) as handle:
+                            runs_root=runs_root, overwrite=True,
+                            extra={"checkpoint_source": source} if ckpt else None) as handle:
                 # The subprocess trusts the checkpoint through its manifest, like this process.
                 run_fairseq_train(handle, args, env={
                     checkpoints.TRUSTED_MANIFESTS_ENV: str(ckpt_dir / checkpoints.MANIFEST_FILE)})
@@ -179,6 +195,10 @@ def add_finetune_parser(sub) -> None:
                    help="packaged checkpoint folder (default: data/checkpoints/roberta-small-fr)")
     p.add_argument("--epochs", type=int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test (the lab: 5)")
+    p.add_argument("--experiment",
+                   help=f"run-cache folder (default: {EXPERIMENT}, or {EXPERIMENT}-<N>ep for "
+                        f"shorter runs); e.g. {CANDIDATE_EXPERIMENT} to try a --checkpoint that "
+                        "is not the packaged one without touching the grid")
     p.set_defaults(func=_run)
 
 
@@ -186,6 +206,7 @@ def _run(args: argparse.Namespace) -> int:
     recipe = replace(LAB_RECIPE, epochs=args.epochs)
     finetune_grid(tuple(args.init), tuple(args.seeds), bin_dir=args.data,
                   checkpoint_dir=args.checkpoint, recipe=recipe,
-                  experiment=EXPERIMENT if args.epochs == LAB_RECIPE.epochs else
-                  f"{EXPERIMENT}-{args.epochs}ep")
+                  experiment=args.experiment or (
+                      EXPERIMENT if args.epochs == LAB_RECIPE.epochs else
+                      f"{EXPERIMENT}-{args.epochs}ep"))
     return 0

@@ -430,12 +430,13 @@ def per_run_table(loaded) -> pd.DataFrame:
                            else s).reset_index(drop=True)
 
 
-def summary(loaded) -> pd.DataFrame:
+def summary(loaded, runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per method (numbers): n, mean/std of best-valid and test-at-best-epoch accuracy,
-    trainable and total parameters, mean time per run and mean peak memory."""
+    trainable and total parameters, mean time per run and mean peak memory. ``runs``: the
+    :func:`per_run_table` of ``loaded`` when the caller has it already."""
     from finetune_lab.seedstats import seed_summary
 
-    runs = per_run_table(loaded)
+    runs = per_run_table(loaded) if runs is None else runs
     # seedstats groups by (experiment, framework, init); every run here is "pretrained", and
     # the method is what varies, so the method takes the init column's place
     stats = seed_summary(runs.assign(init=runs["method"])).rename(columns={"init": "method"})
@@ -489,10 +490,10 @@ def gaps_to_full(loaded) -> pd.DataFrame:
     columns = ["method", "n", "n full", "test gap (points)", "ci_low", "ci_high",
                "trainable / full", "time / full", "peak memory / full", "state saved (MiB)",
                "peak saved (MiB)", "peak device", "lr", "lr full"]
-    s = summary(loaded).set_index("method")
+    runs = per_run_table(loaded)
+    s = summary(loaded, runs).set_index("method")
     if "full" not in s.index or s.loc["full", "n"] < 2:
         return pd.DataFrame(columns=columns)
-    runs = per_run_table(loaded)
     best = runs.assign(init=runs["method"])
     full = s.loc["full"]
     rows = []
@@ -564,15 +565,19 @@ def memory_note(loaded) -> str:
     return "; ".join(measures)
 
 
-def not_run_text() -> str:
-    """The chapter's statement when no usable run exists, with what the runs need."""
+def not_run_text(recorded: bool = False) -> str:
+    """The chapter's statement when no usable run exists, with what the runs need;
+    ``recorded``: runs exist but every one is excluded (listed after this text)."""
     from finetune_lab.checkpoints import MODEL_FILE, packaged_dir
     from finetune_lab.config import paths
 
     ckpt = packaged_dir() / MODEL_FILE
     where = ckpt.relative_to(paths().project) if ckpt.is_relative_to(paths().project) else ckpt
-    return ("**This experiment has not been run yet.** No valid run is recorded under "
-            f"`data/runs/{EXPERIMENT}/`. It needs the stand-in pretrained RoBERTa-small-fr "
+    lead = ("**No usable run.** Every run recorded under "
+            f"`data/runs/{EXPERIMENT}/` is excluded (listed below)." if recorded else
+            "**This experiment has not been run yet.** No valid run is recorded under "
+            f"`data/runs/{EXPERIMENT}/`.")
+    return (f"{lead} It needs the stand-in pretrained RoBERTa-small-fr "
             f"(`{where}`, converted to Transformers on first use) and the prepared "
             "CLS-Books; then one command makes all "
             f"the runs ({len(DEFAULT_SEEDS)} seeds per method):")
@@ -584,7 +589,8 @@ def state_markdown(loaded) -> str:
     from finetune_lab.registry import exclusions_markdown
 
     if loaded is None or not loaded.used:
-        text = (f"{not_run_text()}\n\n```bash\n{RUN_COMMAND}\n```\n\nThe full fine-tuning row is "
+        recorded = loaded is not None and bool(loaded.excluded)
+        text = (f"{not_run_text(recorded)}\n\n```bash\n{RUN_COMMAND}\n```\n\nThe full fine-tuning row is "
                 f"the Transformers runs from the pretrained checkpoint:\n\n```bash\n"
                 f"{FULL_COMMAND}\n```\n\nOn a machine with a GPU, add "
                 f"QLoRA (a 4-bit NF4 base model through bitsandbytes):\n\n```bash\n"

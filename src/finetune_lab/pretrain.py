@@ -108,6 +108,11 @@ def require_corpus(data_dir: Path) -> Path:
     return bin_dir
 
 
+def valid_subsets(bin_dir: Path) -> list[str]:
+    """``valid`` (held-out novels) and, when the corpus has them, ``valid1`` (held-out reviews)."""
+    return ["valid"] + (["valid1"] if (Path(bin_dir) / "valid1.bin").is_file() else [])
+
+
 def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed: int,
                  device: str, precision: str, stop_minutes: float | None = None,
                  init_from: Path | None = None) -> list[str]:
@@ -141,6 +146,9 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
     ]
     for name, value in recipe.arch.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
+    subsets = valid_subsets(bin_dir)
+    if subsets != ["valid"]:  # fairseq's default; the best checkpoint follows the first
+        args += ["--valid-subset", ",".join(subsets)]
     if recipe.max_valid_steps is not None:
         args += ["--max-valid-steps", str(recipe.max_valid_steps)]
     if stop_minutes is not None:

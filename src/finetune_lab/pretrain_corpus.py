@@ -2,9 +2,16 @@
 
 The course's RoBERTa_small_fr was pretrained on mC4 French, which is not available; the
 public-domain ELTeC-fra novels (level1 + ext1, about 39 M words) stand in for it. Train and
-valid are split *by novel* so that no novel contributes to both sides. Optionally the
-Webis-CLS-10 ``dvd`` and ``music`` training reviews are added to train as unlabeled
-in-domain text; the ``books`` reviews (the evaluation task) never are.
+valid are split *by novel* so that no novel contributes to both sides.
+
+Optionally (the default) the Webis-CLS-10 ``dvd`` and ``music`` reviews, train and test files
+alike, are added as unlabeled in-domain text: the lab's task is reviews, and 1 % of novels'
+text does not teach a small model their language. A seeded slice of them is held out as a
+second validation set (``valid1``, in-domain perplexity) and the rest is repeated
+``review_repeat`` times in train so that a CPU budget, which sees a fraction of one epoch, sees
+each review a few times. The ``books`` reviews (the evaluation task) never enter.
+The tokenizer was trained on ``corpus_documents``'s train side (novels and the two domains'
+``train.review``); the pretraining corpus only adds text to it.
 """
 
 from __future__ import annotations
@@ -23,9 +30,13 @@ from finetune_lab.errors import UserError
 
 ELTEC_DIRS = ("eltec-fra/level1", "eltec-fra/ext1")
 REVIEW_DOMAINS = ("dvd", "music")
-"""Webis-CLS-10 domains usable as unlabeled in-domain text (their ``train.review`` only)."""
+"""Webis-CLS-10 domains usable as unlabeled in-domain text (never ``books``, the task)."""
+REVIEW_FILES = ("train.review", "test.review")
 DEFAULT_SEED = 1
 DEFAULT_VALID_FRACTION = 0.02
+DEFAULT_REVIEW_REPEAT = 20
+"""About 30 % of train tokens are then reviews (1.2 M review tokens x 20 beside ~55 M of novels)."""
+DEFAULT_REVIEW_VALID = 400
 OUTPUT_NAME = "pretrain-bin"
 
 
@@ -36,6 +47,10 @@ class Document:
     name: str
     """Path relative to the data root (e.g. ``eltec-fra/level1/FRA00101_Adam.txt.xz``)."""
     path: Path
+    keep: frozenset[int] | None = None
+    """For a review file: the positions of the reviews it contributes (None: all)."""
+    repeat: int = 1
+    """How many times the document is written (upweighting in-domain text)."""
 
 
 def list_novels(root: Path) -> list[Document]:
@@ -59,6 +74,36 @@ def review_documents(root: Path) -> list[Document]:
     ]
 
 
+def in_domain_reviews(
+    root: Path, seed: int = DEFAULT_SEED, n_valid: int = DEFAULT_REVIEW_VALID,
+    repeat: int = DEFAULT_REVIEW_REPEAT,
+) -> tuple[list[Document], list[Document]]:
+    """``dvd``/``music`` train and test reviews: (train side, repeated; held-out ``valid1`` side).
+
+    The held-out reviews are a seeded sample across the four files; no review is on both sides.
+    """
+    from finetune_lab.cls_books import read_reviews
+
+    files = [(f"webis-cls-10/fr/{d}/{f}", root / "webis-cls-10" / "fr" / d / f)
+             for d in REVIEW_DOMAINS for f in REVIEW_FILES]
+    sizes = [len(read_reviews(path)) for _, path in files]
+    total = sum(sizes)
+    if not 0 <= n_valid < total:
+        raise UserError(f"--review-valid must be between 0 and {total - 1} (got {n_valid})")
+    if repeat < 1:
+        raise UserError(f"--review-repeat must be at least 1 (got {repeat})")
+    held = set(random.Random(seed).sample(range(total), n_valid))
+    train, valid = [], []
+    start = 0
+    for (name, path), size in zip(files, sizes):
+        mine = {i - start for i in held if start <= i < start + size}
+        train.append(Document(name, path, frozenset(set(range(size)) - mine), repeat))
+        if mine:
+            valid.append(Document(name, path, frozenset(mine)))
+        start += size
+    return train, valid
+
+
 def split_novels(
     novels: list[Document], seed: int = DEFAULT_SEED, valid_fraction: float = DEFAULT_VALID_FRACTION
 ) -> tuple[list[Document], list[Document]]:
@@ -77,8 +122,9 @@ def paragraphs(doc: Document) -> Iterator[str]:
     if doc.name.endswith(".review"):
         from finetune_lab.cls_books import read_reviews
 
-        for review in read_reviews(doc.path):
-            yield review.text
+        for i, review in enumerate(read_reviews(doc.path)):
+            if doc.keep is None or i in doc.keep:
+                yield review.text
         return
     try:
         with lzma.open(doc.path, "rt", encoding="utf-8") as handle:
@@ -124,12 +170,16 @@ def prepare_pretrain(
     workers: int = 2,
     max_novels: int | None = None,
     force: bool = False,
+    review_repeat: int = DEFAULT_REVIEW_REPEAT,
+    review_valid: int = DEFAULT_REVIEW_VALID,
 ) -> tuple[Path, bool]:
     """Encode the corpus with the tokenizer and binarize it for ``masked_lm``; skip if up to date.
 
     Writes ``{train,valid}.spm`` (one paragraph per line, an empty line between documents, the
     format fairseq's ``complete_doc`` mode expects) and ``fairseq-preprocess --only-source``
-    output under ``bin/``. Returns ``(out, ran)``; ``ran`` is False when nothing changed.
+    output under ``bin/``. With reviews, ``valid1`` holds the held-out reviews and train repeats
+    the others ``review_repeat`` times. Returns ``(out, ran)``; ``ran`` is False when nothing
+    changed.
     """
     from finetune_lab import binarize, tokenizer
 
@@ -137,14 +187,20 @@ def prepare_pretrain(
     tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else tokenizer.default_output()
     model_path, dict_path = tokenizer.require_tokenizer(tok_dir)
     out = Path(out) if out is not None else default_output()
-    docs = corpus_documents(root, seed, valid_fraction, with_reviews, max_novels)
-    parameters = {
+    docs = corpus_documents(root, seed, valid_fraction, False, max_novels)
+    parameters: dict = {
         "seed": seed,
         "valid_fraction": valid_fraction,
         "with_reviews": with_reviews,
         "max_novels": max_novels,
-        "documents": {split: [d.name for d in ds] for split, ds in docs.items()},
     }
+    if with_reviews:
+        review_train, review_held = in_domain_reviews(root, seed, review_valid, review_repeat)
+        docs["train"] = docs["train"] + review_train
+        if review_held:
+            docs["valid1"] = review_held
+        parameters.update(review_repeat=review_repeat, review_valid=review_valid)
+    parameters["documents"] = {split: [d.name for d in ds] for split, ds in docs.items()}
     inputs = {
         "tokenizer/spm.model": _files.sha256_file(model_path),
         "tokenizer/dict.txt": _files.sha256_file(dict_path),
@@ -163,7 +219,8 @@ def prepare_pretrain(
             counts[split]["novels"] = sum(1 for d in split_docs if d.name.endswith(".txt.xz"))
         encode_s = time.perf_counter() - encode_started
         command = binarize.preprocess_command(
-            trainpref="train.spm", validpref="valid.spm", destdir="bin",
+            trainpref="train.spm", destdir="bin",
+            validpref=",".join(f"{split}.spm" for split in docs if split != "train"),
             srcdict=dict_path, workers=workers,
         )
         preprocess_s = binarize.run_preprocess(command, cwd=tmp)
@@ -196,17 +253,17 @@ def _encode_documents(sp, docs: list[Document], dest: Path) -> dict[str, int]:
             lines = list(paragraphs(doc))
             if not lines:
                 continue
-            encoded = encode_pieces(sp, lines)
-            if totals["documents"]:
-                handle.write("\n")
-            for pieces in encoded:
-                handle.write(" ".join(pieces))
-                handle.write("\n")
+            text = "".join(" ".join(pieces) + "\n" for pieces in encode_pieces(sp, lines))
+            pieces = text.split()
+            for _ in range(doc.repeat):
+                if totals["documents"]:
+                    handle.write("\n")
+                handle.write(text)
                 totals["tokens"] += len(pieces)
                 totals["unk"] += pieces.count("<unk>")
-            totals["documents"] += 1
-            totals["paragraphs"] += len(lines)
-            totals["words"] += sum(len(line.split()) for line in lines)
+                totals["documents"] += 1
+                totals["paragraphs"] += len(lines)
+                totals["words"] += sum(len(line.split()) for line in lines)
     return totals
 
 
@@ -225,6 +282,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)
     parser.add_argument("--no-reviews", dest="with_reviews", action="store_false",
                         help="ELTeC only: leave out the dvd/music reviews (unlabeled in-domain text)")
+    parser.add_argument("--review-repeat", type=int, default=DEFAULT_REVIEW_REPEAT,
+                        help="times the in-domain reviews are written in train (upweighting)")
+    parser.add_argument("--review-valid", type=int, default=DEFAULT_REVIEW_VALID,
+                        help="reviews held out as the in-domain validation set valid1")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-novels", type=int, default=None, help="use only the first N novels")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
@@ -236,6 +297,7 @@ def _run(args: argparse.Namespace) -> int:
         args.data_root, args.tokenizer, args.out, seed=args.seed,
         valid_fraction=args.valid_fraction, with_reviews=args.with_reviews,
         workers=args.workers, max_novels=args.max_novels, force=args.force,
+        review_repeat=args.review_repeat, review_valid=args.review_valid,
     )
     counts = _files.read_json(out / "manifest.json")["counts"]
     summary = ", ".join(f"{s} {c['tokens']:,} tokens" for s, c in counts.items())

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.checkpoints import MANIFEST_FILE, packaged_dir
+from finetune_lab.fairseq_report import corpus_description
 from finetune_lab.pretrain import EXPERIMENT
 from finetune_lab.runspeed import device_name
 
@@ -34,6 +35,12 @@ DEMO_SENTENCES = (
     "Elle était assise près de la <mask>.",
 )
 """Review-like sentences (the lab's task) and narrative ones (the pretraining domain)."""
+
+
+VALID_SUBSETS = ("valid", "valid1")
+"""fairseq's names for the held-out novels and (when the corpus has them) held-out reviews."""
+SUBSET_LABELS = {"train_inner": "train", "valid": "valid (held-out novels)",
+                 "valid1": "valid (held-out dvd/music reviews)"}
 
 
 @dataclass
@@ -85,15 +92,51 @@ def run_facts(runs: PretrainRuns) -> dict[str, Any]:
     rec = runs.latest
     if rec is None:
         return {}
+    # a continued run's package lists every run behind the weights (pretrain --continue-from)
+    return facts_of(runs, rec, list((runs.checkpoint or {}).get("lineage") or []))
+
+
+def run_lineage(rec) -> list[dict[str, Any]]:
+    """The runs behind a pretraining run's final weights, itself last (updates and tokens)."""
+    man = rec.manifest
+    hp = man["hyperparameters"]
+    done = man.get("updates_done") or int(hp["max_update"])
+    earlier = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+    return [*earlier, {"run": f"data/runs/{rec.experiment}/{rec.name}", "updates": done,
+                       "tokens": done * int(hp["tokens_per_update"])}]
+
+
+def corpus_blocks(rec) -> int | None:
+    """Training samples (blocks of ``tokens_per_sample``) in the corpus the run read, from its
+    own log: the corpus can be prepared again differently after a run."""
+    import re
+
+    log = rec.path / "train.log"
+    if not log.is_file():
+        return None
+    found = re.findall(r"loaded (\d+) blocks from: \S+/train\s*$",
+                       log.read_text(encoding="utf-8", errors="replace"), flags=re.M)
+    return int(found[-1]) if found else None
+
+
+def expected_blocks(counts: dict[str, Any], tokens_per_sample: int) -> int:
+    """Blocks ``masked_lm`` cuts from a split with these counts: every line ends with ``</s>``
+    (an empty line between documents too), and a block holds ``tokens_per_sample - 1`` of
+    them (one place is left for ``<s>``)."""
+    lines = counts["paragraphs"] + counts["documents"] - 1
+    return -(-(counts["tokens"] + lines) // (tokens_per_sample - 1))
+
+
+def facts_of(runs: PretrainRuns, rec, lineage: list[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`run_facts` of any pretraining run, given the lineage of its weights."""
     man = rec.manifest
     hp = man["hyperparameters"]
     thr = man.get("throughput") or {}
     df = runs.scalars
-    valid = df[(df["run"] == rec.name) & (df["subset"] == "valid") & (df["tag"] == "loss")]
-    updates = int(hp["max_update"])
+    mine = df[(df["run"] == rec.name) & (df["tag"] == "loss")]
+    valid, valid_reviews = (mine[mine["subset"] == s].sort_values("step") for s in VALID_SUBSETS)
+    updates = int(man.get("updates_done") or hp["max_update"])  # a time budget can stop it early
     own_tokens = updates * int(hp["tokens_per_update"])
-    # a continued run's package lists every run behind the weights (pretrain --continue-from)
-    lineage = list((runs.checkpoint or {}).get("lineage") or [])
     tokens = [step.get("tokens") for step in lineage]
     total = (sum(tokens) if len(lineage) > 1 and None not in tokens else own_tokens)
     return {
@@ -108,8 +151,14 @@ def run_facts(runs: PretrainRuns) -> dict[str, Any]:
         "wall_time_min": (man.get("wall_time_s") or 0) / 60,
         "tokens_per_s": thr.get("tokens_per_s"),
         "mfu": thr.get("mfu"),
-        "valid_loss_bits": float(valid.sort_values("step")["value"].iloc[-1]) if len(valid) else None,
+        "valid_loss_bits": float(valid["value"].iloc[-1]) if len(valid) else None,
+        "valid_reviews_loss_bits": (float(valid_reviews["value"].iloc[-1])
+                                    if len(valid_reviews) else None),
         "calibration": (man.get("extra") or {}).get("calibration"),
+        "corpus_blocks": corpus_blocks(rec),
+        "unigram_bits": unigram_bits(),
+        "tokens_per_sample": int(hp["tokens_per_sample"]),
+        "samples_seen": updates * int(hp["batch_size"]) * int(hp.get("update_freq") or 1),
     }
 
 
@@ -119,10 +168,14 @@ def comparison_table(runs: PretrainRuns, summary: dict[str, Any] | None) -> pd.D
     counts = ((summary or {}).get("pretrain") or {}).get("counts") or {}
     train = counts.get("train") or {}
     ours_corpus = (
-        f"ELTeC-fra novels ({train.get('novels', '?')}) + Webis dvd/music reviews: "
-        f"{train.get('words', 0) / 1e6:.1f} M words, {train.get('tokens', 0) / 1e6:.1f} M tokens"
-        if train else "not prepared"
+        f"{corpus_description()}: {train.get('words', 0) / 1e6:.1f} M words, "
+        f"{train.get('tokens', 0) / 1e6:.1f} M tokens" if train else "not prepared"
     )
+    if train and facts.get("corpus_blocks") and facts["corpus_blocks"] != expected_blocks(
+            train, facts["tokens_per_sample"]):
+        ours_corpus = (f"an earlier preparation of the corpus: {facts['corpus_blocks']:,} "
+                       f"samples of {facts['tokens_per_sample']} tokens (from the run's log); "
+                       f"the current one (@sec-data) is {ours_corpus}")
     if facts:
         ours_training = (f"masked LM, {facts['updates']:,} updates of "
                          f"{facts['tokens_per_update']:,} tokens "
@@ -165,7 +218,7 @@ def curves(runs: PretrainRuns) -> pd.DataFrame:
     if df.empty:
         return df
     keep = df[((df["subset"] == "train_inner") & df["tag"].isin(["loss", "lr"]))
-              | ((df["subset"] == "valid") & (df["tag"] == "loss"))]
+              | (df["subset"].isin(VALID_SUBSETS) & (df["tag"] == "loss"))]
     offset = {rec.name: update_offset(rec.manifest) for rec in runs.used}
     keep = keep.assign(update=keep["step"] + keep["run"].map(offset).fillna(0).astype(int))
     return keep[["run", "subset", "tag", "step", "update", "value"]].reset_index(drop=True)
@@ -177,7 +230,7 @@ def update_offset(manifest: dict[str, Any]) -> int:
     return sum(int(step.get("updates") or 0) for step in lineage)
 
 
-def training_text(facts: dict[str, Any], summary: dict[str, Any] | None) -> str:
+def training_text(facts: dict[str, Any]) -> str:
     """The training paragraph's numbers: run, device, budget, tokens (over the whole lineage of a
     continued checkpoint), passes over the corpus, and the last validation loss."""
     if not facts:
@@ -195,10 +248,19 @@ def training_text(facts: dict[str, Any], summary: dict[str, Any] | None) -> str:
     loss = facts.get("valid_loss_bits")
     if loss is not None:
         text += (f" The last validation loss on the held-out novels is {loss:.2f} bits per "
-                 f"masked token, a perplexity of {2 ** loss:,.0f}.")
-    corpus = ((summary or {}).get("pretrain") or {}).get("counts", {}).get("train", {}).get("tokens")
-    if corpus:
-        text += f" That is {facts['tokens_total'] / corpus:.2f} passes over the training corpus."
+                 f"masked token, a perplexity of {2 ** loss:,.0f}")
+        reviews = facts.get("valid_reviews_loss_bits")
+        text += (f"; on the held-out dvd/music reviews it is {reviews:.2f} bits (perplexity "
+                 f"{2 ** reviews:,.0f})." if reviews is not None else ".")
+        unigram = facts.get("unigram_bits")
+        if unigram is not None:
+            text += (f" A model that ignores the context and predicts each masked piece from its "
+                     f"corpus frequency scores {unigram:.2f} bits (the entropy of `dict.txt`'s "
+                     f"counts): the context is worth {unigram - loss:.2f} bits to this model.")
+    if facts.get("corpus_blocks"):
+        text += (f" That run read {facts['samples_seen'] / facts['corpus_blocks']:.2f} passes "
+                 f"over its training corpus ({facts['corpus_blocks']:,} samples of "
+                 f"{facts['tokens_per_sample']} tokens, from its log).")
     return text
 
 
@@ -216,12 +278,17 @@ def plot_curves(runs: PretrainRuns):
         return fig
     for (run, subset), part in df[df["tag"] == "loss"].groupby(["run", "subset"]):
         part = part.sort_values("step")
-        style = {"train_inner": dict(lw=1, alpha=0.8), "valid": dict(marker="o", lw=2)}[subset]
-        label = {"train_inner": "train", "valid": "valid (held-out novels)"}[subset]
-        ax.plot(part["update"], part["value"], label=f"{label} [{run}]", **style)
+        style = {"train_inner": dict(lw=1, alpha=0.8), "valid": dict(marker="o", lw=2),
+                 "valid1": dict(marker="s", lw=2, ls="--")}[subset]
+        ax.plot(part["update"], part["value"], label=f"{SUBSET_LABELS[subset]} [{run}]", **style)
     ax.set_xlabel("update")
     ax.set_ylabel("MLM loss (bits / masked token)")
-    ax.legend(frameon=False, fontsize="small")
+    unigram = unigram_bits()
+    if unigram is not None:
+        ax.axhline(unigram, color="grey", ls=":", lw=1.2,
+                   label=f"no context (unigram entropy, {unigram:.2f} bits)")
+        ax.set_ylim(top=max(unigram + 2.0, ax.get_ylim()[0] + 1.0))  # the first updates start higher
+    ax.legend(frameon=False, fontsize="x-small")
     sec = ax.secondary_yaxis("right", functions=(lambda b: 2.0 ** b,
                                                  lambda p: np.log2(np.clip(p, 1e-12, None))))
     sec.set_ylabel("perplexity")
@@ -275,6 +342,23 @@ def fill_mask_wide(df: pd.DataFrame) -> pd.DataFrame:
               .rename(columns={"cell": "top predictions (probability)"}))
 
 
+def unigram_bits(dict_path=None) -> float | None:
+    """Entropy (bits) of the pieces' corpus frequencies, from the packaged ``dict.txt`` counts:
+    the loss of a model that ignores the context and predicts every masked piece from how often
+    it occurs. An MLM's loss below it is what the context taught the model."""
+    import math
+
+    from finetune_lab.checkpoints import DICT_FILE
+
+    path = dict_path or packaged_dir() / DICT_FILE
+    if not path.is_file():
+        return None
+    counts = [int(line.rpartition(" ")[2])
+              for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    total = sum(counts)
+    return -sum(c / total * math.log2(c / total) for c in counts if c) if total else None
+
+
 def frequent_pieces(n: int = 20) -> set[str]:
     """The ``n`` most frequent pieces of the corpus, from the packaged ``dict.txt`` counts."""
     from finetune_lab.checkpoints import DICT_FILE
@@ -304,7 +388,175 @@ def finetuning_verdict(runs_root=None) -> str:
     text = fr.gap_verdict(g)
     if g is not None and g.ci_low <= 0:
         text += (" Until a longer pretraining replaces it (on a GPU: `finetune-lab pretrain "
-                 "--minutes 8 --overwrite`, then the pretrained fine-tuning runs again), every "
+                 "--minutes 8 --overwrite`; on a CPU, more time through `finetune-lab pretrain "
+                 "--continue-from data/checkpoints/roberta-small-fr`; then the pretrained "
+                 "fine-tuning runs again), every "
                  "pretrained-vs-random comparison in this book measures this weak checkpoint, "
                  "not the value of pretraining.")
     return text
+
+
+# --- candidates: pretraining runs whose weights were not packaged ---------------------------
+
+
+def candidates(runs: PretrainRuns) -> list:
+    """Valid pretraining runs that are not behind the packaged checkpoint (not in its lineage):
+    weights tried, not (or not yet) adopted."""
+    package = runs.checkpoint or {}
+    behind = {str(step.get("run") or "") for step in package.get("lineage") or []}
+    behind = (behind | {str(package.get("run") or "")}) - {""}
+    return [r for r in runs.used if not any(str(r.path).endswith(b) for b in behind)]
+
+
+def _probe_runs(best: pd.DataFrame, records: list, source_run: str) -> pd.DataFrame:
+    """The best-epoch rows of the fine-tuning runs whose checkpoint came from ``source_run``."""
+    mine = {r.name for r in records if r.valid and str(
+        (((r.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}).get("run") or ""
+    ).endswith(source_run)}
+    return best[best["run"].isin(mine)] if not best.empty else best
+
+
+def candidate_table(runs: PretrainRuns, runs_root=None) -> pd.DataFrame:
+    """The packaged checkpoint beside every candidate: updates and tokens behind the weights,
+    last validation loss (held-out novels; held-out reviews), and the lab's fairseq fine-tuning
+    from them (test accuracy at the best-validation epoch, and minus random initialisation with
+    its 95 % Welch interval). Fine-tuning of a candidate is read from the ``fairseq-candidate``
+    experiment, the packaged checkpoint's and random's from the grid."""
+    from finetune_lab import fairseq_report as fr
+    from finetune_lab import seedstats
+    from finetune_lab.finetune_fairseq import CANDIDATE_EXPERIMENT
+
+    cands = candidates(runs)
+    if not cands or runs.latest is None:
+        return pd.DataFrame()
+    grid = fr.load_results(runs_root)
+    probe = fr.load_results(runs_root, CANDIDATE_EXPERIMENT)
+    random = grid.best[grid.best["init"] == "random"] if grid.ready else pd.DataFrame()
+    packaged = grid.best[grid.best["init"] == "pretrained"] if grid.ready else pd.DataFrame()
+    rows = []
+    entries = [("packaged checkpoint", runs.latest, run_facts(runs), packaged)]
+    for rec in cands:
+        entries.append(("candidate (not packaged)", rec, facts_of(runs, rec, run_lineage(rec)),
+                        _probe_runs(probe.best, probe.loaded.runs, f"{rec.experiment}/{rec.name}")))
+    for role, rec, facts, tuned in entries:
+        row = {"weights": role, "run": f"`{rec.experiment}/{rec.name}`",
+               "updates (all runs)": sum(int(x.get("updates") or 0) for x in facts["lineage"])
+               or facts["updates"],
+               "tokens (M, all runs)": facts["tokens_total"] / 1e6,
+               "valid loss, novels (bits)": facts["valid_loss_bits"],
+               "valid loss, reviews (bits)": facts["valid_reviews_loss_bits"],
+               "n fine-tuned": len(tuned), "test acc. (%)": None, "minus random (points)": None,
+               "ci_low": None, "ci_high": None, "minus packaged (points)": None,
+               "pk_low": None, "pk_high": None}
+        if len(tuned):
+            vals = tuned["test"].astype(float)
+            row["test acc. (%)"] = seedstats.fmt_mean_std(vals.mean(), vals.std(ddof=1)
+                                                          if len(vals) > 1 else float("nan"),
+                                                          len(vals))
+        against = [(random, ("minus random (points)", "ci_low", "ci_high"))]
+        if tuned is not packaged:
+            against.append((packaged, ("minus packaged (points)", "pk_low", "pk_high")))
+        for other, keys in against:
+            if len(tuned) >= 2 and len(other) >= 2:  # Welch needs two seeds a side
+                both = pd.concat([tuned.assign(init="weights"), other.assign(init="other")])
+                g = seedstats.init_gap(both, "weights", "other", "test")
+                row.update(dict(zip(keys, (g.diff, g.ci_low, g.ci_high))))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def runs_on_checkpoint(runs_root=None) -> list:
+    """Valid runs that started from the packaged checkpoint (fairseq from ``model.pt``, the
+    Transformers and LoRA runs from its conversion): what replacing it sets aside."""
+    from finetune_lab.config import paths
+    from finetune_lab.finetune_fairseq import CANDIDATE_EXPERIMENT
+    from finetune_lab.registry import discover_runs
+
+    root = runs_root or paths().runs
+    return [r for r in discover_runs(root) if r.valid
+            and r.experiment not in (EXPERIMENT, CANDIDATE_EXPERIMENT)
+            and ((r.manifest or {}).get("inputs") or {}).get("checkpoint")]
+
+
+def replacement_cost(records: list) -> str:
+    """``12 runs (3 fairseq, 3 transformers, 6 lora; 6.2 h of recorded run time)``."""
+    from collections import Counter
+
+    by = Counter(r.experiment for r in records)
+    hours = sum(float((r.manifest or {}).get("wall_time_s") or 0) for r in records) / 3600
+    return (f"{len(records)} run{'s' if len(records) != 1 else ''} ("
+            + ", ".join(f"{n} {e}" for e, n in sorted(by.items()))
+            + f"; {hours:.1f} h of recorded run time)")
+
+
+def candidate_text(table: pd.DataFrame, cost: str = "") -> str:
+    """What the candidates show, and why each is or is not packaged, from :func:`candidate_table`;
+    ``cost``: what replacing the packaged checkpoint sets aside (:func:`replacement_cost`)."""
+    if table.empty:
+        return ("Every recorded pretraining run is behind the packaged checkpoint: no other "
+                "weights have been tried.")
+    packaged = table.iloc[0]
+    out = []
+    for _, c in table.iloc[1:].iterrows():
+        text = (f"{c['run']} continued the weights for "
+                f"{c['updates (all runs)'] - packaged['updates (all runs)']:,} more updates "
+                f"({c['tokens (M, all runs)']:.1f} M tokens behind them in all): validation loss "
+                f"{c['valid loss, novels (bits)']:.2f} bits on the held-out novels, against "
+                f"{packaged['valid loss, novels (bits)']:.2f} for the packaged checkpoint")
+        if pd.notna(c["valid loss, reviews (bits)"]):
+            text += f", and {c['valid loss, reviews (bits)']:.2f} bits on the held-out reviews"
+        text += ". "
+        if c["n fine-tuned"] == 0:
+            text += ("It has not been fine-tuned yet (`finetune-lab finetune fairseq --init "
+                     "pretrained --checkpoint <its package> --experiment fairseq-candidate`).")
+        elif pd.isna(c["ci_low"]):
+            text += (f"Fine-tuned with the lab's recipe ({c['n fine-tuned']} seed(s)), it reaches "
+                     f"{c['test acc. (%)']} test accuracy; two seeds are needed for an interval.")
+        else:
+            lo, hi = c["ci_low"], c["ci_high"]
+            text += (f"Fine-tuned with the lab's recipe, it reaches {c['test acc. (%)']} test "
+                     f"accuracy, {c['minus random (points)']:+.1f} points against random "
+                     f"initialisation (95 % Welch CI {lo:.1f} to {hi:.1f}). ")
+            if pd.notna(c["pk_low"]):
+                text += (f"Against the packaged checkpoint's fine-tuning it is "
+                         f"{c['minus packaged (points)']:+.1f} points (95 % Welch CI "
+                         f"{c['pk_low']:.1f} to {c['pk_high']:.1f}). ")
+            aside = f" ({cost})" if cost else ""
+            if lo > 0:
+                text += ("That beats random by a margin the seeds show: packaging it and "
+                         f"re-running the runs built on the packaged checkpoint{aside} is the "
+                         "next step.")
+            elif pd.notna(c["pk_low"]) and c["pk_low"] > 0:
+                text += ("So it is a better starting point than the packaged checkpoint, by a "
+                         "margin the seeds show, but not better than random. It is not packaged "
+                         f"yet: replacing the checkpoint sets aside the runs built on it{aside}, "
+                         "which a session that can remake them all should do at once, so that "
+                         "the book never mixes two checkpoints.")
+            else:
+                text += ("That is a margin over neither random nor the packaged checkpoint that "
+                         "the seeds can show, so it was not packaged: replacing the checkpoint "
+                         f"would set aside the runs built on it{aside} for nothing.")
+        out.append(text)
+    return "\n\n".join(out)
+
+
+def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`candidate_table` formatted for the chapter (a note row when nothing was tried)."""
+    if table.empty:
+        return pd.DataFrame({"state": ["no weights tried besides the packaged checkpoint"]})
+
+    def num(v, fmt):
+        return "n/a" if v is None or pd.isna(v) else format(v, fmt)
+
+    out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high"]).copy()
+    for col, low, high in (("minus random (points)", "ci_low", "ci_high"),
+                           ("minus packaged (points)", "pk_low", "pk_high")):
+        out[col] = ["n/a" if pd.isna(d) else f"{d:+.2f} (CI {lo:.2f} to {hi:.2f})"
+                    for d, lo, hi in zip(table[col], table[low], table[high])]
+    for col in ("valid loss, novels (bits)", "valid loss, reviews (bits)"):
+        out[col] = [num(v, ".2f") for v in table[col]]
+    out["tokens (M, all runs)"] = [num(v, ".1f") for v in table["tokens (M, all runs)"]]
+    out["updates (all runs)"] = [f"{int(v):,}" for v in table["updates (all runs)"]]
+    out["test acc. (%)"] = [v if isinstance(v, str) else "not fine-tuned"
+                            for v in table["test acc. (%)"]]
+    return out

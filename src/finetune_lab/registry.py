@@ -122,6 +122,9 @@ class RunRecord:
     manifest: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    stale_checkpoint: str | None = None
+    """The sha256 of the checkpoint the run started from, when that file has since been
+    replaced (its only problem then: the run is sound but measures an earlier model)."""
 
     @property
     def valid(self) -> bool:
@@ -163,7 +166,24 @@ def _cached_sha(path: Path) -> str:
     return _HASH_CACHE[key]
 
 
+CORPUS_EXPERIMENTS = frozenset({"pretrain"})
+"""Experiments whose product is weights, not a result compared with other runs: a corpus prepared
+again after such a run is a warning (the run, its curves and its checkpoint stand for the corpus
+it read), not a reason to exclude it."""
+
+
 def _check_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
+    before = len(rec.problems)
+    _compare_input(label, record, rec)
+    if label == "data" and rec.experiment in CORPUS_EXPERIMENTS and len(rec.problems) > before:
+        changed = rec.problems[before:]
+        del rec.problems[before:]
+        rec.warnings += [f"the corpus was prepared again after the run, so this run stands for "
+                         f"the corpus it read, not the current one: {p.split('; ')[0]}"
+                         for p in changed]
+
+
+def _compare_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
     stored = record.get("path")
     recorded = record.get("sha256") or {}
     if not stored or not recorded:
@@ -182,9 +202,14 @@ def _check_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
             continue
         got = _cached_sha(f)
         if got != want:
+            why = ("the checkpoint was replaced after the run (a new pretraining), so re-run it "
+                   "from the new one" if label == "checkpoint" else
+                   "the data changed after the run, so re-run it")
+            if label == "checkpoint":
+                rec.stale_checkpoint = want
             rec.problems.append(
                 f"hash mismatch: {label} file {f} has sha256 {got[:12]}… but the run used "
-                f"{want[:12]}…; the data changed after the run, so re-run it"
+                f"{want[:12]}…; {why}"
             )
     if root.is_dir():
         now = {f.relative_to(root).as_posix() for f in root.rglob("*") if f.is_file()}
@@ -396,9 +421,20 @@ def runs_table(records: Iterable[RunRecord]) -> pd.DataFrame:
 
 
 def exclusions_markdown(records: Iterable[RunRecord]) -> str:
-    """A Markdown list of excluded runs and why (empty string when every run is valid)."""
+    """A Markdown list of excluded runs and why (empty string when every run is valid).
+
+    Runs whose only problem is a replaced checkpoint are grouped in one item: they are not
+    broken, they measure a model the book no longer uses.
+    """
     bad = excluded_runs(records)
-    return "\n".join(f"- `{r.experiment}/{r.name}` excluded: {r.reason}" for r in bad)
+    stale = [r for r in bad if r.stale_checkpoint and len(r.problems) == 1]
+    lines = [f"- `{r.experiment}/{r.name}` excluded: {r.reason}" for r in bad if r not in stale]
+    if stale:
+        names = ", ".join(f"`{r.experiment}/{r.name}`" for r in stale)
+        lines.insert(0, f"- {names}: made from an earlier stand-in checkpoint, which a new "
+                        "pretraining has replaced; excluded until re-run from the current one, "
+                        "never mixed with its runs.")
+    return "\n".join(lines)
 
 
 # --- CLI ------------------------------------------------------------------------------------
