@@ -99,3 +99,15 @@ def test_checkpoint_with_another_dictionary_is_refused(tiny_pipeline, tmp_path):
     (other / "dict.txt").write_text("a 1\nb 1\n")
     with pytest.raises(ff.UserError, match="another tokenizer"):
         ff.check_same_dictionary(tiny_pipeline["cls_bin"], other)
+
+
+def test_a_complete_run_from_another_checkpoint_is_recognised():
+    """The grid's runs started from the committed checkpoint; the candidate's did not, so a
+    second candidate cannot silently "skip" into the first one's runs."""
+    from finetune_lab.checkpoints import MODEL_FILE, packaged_dir
+    from finetune_lab.config import paths
+    from finetune_lab.finetune_fairseq import CANDIDATE_EXPERIMENT, same_checkpoint
+
+    model = packaged_dir() / MODEL_FILE
+    assert same_checkpoint(paths().runs / "fairseq" / "pretrained-seed0", model)
+    assert not same_checkpoint(paths().runs / CANDIDATE_EXPERIMENT / "pretrained-seed0", model)

@@ -212,3 +212,13 @@ def test_a_corpus_prepared_again_leaves_the_pretraining_run_valid(tiny_pipeline,
     man["experiment"] = "fairseq"
     mf.write_manifest(moved, man)
     assert not validate_run(moved).valid
+
+
+def test_package_to_reaches_pretrain(monkeypatch, tmp_path):
+    """`pretrain --package-to DIR` packages a candidate beside the committed checkpoint."""
+    from finetune_lab import cli
+
+    seen = {}
+    monkeypatch.setattr(pretrain, "pretrain", lambda **kw: seen.update(kw) or tmp_path)
+    assert cli.main(["pretrain", "--max-update", "5", "--package-to", str(tmp_path / "c")]) == 0
+    assert seen["package_to"] == tmp_path / "c" and seen["package"] is True

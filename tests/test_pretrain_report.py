@@ -104,7 +104,7 @@ def test_replacement_cost_counts_the_runs_built_on_the_checkpoint():
     runs = [NS(experiment="fairseq", manifest={"wall_time_s": 1800}),
             NS(experiment="lora", manifest={"wall_time_s": 3600}),
             NS(experiment="lora", manifest={"wall_time_s": 1800})]
-    assert pr.replacement_cost(runs) == "3 runs (1 fairseq, 2 lora; 2.0 h of recorded run time)"
+    assert pr.replacement_cost(runs) == "3 runs: 1 fairseq, 2 lora; 2.0 h of recorded run time"
 
 
 def test_the_committed_runs_on_the_checkpoint_are_the_pretrained_ones():

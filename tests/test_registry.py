@@ -115,7 +115,7 @@ def test_hash_mismatch_data_changed(tiny_grid, tmp_path: Path) -> None:  # noqa:
     assert "the checkpoint was replaced after the run" in rec.reason
     assert rec.stale_checkpoint == "0" * 64
     assert exclusions_markdown([rec]) == (
-        "- `fairseq/pretrained-seed1`: made from an earlier stand-in checkpoint, which a new "
+        f"- `{rec.experiment}/pretrained-seed1`: made from an earlier stand-in checkpoint, which a new "
         "pretraining has replaced; excluded until re-run from the current one, never mixed with "
         "its runs.")
 

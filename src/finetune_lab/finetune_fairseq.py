@@ -113,6 +113,14 @@ def checkpoint_source(ckpt_dir: Path) -> dict[str, Any]:
     return {k: man.get(k) for k in ("run", "lineage", "valid_loss_bits")}
 
 
+def same_checkpoint(run_dir: Path, model_pt: Path) -> bool:
+    """Whether the run started from the file ``model_pt`` is now (by sha256)."""
+    from finetune_lab.manifest import read_manifest, sha256_file
+
+    recorded = (read_manifest(run_dir).get("inputs") or {}).get("checkpoint") or {}
+    return (recorded.get("sha256") or {}).get(".") == sha256_file(model_pt)
+
+
 def is_done(run_dir: Path) -> bool:
     """A run that the registry accepts as complete and valid is not redone."""
     from finetune_lab.registry import validate_run
@@ -162,6 +170,11 @@ def finetune_grid(
             name = run_name(init, seed)
             target = run_dir_for(experiment, name, runs_root)
             if is_done(target):
+                if init == "pretrained" and not same_checkpoint(target, model_pt):
+                    raise UserError(
+                        f"{target} holds a complete run from another checkpoint than {model_pt}: "
+                        f"pass another --experiment (e.g. {experiment}-2) to keep both, or "
+                        "delete that run folder to redo it")
                 if log:
                     print(f"finetune fairseq: {experiment}/{name} is complete; skipped")
                 done.append(target)

@@ -415,6 +415,10 @@ def add_parser(sub) -> None:
     p.add_argument("--data", type=Path, help="binarized corpus (default: prepare-pretrain's)")
     p.add_argument("--no-package", action="store_true",
                    help="do not replace data/checkpoints/roberta-small-fr")
+    p.add_argument("--package-to", type=Path, metavar="DIR",
+                   help="package the result here instead of data/checkpoints/roberta-small-fr: "
+                        "a candidate to fine-tune (`finetune fairseq --checkpoint DIR "
+                        "--experiment fairseq-candidate`) before it replaces the committed one")
     p.add_argument("--overwrite", action="store_true", help="redo an existing run")
     p.add_argument("--continue-from", type=Path, metavar="CHECKPOINT_DIR",
                    help="continue pretraining from a packaged checkpoint folder (e.g. "
@@ -437,7 +441,8 @@ def _run(args: argparse.Namespace) -> int:
     run_dir = pretrain(max_update=args.max_update, minutes=args.minutes or args.stop_minutes,
                        seed=args.seed,
                        run=args.run, data_dir=args.data, recipe=recipe,
-                       package=not args.no_package, overwrite=args.overwrite,
+                       package=not args.no_package, package_to=args.package_to,
+                       overwrite=args.overwrite,
                        continue_from=args.continue_from)
     print(f"pretrain: run recorded in {run_dir}")
     return 0

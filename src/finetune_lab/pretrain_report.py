@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -410,10 +411,12 @@ def candidates(runs: PretrainRuns) -> list:
 
 def _probe_runs(best: pd.DataFrame, records: list, source_run: str) -> pd.DataFrame:
     """The best-epoch rows of the fine-tuning runs whose checkpoint came from ``source_run``."""
-    mine = {r.name for r in records if r.valid and str(
+    mine = {(r.experiment, r.name) for r in records if r.valid and str(
         (((r.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}).get("run") or ""
     ).endswith(source_run)}
-    return best[best["run"].isin(mine)] if not best.empty else best
+    if best.empty:
+        return best
+    return best[[(e, r) in mine for e, r in zip(best["experiment"], best["run"])]]
 
 
 def candidate_table(runs: PretrainRuns, runs_root=None) -> pd.DataFrame:
@@ -429,15 +432,21 @@ def candidate_table(runs: PretrainRuns, runs_root=None) -> pd.DataFrame:
     cands = candidates(runs)
     if not cands or runs.latest is None:
         return pd.DataFrame()
+    from finetune_lab.config import paths
+
     grid = fr.load_results(runs_root)
-    probe = fr.load_results(runs_root, CANDIDATE_EXPERIMENT)
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    tried = [fr.load_results(runs_root, d.name) for d in sorted(root.glob(f"{CANDIDATE_EXPERIMENT}*"))
+             if d.is_dir() and d.name.split(CANDIDATE_EXPERIMENT)[1][:1] in ("", "-")]
+    probe_best = pd.concat([t.best for t in tried if t.ready] or [pd.DataFrame()])
+    probe_records = [r for t in tried for r in t.loaded.runs]
     random = grid.best[grid.best["init"] == "random"] if grid.ready else pd.DataFrame()
     packaged = grid.best[grid.best["init"] == "pretrained"] if grid.ready else pd.DataFrame()
     rows = []
     entries = [("packaged checkpoint", runs.latest, run_facts(runs), packaged)]
     for rec in cands:
         entries.append(("candidate (not packaged)", rec, facts_of(runs, rec, run_lineage(rec)),
-                        _probe_runs(probe.best, probe.loaded.runs, f"{rec.experiment}/{rec.name}")))
+                        _probe_runs(probe_best, probe_records, f"{rec.experiment}/{rec.name}")))
     for role, rec, facts, tuned in entries:
         row = {"weights": role, "run": f"`{rec.experiment}/{rec.name}`",
                "updates (all runs)": sum(int(x.get("updates") or 0) for x in facts["lineage"])
@@ -479,14 +488,14 @@ def runs_on_checkpoint(runs_root=None) -> list:
 
 
 def replacement_cost(records: list) -> str:
-    """``12 runs (3 fairseq, 3 transformers, 6 lora; 6.2 h of recorded run time)``."""
+    """``12 runs: 3 fairseq, 6 lora, 3 transformers; 6.2 h of recorded run time``."""
     from collections import Counter
 
     by = Counter(r.experiment for r in records)
     hours = sum(float((r.manifest or {}).get("wall_time_s") or 0) for r in records) / 3600
-    return (f"{len(records)} run{'s' if len(records) != 1 else ''} ("
+    return (f"{len(records)} run{'s' if len(records) != 1 else ''}: "
             + ", ".join(f"{n} {e}" for e, n in sorted(by.items()))
-            + f"; {hours:.1f} h of recorded run time)")
+            + f"; {hours:.1f} h of recorded run time")
 
 
 def candidate_text(table: pd.DataFrame, cost: str = "") -> str:
