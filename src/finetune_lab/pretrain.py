@@ -369,14 +369,20 @@ def pretrain(
     if package:
         manifests = [run_dir / "manifest.json"]
         metadata = checkpoint_metadata(best, manifests)
-        done = handle.manifest.get("updates_done")
-        metadata["lineage"] = [*(parent["lineage"] if parent else []), {
-            "run": metadata["run"], "updates": done,
-            "tokens": done * recipe.hyperparameters()["tokens_per_update"]
-            if done is not None else None}]
+        metadata["lineage"] = lineage_of(handle.manifest, metadata["run"])
         checkpoints.package_checkpoint(best, spm_model, spm_dict, package_to, manifests=manifests,
                                        metadata=metadata)
     return run_dir
+
+
+def lineage_of(manifest: dict[str, Any], run: str | None) -> list[dict[str, Any]]:
+    """The runs behind a pretraining run's final weights, itself (``run``) last, each with its
+    updates and tokens: what a package records, and what the report reads for a candidate."""
+    hp = manifest["hyperparameters"]
+    done = manifest.get("updates_done")
+    earlier = ((manifest.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+    return [*earlier, {"run": run, "updates": done,
+                       "tokens": done * int(hp["tokens_per_update"]) if done is not None else None}]
 
 
 def checkpoint_metadata(source: Path, manifests: list[Path]) -> dict[str, Any]:

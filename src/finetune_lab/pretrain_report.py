@@ -17,7 +17,7 @@ import pandas as pd
 
 from finetune_lab.checkpoints import MANIFEST_FILE, packaged_dir
 from finetune_lab.fairseq_report import corpus_description
-from finetune_lab.pretrain import EXPERIMENT
+from finetune_lab.pretrain import EXPERIMENT, lineage_of
 from finetune_lab.runspeed import device_name
 
 COURSE_MODEL = {
@@ -94,17 +94,8 @@ def run_facts(runs: PretrainRuns) -> dict[str, Any]:
     if rec is None:
         return {}
     # a continued run's package lists every run behind the weights (pretrain --continue-from)
-    return facts_of(runs, rec, list((runs.checkpoint or {}).get("lineage") or []))
-
-
-def run_lineage(rec) -> list[dict[str, Any]]:
-    """The runs behind a pretraining run's final weights, itself last (updates and tokens)."""
-    man = rec.manifest
-    hp = man["hyperparameters"]
-    done = man.get("updates_done") or int(hp["max_update"])
-    earlier = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
-    return [*earlier, {"run": f"data/runs/{rec.experiment}/{rec.name}", "updates": done,
-                       "tokens": done * int(hp["tokens_per_update"])}]
+    facts = facts_of(runs, rec, list((runs.checkpoint or {}).get("lineage") or []))
+    return {**facts, "unigram_bits": unigram_bits()}
 
 
 def corpus_blocks(rec) -> int | None:
@@ -157,7 +148,6 @@ def facts_of(runs: PretrainRuns, rec, lineage: list[dict[str, Any]]) -> dict[str
                                     if len(valid_reviews) else None),
         "calibration": (man.get("extra") or {}).get("calibration"),
         "corpus_blocks": corpus_blocks(rec),
-        "unigram_bits": unigram_bits(),
         "tokens_per_sample": int(hp["tokens_per_sample"]),
         "samples_seen": updates * int(hp["batch_size"]) * int(hp.get("update_freq") or 1),
     }
@@ -437,7 +427,7 @@ def candidate_table(runs: PretrainRuns, runs_root=None) -> pd.DataFrame:
     grid = fr.load_results(runs_root)
     root = Path(runs_root) if runs_root is not None else paths().runs
     tried = [fr.load_results(runs_root, d.name) for d in sorted(root.glob(f"{CANDIDATE_EXPERIMENT}*"))
-             if d.is_dir() and d.name.split(CANDIDATE_EXPERIMENT)[1][:1] in ("", "-")]
+             if d.name == CANDIDATE_EXPERIMENT or d.name.startswith(f"{CANDIDATE_EXPERIMENT}-")]
     probe_best = pd.concat([t.best for t in tried if t.ready] or [pd.DataFrame()])
     probe_records = [r for t in tried for r in t.loaded.runs]
     random = grid.best[grid.best["init"] == "random"] if grid.ready else pd.DataFrame()
@@ -445,7 +435,8 @@ def candidate_table(runs: PretrainRuns, runs_root=None) -> pd.DataFrame:
     rows = []
     entries = [("packaged checkpoint", runs.latest, run_facts(runs), packaged)]
     for rec in cands:
-        entries.append(("candidate (not packaged)", rec, facts_of(runs, rec, run_lineage(rec)),
+        lineage = lineage_of(rec.manifest, f"data/runs/{rec.experiment}/{rec.name}")
+        entries.append(("candidate (not packaged)", rec, facts_of(runs, rec, lineage),
                         _probe_runs(probe_best, probe_records, f"{rec.experiment}/{rec.name}")))
     for role, rec, facts, tuned in entries:
         row = {"weights": role, "run": f"`{rec.experiment}/{rec.name}`",

@@ -173,32 +173,34 @@ it read), not a reason to exclude it."""
 
 
 def _check_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
-    before = len(rec.problems)
-    _compare_input(label, record, rec)
-    if label == "data" and rec.experiment in CORPUS_EXPERIMENTS and len(rec.problems) > before:
-        changed = rec.problems[before:]
-        del rec.problems[before:]
+    """Compare an input with what the run recorded; the differences are problems, except for
+    the corpus of a run whose product is weights (:data:`CORPUS_EXPERIMENTS`): warnings."""
+    found = _input_differences(label, record, rec)
+    if label == "data" and rec.experiment in CORPUS_EXPERIMENTS:
         rec.warnings += [f"the corpus was prepared again after the run, so this run stands for "
                          f"the corpus it read, not the current one: {p.split('; ')[0]}"
-                         for p in changed]
+                         for p in found]
+    else:
+        rec.problems += found
 
 
-def _compare_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
+def _input_differences(label: str, record: dict[str, Any], rec: RunRecord) -> list[str]:
+    """Every way the input differs from the run's record (missing, changed, new files)."""
+    found: list[str] = []
     stored = record.get("path")
     recorded = record.get("sha256") or {}
     if not stored or not recorded:
-        rec.problems.append(f"manifest {label} entry lacks a path or its sha256")
-        return
+        return [f"manifest {label} entry lacks a path or its sha256"]
     root = mf.resolve_stored_path(stored)
     if not root.exists():
         rec.warnings.append(f"{label} {stored} is not on this machine; its sha256 is unverified")
-        return
+        return found
     if root.is_dir():  # manifests written before inputs left the build record out
         recorded = {k: v for k, v in recorded.items() if k not in mf.BUILD_RECORDS}
     for rel, want in sorted(recorded.items()):
         f = root if rel == "." else root / rel
         if not f.is_file():
-            rec.problems.append(f"{label} file {f} recorded by the manifest is missing")
+            found.append(f"{label} file {f} recorded by the manifest is missing")
             continue
         got = _cached_sha(f)
         if got != want:
@@ -207,7 +209,7 @@ def _compare_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
                    "the data changed after the run, so re-run it")
             if label == "checkpoint":
                 rec.stale_checkpoint = want
-            rec.problems.append(
+            found.append(
                 f"hash mismatch: {label} file {f} has sha256 {got[:12]}… but the run used "
                 f"{want[:12]}…; {why}"
             )
@@ -215,7 +217,8 @@ def _compare_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
         now = {f.relative_to(root).as_posix() for f in root.rglob("*") if f.is_file()}
         now -= mf.BUILD_RECORDS
         for extra in sorted(now - set(recorded)):
-            rec.problems.append(f"{label} folder {root} has a new file {extra} the run never saw")
+            found.append(f"{label} folder {root} has a new file {extra} the run never saw")
+    return found
 
 
 def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord:
