@@ -26,9 +26,13 @@ def test_plan_on_cpu_records_every_fallback():
 
 
 def test_plan_without_bitsandbytes_and_flags():
-    plan = lora_qa.plan_run(cuda=True, bnb=False, bf16_ok=True)
+    plan = lora_qa.plan_run(cuda=False, bnb=False, bf16_ok=False)
     assert not plan.use_4bit and plan.optim == "adamw_torch"
     assert any("bitsandbytes is not installed" in f for f in plan.fallbacks)
+    with pytest.raises(UserError, match="QLoRA on a GPU needs bitsandbytes"):
+        lora_qa.plan_run(cuda=True, bnb=False, bf16_ok=True)  # not a silent downgrade
+    no4 = lora_qa.plan_run(cuda=True, bnb=False, bf16_ok=True, no_4bit=True)
+    assert not no4.use_4bit and no4.optim == "adamw_torch" and no4.mixed_precision == "bf16"
     assert lora_qa.plan_run(cuda=False, bnb=True, bf16_ok=False, force_4bit=True).use_4bit
     assert not lora_qa.plan_run(cuda=True, bnb=True, bf16_ok=True, no_4bit=True).use_4bit
     with pytest.raises(UserError):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from finetune_lab import checkpoints, fairseq_logs, pretrain
+from finetune_lab.errors import UserError
 from finetune_lab.manifest import read_manifest
 
 from conftest import needs_data_root
@@ -98,8 +100,39 @@ def test_mfu_uses_the_gpu_peak():
     assert rec["peak_bf16_flops"] == 989e12
     assert rec["mfu"] == pytest.approx(rec["achieved_flops"] / 989e12)
     assert rec["parameters"] == 23_124_736
+    assert pretrain.gpu_peak_flops("NVIDIA H100 PCIe") == 756e12
     cpu = pretrain.throughput_record(log, recipe, {"type": "cpu", "name": "Xeon", "count": 1})
     assert "mfu" not in cpu and cpu["tokens_per_s"] == 1_000_000
+
+
+def test_flops_per_token_equal_torchs_count_on_the_real_model():
+    """The analytic FLOPs behind MFU, asserted equal to torch's count of every matrix product
+    in a forward and backward pass of fairseq's roberta_small with 15 % of 256 tokens masked."""
+    from argparse import Namespace
+
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+    from fairseq.models.roberta import RobertaModel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import finetune_lab.fairseq_user_dir  # noqa: F401  (registers roberta_small)
+    from finetune_lab import params
+
+    vocab = Dictionary()
+    for i in range(params.SMALL.vocab - len(vocab)):
+        vocab.add_symbol(f"w{i}")
+    args = Namespace(arch="roberta_small")
+    ARCH_CONFIG_REGISTRY["roberta_small"](args)
+    model = RobertaModel.build_model(args, Namespace(source_dictionary=vocab))
+    tokens = torch.randint(5, len(vocab), (1, 256))
+    masked = torch.zeros(1, 256, dtype=torch.bool)
+    masked[0, :38] = True  # 15 % of 256, as fairseq rounds it
+    with FlopCounterMode(display=False) as counter:
+        logits, _ = model(tokens, masked_tokens=masked)
+        logits.float().sum().backward()
+    per_token = pretrain.model_flops_per_token(params.SMALL, 256, 38 / 256)
+    assert counter.get_total_flops() / 256 == pytest.approx(per_token, rel=1e-9)
+    assert 55e6 < pretrain.model_flops_per_token(params.SMALL, 256, 0.15) < 60e6
 
 
 def test_time_budget_and_valid_prefix_reach_fairseq(tmp_path):
@@ -117,6 +150,42 @@ def test_time_budget_and_valid_prefix_reach_fairseq(tmp_path):
     with_reviews = pretrain.fairseq_args(tmp_path, tmp_path, recipe, seed=1, device="cpu",
                                          precision="fp32")
     assert with_reviews[with_reviews.index("--valid-subset") + 1] == "valid,valid1"
+
+
+def test_bf16_on_a_cpu_only_where_it_computes_bf16():
+    assert pretrain.cpu_has_bf16("flags\t: fpu avx512f amx_bf16 amx_tile")
+    assert pretrain.cpu_has_bf16("flags : avx512_bf16")
+    assert not pretrain.cpu_has_bf16("flags : fpu avx2 avx512f")
+    args = pretrain.fairseq_args(Path("bin"), Path("ckpt"), pretrain.PretrainRecipe(), seed=1,
+                                 device="cpu", precision="bf16")
+    assert "--cpu" in args and "--bf16" in args
+    with pytest.raises(UserError, match="fp16 training needs a GPU"):
+        pretrain.fairseq_args(Path("bin"), Path("ckpt"), pretrain.PretrainRecipe(), seed=1,
+                              device="cpu", precision="fp16")
+
+
+def test_bf16_is_not_a_tpu_without_torch_xla(tmp_path):
+    """fairseq's own parsing of the project's --bf16 command turns on ``tpu`` in every section;
+    the user dir's :func:`clear_tpu` turns it off everywhere."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from finetune_lab.fairseq_compat import clear_tpu, preserved_root_logger
+
+    args = pretrain.fairseq_args(tmp_path, tmp_path / "ckpt", pretrain.PretrainRecipe(), seed=1,
+                                 device="cpu", precision="bf16")
+    with preserved_root_logger():
+        parsed = options.parse_args_and_arch(options.get_training_parser(), args)
+        cfg = convert_namespace_to_omegaconf(parsed)
+    assert cfg.common.tpu and cfg.criterion.tpu  # what fairseq 0.12 makes of --bf16
+    assert {"common", "criterion"} <= set(clear_tpu(cfg))
+    assert not cfg.common.tpu and not cfg.criterion.tpu and not cfg.optimizer.tpu
+    assert cfg.common.bf16 and cfg.common.cpu
+
+
+def test_continued_runs_are_named_after_the_first():
+    assert pretrain.continued_run_name("data/runs/pretrain/cpu-seed1", 1) == "cpu-seed1-c1"
+    assert pretrain.continued_run_name("data/runs/pretrain/cpu-seed1-c1", 2) == "cpu-seed1-c2"
 
 
 def test_last_update_reads_both_log_formats():
@@ -151,10 +220,17 @@ def test_pretraining_continues_from_the_packaged_weights(tiny_pipeline, tmp_path
                                      validate_every=5, log_interval=5, lr=1e-3, arch=TINY_ARCH)
     run_dir = pretrain.pretrain(max_update=10, data_dir=tiny_pipeline["corpus"],
                                 tokenizer_dir=tiny_pipeline["tok"], recipe=recipe,
-                                package_to=tmp_path / "pkg", quiet=True, continue_from=parent)
+                                package_to=tmp_path / "pkg", quiet=True, continue_from=parent,
+                                precision="bf16")
     assert run_dir.name == "tiny-c1"  # the parent run's name, continued once
     m = read_manifest(run_dir)
     assert m["status"] == "complete" and m["init"] == "continued"
+    # not the parent's seed 1, which would replay the samples the weights were trained on
+    assert m["seed"] == 2 and m["command"][m["command"].index("--seed") + 1] == "2"
+    # fairseq 0.12's --bf16 means "TPU" (torch_xla); the project's user dir makes it bf16 here
+    assert "--bf16" in m["command"] and "--cpu" in m["command"]
+    assert m["hyperparameters"]["precision"] == "bf16"
+    assert "bf16 on the CPU, not a TPU" in (run_dir / "train.log").read_text()
     assert m["extra"]["continued_from"]["sha256"] == sha256_file(parent / "model.pt")
     # the weights were loaded: the continued run starts where the parent's 30 updates ended,
     # not where a random initialisation starts
@@ -164,6 +240,9 @@ def test_pretraining_continues_from_the_packaged_weights(tiny_pipeline, tmp_path
     assert [step["updates"] for step in lineage] == [30, 10]
     assert [step["tokens"] for step in lineage] == [30 * 64 * 8, 10 * 64 * 8]
     assert lineage[1]["run"].endswith("tiny-c1")
+    # packaging the same weights by hand (`package-checkpoint`) records the same lineage
+    best = tmp_path / "work" / "pretrain-checkpoints" / "tiny-c1" / "checkpoint_best.pt"
+    assert pretrain.checkpoint_metadata(best, [run_dir / "manifest.json"])["lineage"] == lineage
 
 
 def test_continuing_needs_a_trusted_package_with_the_corpus_dictionary(tiny_pipeline, tmp_path):

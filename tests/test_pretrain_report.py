@@ -77,6 +77,13 @@ def test_candidate_text_packages_only_weights_that_beat_random():
     worse.loc[1, "pk_low"] = -0.5
     assert "margin over neither" in pr.candidate_text(worse, "2 runs")
     assert "(2 runs)" in pr.candidate_text(worse, "2 runs")
+    bumped = _table(-2.0)
+    bumped["first valid"] = [None, (250, 9.03)]
+    bumped["started at"] = [None, 8.93]
+    assert ("first validation (update 250), after a fresh warm-up to the peak learning rate, "
+            "read 9.03 bits, against the 8.93 its weights started from; the rest of the run had "
+            "to win that back") in pr.candidate_text(bumped)
+    assert "first valid" not in pr.candidate_display(bumped).columns
     better = pr.candidate_text(_table(0.5))
     assert "beats random by a margin the seeds show" in better
     assert "not been fine-tuned yet" in pr.candidate_text(_table(None, n=0))
@@ -112,3 +119,27 @@ def test_the_committed_runs_on_the_checkpoint_are_the_pretrained_ones():
     recs = pr.runs_on_checkpoint()
     assert recs and all(r.init != "random" for r in recs)
     assert {r.experiment for r in recs} <= {"fairseq", "transformers", "lora"}
+
+
+def test_each_candidate_has_its_own_experiment(tmp_path):
+    """``fairseq-candidate``, then ``-2``, ``-3``…: never a folder of an earlier candidate, and
+    never a look-alike (``fairseq-candidates``, ``fairseq-candidate-old``)."""
+    from finetune_lab.finetune_fairseq import (candidate_experiments, candidate_index,
+                                               next_candidate_experiment)
+
+    assert next_candidate_experiment(tmp_path) == "fairseq-candidate"
+    for name in ("fairseq-candidate-10", "fairseq-candidate", "fairseq-candidate-2",
+                 "fairseq-candidates", "fairseq-candidate-old", "fairseq"):
+        (tmp_path / name).mkdir()
+    assert candidate_experiments(tmp_path) == [
+        "fairseq-candidate", "fairseq-candidate-2", "fairseq-candidate-10"]
+    assert next_candidate_experiment(tmp_path) == "fairseq-candidate-11"
+    assert [candidate_index(n) for n in ("fairseq", "fairseq-candidate-old")] == [None, None]
+    text = pr.candidate_text(_table(None, n=0), runs_root=tmp_path)
+    assert "--experiment fairseq-candidate-11`" in text
+
+
+def test_throughput_table_names_each_runs_precision_and_updates_done():
+    table = pr.throughput_table(pr.load_pretrain_runs()).set_index("run")
+    assert table.loc["cpu-seed1", "precision"] == "fp32"
+    assert table.loc["cpu-seed1", "updates"] == 1600 and table.loc["cpu-seed1-c1", "updates"] == 2299

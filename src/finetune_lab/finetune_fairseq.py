@@ -25,6 +25,30 @@ recipe, kept apart from the grid so that trying a checkpoint never replaces the 
 INITS = ("pretrained", "random")
 
 
+def candidate_index(name: str) -> int | None:
+    """1 for ``fairseq-candidate``, N for ``fairseq-candidate-N`` (one experiment per candidate
+    tried), None for any other experiment."""
+    if name == CANDIDATE_EXPERIMENT:
+        return 1
+    head, _, tail = name.rpartition("-")
+    return int(tail) if head == CANDIDATE_EXPERIMENT and tail.isdigit() else None
+
+
+def candidate_experiments(runs_root: Path | None = None) -> list[str]:
+    """The candidate experiments of the run cache, in the order they were started."""
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    names = [d.name for d in root.glob(f"{CANDIDATE_EXPERIMENT}*")
+             if d.is_dir() and candidate_index(d.name) is not None]
+    return sorted(names, key=candidate_index)
+
+
+def next_candidate_experiment(runs_root: Path | None = None) -> str:
+    """Where a newly tried checkpoint's runs go: never into an earlier candidate's experiment,
+    whose complete runs were made from other weights (see :func:`same_checkpoint`)."""
+    taken = [candidate_index(n) for n in candidate_experiments(runs_root)]
+    return f"{CANDIDATE_EXPERIMENT}-{max(taken) + 1}" if taken else CANDIDATE_EXPERIMENT
+
+
 def require_cls_bin(bin_dir: Path) -> Path:
     """The binarized CLS-Books folder (``input0/`` and ``label/``), checked."""
     needed = [f"{sub}/{split}.{ext}" for sub in ("input0", "label")

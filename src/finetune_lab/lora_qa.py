@@ -104,6 +104,10 @@ def plan_run(*, no_4bit: bool = False, force_4bit: bool = False,
         use_4bit = False
         fallbacks.append("4-bit NF4 loading off (--no-4bit): the base model is trained in "
                          "full precision (LoRA, not QLoRA)")
+    elif not bnb and cuda:  # a GPU run would spend its time on something other than the lab's
+        raise UserError("QLoRA on a GPU needs bitsandbytes, which is not importable here: "
+                        "`pip install 'bitsandbytes>=0.50'` (a dependency of the project), or "
+                        "pass --no-4bit to train LoRA on a full-precision base")
     elif not bnb:
         use_4bit = False
         fallbacks.append("4-bit NF4 loading off: bitsandbytes is not installed (LoRA, not QLoRA)")

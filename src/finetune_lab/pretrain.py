@@ -12,6 +12,7 @@ GPU (bf16, large batches) and on a CPU (smaller budget); the run lands in the ru
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -27,9 +28,11 @@ from finetune_lab.fairseq_logs import last_update, log_rates
 EXPERIMENT = "pretrain"
 
 # Dense bf16 tensor-core peaks (FLOP/s) used for model-FLOPs utilisation; matched by GPU name.
-BF16_PEAK_FLOPS = {
+BF16_PEAK_FLOPS = {  # the first key found in the device name wins: variants before families
     "H200": 989e12,
-    "H100": 989e12,
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "H100": 989e12,  # SXM ("NVIDIA H100 80GB HBM3")
     "A100": 312e12,
     "A6000": 155e12,
     "L4": 121e12,
@@ -83,6 +86,22 @@ def experiment_config(recipe: PretrainRecipe) -> dict[str, Any]:
     return {"hyperparameters": fixed, "varying": list(VARYING)}
 
 
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU computes in bf16 natively (AMX or AVX512-BF16, from ``/proc/cpuinfo``):
+    there ``--precision bf16`` makes matrix products several times faster than fp32 (on this
+    project's CPU, a whole masked-LM update 1.3 times); elsewhere bf16 is emulated, and slower."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    flags = set(cpuinfo.split())
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
 def device_defaults() -> dict[str, Any]:
     """Batch, precision and a default budget for the machine at hand."""
     import torch
@@ -91,6 +110,7 @@ def device_defaults() -> dict[str, Any]:
         precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
         return {"device": "cuda", "precision": precision, "batch_size": 128, "update_freq": 2,
                 "minutes": 8.0}
+    # fp32: bf16 is faster on a CPU with AMX, but no CPU run has yet shown it learns as well
     return {"device": "cpu", "precision": "fp32", "batch_size": 16, "update_freq": 1,
             "minutes": 120.0, "max_valid_steps": 40}
 
@@ -157,10 +177,12 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
         args += ["--finetune-from-model", str(init_from)]
     if device == "cpu":
         args.append("--cpu")
-    elif precision == "bf16":
-        args.append("--bf16")
-    elif precision == "fp16":
-        args.append("--fp16")
+    if precision == "fp16" and device == "cpu":
+        raise UserError("fp16 training needs a GPU; on a CPU use --precision bf16 or fp32")
+    # fairseq 0.12 reads --bf16 as "TPU"; the project's --user-dir makes it bf16 on a GPU or a
+    # CPU (fairseq_compat.install_bf16_without_tpu), with fp32 master weights
+    if precision in ("bf16", "fp16"):
+        args.append(f"--{precision}")
     return args
 
 
@@ -181,9 +203,19 @@ def calibrate(bin_dir: Path, recipe: PretrainRecipe, *, device: str, precision: 
     return rates
 
 
-def model_flops_per_token(n_params: int, layers: int, dim: int, context: int) -> float:
-    """Training FLOPs per token: 6 N plus attention's 6 L T d (Kaplan et al. 2020, forward x3)."""
-    return 6.0 * n_params + 6.0 * layers * context * dim
+def model_flops_per_token(size: Any, context: int, mask_prob: float) -> float:
+    """Training FLOPs per token of masked-LM pretraining: every matrix product, forward x 3.
+
+    ``6 N`` (Kaplan et al. 2020) with N the weight matrices a token goes through: the encoder
+    layers' (4 d² + 2 d ffn each) for every token, the LM head's dense layer and tied projection
+    onto the vocabulary (d² + d V) only for the masked ``mask_prob`` of them (fairseq's
+    ``RobertaLMHead`` projects only those), embedding lookups none; plus attention's scores and
+    weighted sum, 12 L T d. Counting all 23 M parameters instead would overstate it 2.4 times.
+    """
+    d, layers = size.dim, size.layers
+    encoder = layers * (4 * d * d + 2 * d * size.ffn)
+    head = mask_prob * (d * d + d * size.vocab)
+    return 6.0 * (encoder + head) + 12.0 * layers * context * d
 
 
 def gpu_peak_flops(name: str | None) -> float | None:
@@ -207,7 +239,7 @@ def throughput_record(log_text: str, recipe: PretrainRecipe, device: dict[str, A
                  "encoder_attention_heads")
     })
     n = int(params.convention_table(size).iloc[3]["total"])  # encoder + LM head
-    flops_token = model_flops_per_token(n, size.layers, size.dim, recipe.tokens_per_sample)
+    flops_token = model_flops_per_token(size, recipe.tokens_per_sample, recipe.mask_prob)
     out = {**rates, "model_flops_per_token": flops_token, "parameters": n,
            "achieved_flops": rates["tokens_per_s"] * flops_token}
     if device.get("type") == "cuda":
@@ -275,7 +307,7 @@ def pretrain(
     *,
     max_update: int | None = None,
     minutes: float | None = None,
-    seed: int = 1,
+    seed: int | None = None,
     run: str | None = None,
     data_dir: Path | None = None,
     tokenizer_dir: Path | None = None,
@@ -286,6 +318,7 @@ def pretrain(
     overwrite: bool = False,
     quiet: bool = False,
     continue_from: Path | None = None,
+    precision: str | None = None,
 ) -> Path:
     """Run one pretraining job into the run cache and (optionally) package its best checkpoint.
 
@@ -304,10 +337,17 @@ def pretrain(
     bin_dir = require_corpus(Path(data_dir) if data_dir else pretrain_corpus.default_output())
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else tokenizer.default_output()
     spm_model, spm_dict = tokenizer.require_tokenizer(tok_dir) if package else (None, None)
-    device, precision = defaults["device"], defaults["precision"]
+    device, precision = defaults["device"], precision or defaults["precision"]
+    if device == "cpu" and precision == "bf16" and not cpu_has_bf16():
+        print("pretrain: this CPU has no native bf16 (AMX, AVX512-BF16): bf16 is emulated and "
+              "slower than fp32", file=sys.stderr)
     parent = continuation_source(Path(continue_from), bin_dir) if continue_from else None
+    if seed is None:
+        # the seed fixes the order of the samples: a continued run with its parent's seed would
+        # replay the very samples the weights were trained on, in the same order
+        seed = 1 + (len(parent["lineage"]) if parent is not None else 0)
     if parent is not None and run is None:
-        run = f"{Path(str(parent['run'] or device)).name}-c{len(parent['lineage'])}"
+        run = continued_run_name(str(parent["run"] or device), len(parent["lineage"]))
     run = run or f"{device}-seed{seed}"
     save_dir = paths().work / "pretrain-checkpoints" / run
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -369,10 +409,15 @@ def pretrain(
     if package:
         manifests = [run_dir / "manifest.json"]
         metadata = checkpoint_metadata(best, manifests)
-        metadata["lineage"] = lineage_of(handle.manifest, metadata["run"])
         checkpoints.package_checkpoint(best, spm_model, spm_dict, package_to, manifests=manifests,
                                        metadata=metadata)
     return run_dir
+
+
+def continued_run_name(parent_run: str, runs_behind: int) -> str:
+    """``cpu-seed1`` continued once is ``cpu-seed1-c1``, then ``cpu-seed1-c2`` (not ``-c1-c2``)."""
+    first = re.sub(r"-c\d+$", "", Path(parent_run).name)
+    return f"{first}-c{runs_behind}"
 
 
 def lineage_of(manifest: dict[str, Any], run: str | None) -> list[dict[str, Any]]:
@@ -386,21 +431,25 @@ def lineage_of(manifest: dict[str, Any], run: str | None) -> list[dict[str, Any]
 
 
 def checkpoint_metadata(source: Path, manifests: list[Path]) -> dict[str, Any]:
-    """What the packaged checkpoint's manifest says of its origin: run, validation loss."""
+    """What the packaged checkpoint's manifest says of its origin: run, the lineage of its
+    weights (:func:`lineage_of`, whether packaged by ``pretrain`` or ``package-checkpoint``) and
+    validation loss."""
     import json
 
     from finetune_lab import checkpoints
     from finetune_lab.manifest import portable_path, sha256_file
 
     sha = sha256_file(source)
-    run = None
+    run, lineage = None, None
     for m in manifests:
-        saved = (json.loads(Path(m).read_text(encoding="utf-8")).get("saved_checkpoints") or {})
+        manifest = json.loads(Path(m).read_text(encoding="utf-8"))
+        saved = manifest.get("saved_checkpoints") or {}
         if any(v.get("sha256") == sha for v in saved.values()):
             run = portable_path(Path(m).parent)
+            lineage = lineage_of(manifest, run)
     state = checkpoints.load_trusted(source, manifests)
     loss = (state.get("extra_state") or {}).get("best")
-    return {"run": run, "valid_loss_bits": loss,
+    return {"run": run, "lineage": lineage, "valid_loss_bits": loss,
             "valid_perplexity": 2 ** loss if loss is not None else None}
 
 
@@ -413,11 +462,17 @@ def add_parser(sub) -> None:
                              "turned into updates by a short calibration run")
     p.add_argument("--stop-minutes", type=float,
                    help="with --max-update: also stop (and save) when this much time has passed")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int,
+                   help="fixes initialisation and sample order (default 1; with --continue-from, "
+                        "1 + the runs behind the weights, so that no run replays its parent's "
+                        "samples)")
     p.add_argument("--run", help="run name (default: <device>-seed<seed>)")
     p.add_argument("--batch-size", type=int, help="sequences per step (default by device)")
     p.add_argument("--update-freq", type=int, help="steps per update (default by device)")
     p.add_argument("--lr", type=float, default=PretrainRecipe.lr)
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="default: bf16 on a GPU that has it (else fp16), fp32 on a CPU (bf16 "
+                        "there is faster where the CPU has AMX or AVX512-BF16)")
     p.add_argument("--data", type=Path, help="binarized corpus (default: prepare-pretrain's)")
     p.add_argument("--no-package", action="store_true",
                    help="do not replace data/checkpoints/roberta-small-fr")
@@ -449,7 +504,7 @@ def _run(args: argparse.Namespace) -> int:
                        run=args.run, data_dir=args.data, recipe=recipe,
                        package=not args.no_package, package_to=args.package_to,
                        overwrite=args.overwrite,
-                       continue_from=args.continue_from)
+                       continue_from=args.continue_from, precision=args.precision)
     print(f"pretrain: run recorded in {run_dir}")
     return 0
 

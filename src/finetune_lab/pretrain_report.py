@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -144,6 +143,10 @@ def facts_of(runs: PretrainRuns, rec, lineage: list[dict[str, Any]]) -> dict[str
         "tokens_per_s": thr.get("tokens_per_s"),
         "mfu": thr.get("mfu"),
         "valid_loss_bits": float(valid["value"].iloc[-1]) if len(valid) else None,
+        # a continued run warms up to the peak learning rate again: its first validation shows
+        # what that costs the weights it started from
+        "valid_first": ((int(valid["step"].iloc[0]), float(valid["value"].iloc[0]))
+                        if len(valid) else None),
         "valid_reviews_loss_bits": (float(valid_reviews["value"].iloc[-1])
                                     if len(valid_reviews) else None),
         "calibration": (man.get("extra") or {}).get("calibration"),
@@ -292,7 +295,8 @@ def plot_curves(runs: PretrainRuns):
 
 
 def throughput_table(runs: PretrainRuns) -> pd.DataFrame:
-    """Speed of every valid pretraining run, with its device (MFU only on a known GPU)."""
+    """Speed of every valid pretraining run, with its device and precision (MFU only on a known
+    GPU); updates are those done (a time budget can stop a run before its schedule ends)."""
     rows = []
     for rec in runs.used:
         man = rec.manifest
@@ -300,13 +304,23 @@ def throughput_table(runs: PretrainRuns) -> pd.DataFrame:
         rows.append({
             "run": rec.name,
             "device": device_name(man, cores=True),
-            "updates": man["hyperparameters"]["max_update"],
+            "precision": man["hyperparameters"].get("precision") or "n/a",
+            "updates": man.get("updates_done") or man["hyperparameters"]["max_update"],
             "wall time (min)": f"{(man.get('wall_time_s') or 0) / 60:.1f}",
             "tokens/s": f"{thr['tokens_per_s']:,.0f}" if thr.get("tokens_per_s") else "n/a",
             "updates/s": f"{thr['updates_per_s']:.2f}" if thr.get("updates_per_s") else "n/a",
             "MFU (bf16 peak)": f"{100 * thr['mfu']:.1f} %" if thr.get("mfu") else "n/a (no GPU)",
         })
     return pd.DataFrame(rows)
+
+
+def flops_per_token() -> float:
+    """Training FLOPs per token behind the MFU column, for the project's recipe and model."""
+    from finetune_lab import params
+    from finetune_lab.pretrain import PretrainRecipe, model_flops_per_token
+
+    recipe = PretrainRecipe()
+    return model_flops_per_token(params.SMALL, recipe.tokens_per_sample, recipe.mask_prob)
 
 
 def fill_mask_table(sentences: tuple[str, ...] = DEMO_SENTENCES, topk: int = 5) -> pd.DataFrame:
@@ -409,31 +423,35 @@ def _probe_runs(best: pd.DataFrame, records: list, source_run: str) -> pd.DataFr
     return best[[(e, r) in mine for e, r in zip(best["experiment"], best["run"])]]
 
 
-def candidate_table(runs: PretrainRuns, runs_root=None) -> pd.DataFrame:
+def candidate_table(runs: PretrainRuns, runs_root=None,
+                    facts: dict[str, Any] | None = None) -> pd.DataFrame:
     """The packaged checkpoint beside every candidate: updates and tokens behind the weights,
     last validation loss (held-out novels; held-out reviews), and the lab's fairseq fine-tuning
     from them (test accuracy at the best-validation epoch, and minus random initialisation with
     its 95 % Welch interval). Fine-tuning of a candidate is read from the ``fairseq-candidate``
-    experiment, the packaged checkpoint's and random's from the grid."""
+    experiment, the packaged checkpoint's and random's from the grid. ``facts``: the packaged
+    run's :func:`run_facts`, when the caller has them already."""
     from finetune_lab import fairseq_report as fr
     from finetune_lab import seedstats
-    from finetune_lab.finetune_fairseq import CANDIDATE_EXPERIMENT
+    from finetune_lab.finetune_fairseq import candidate_experiments
 
     cands = candidates(runs)
     if not cands or runs.latest is None:
         return pd.DataFrame()
-    from finetune_lab.config import paths
-
     grid = fr.load_results(runs_root)
-    root = Path(runs_root) if runs_root is not None else paths().runs
-    tried = [fr.load_results(runs_root, d.name) for d in sorted(root.glob(f"{CANDIDATE_EXPERIMENT}*"))
-             if d.name == CANDIDATE_EXPERIMENT or d.name.startswith(f"{CANDIDATE_EXPERIMENT}-")]
+    tried = [fr.load_results(runs_root, name) for name in candidate_experiments(runs_root)]
     probe_best = pd.concat([t.best for t in tried if t.ready] or [pd.DataFrame()])
     probe_records = [r for t in tried for r in t.loaded.runs]
     random = grid.best[grid.best["init"] == "random"] if grid.ready else pd.DataFrame()
     packaged = grid.best[grid.best["init"] == "pretrained"] if grid.ready else pd.DataFrame()
     rows = []
-    entries = [("packaged checkpoint", runs.latest, run_facts(runs), packaged)]
+    entries = [("packaged checkpoint", runs.latest, facts or run_facts(runs), packaged)]
+    last_loss = {}  # run path -> its last validation loss, for a continued run's starting point
+    for rec in runs.used:
+        mine = runs.scalars[(runs.scalars["run"] == rec.name) & (runs.scalars["tag"] == "loss")
+                            & (runs.scalars["subset"] == "valid")].sort_values("step")
+        if len(mine):
+            last_loss[f"data/runs/{rec.experiment}/{rec.name}"] = float(mine["value"].iloc[-1])
     for rec in cands:
         lineage = lineage_of(rec.manifest, f"data/runs/{rec.experiment}/{rec.name}")
         entries.append(("candidate (not packaged)", rec, facts_of(runs, rec, lineage),
@@ -447,7 +465,10 @@ def candidate_table(runs: PretrainRuns, runs_root=None) -> pd.DataFrame:
                "valid loss, reviews (bits)": facts["valid_reviews_loss_bits"],
                "n fine-tuned": len(tuned), "test acc. (%)": None, "minus random (points)": None,
                "ci_low": None, "ci_high": None, "minus packaged (points)": None,
-               "pk_low": None, "pk_high": None}
+               "pk_low": None, "pk_high": None,
+               "first valid": facts.get("valid_first"),
+               "started at": (last_loss.get(str(facts["lineage"][-2].get("run")))
+                              if len(facts["lineage"]) > 1 else None)}
         if len(tuned):
             vals = tuned["test"].astype(float)
             row["test acc. (%)"] = seedstats.fmt_mean_std(vals.mean(), vals.std(ddof=1)
@@ -469,12 +490,12 @@ def runs_on_checkpoint(runs_root=None) -> list:
     """Valid runs that started from the packaged checkpoint (fairseq from ``model.pt``, the
     Transformers and LoRA runs from its conversion): what replacing it sets aside."""
     from finetune_lab.config import paths
-    from finetune_lab.finetune_fairseq import CANDIDATE_EXPERIMENT
+    from finetune_lab.finetune_fairseq import candidate_index
     from finetune_lab.registry import discover_runs
 
     root = runs_root or paths().runs
     return [r for r in discover_runs(root) if r.valid
-            and r.experiment not in (EXPERIMENT, CANDIDATE_EXPERIMENT)
+            and r.experiment != EXPERIMENT and candidate_index(r.experiment) is None
             and ((r.manifest or {}).get("inputs") or {}).get("checkpoint")]
 
 
@@ -489,9 +510,11 @@ def replacement_cost(records: list) -> str:
             + f"; {hours:.1f} h of recorded run time")
 
 
-def candidate_text(table: pd.DataFrame, cost: str = "") -> str:
+def candidate_text(table: pd.DataFrame, cost: str = "", runs_root=None) -> str:
     """What the candidates show, and why each is or is not packaged, from :func:`candidate_table`;
     ``cost``: what replacing the packaged checkpoint sets aside (:func:`replacement_cost`)."""
+    from finetune_lab.finetune_fairseq import next_candidate_experiment
+
     if table.empty:
         return ("Every recorded pretraining run is behind the packaged checkpoint: no other "
                 "weights have been tried.")
@@ -506,9 +529,17 @@ def candidate_text(table: pd.DataFrame, cost: str = "") -> str:
         if pd.notna(c["valid loss, reviews (bits)"]):
             text += f", and {c['valid loss, reviews (bits)']:.2f} bits on the held-out reviews"
         text += ". "
+        first, start = c.get("first valid"), c.get("started at")
+        if isinstance(first, tuple) and start is not None and pd.notna(start):
+            text += (f"Its first validation (update {first[0]:,}), after a fresh warm-up to "
+                     f"the peak learning rate, read {first[1]:.2f} bits, against the "
+                     f"{start:.2f} its weights started from"
+                     + ("; the rest of the run had to win that back. " if first[1] > start
+                        else ". "))
         if c["n fine-tuned"] == 0:
             text += ("It has not been fine-tuned yet (`finetune-lab finetune fairseq --init "
-                     "pretrained --checkpoint <its package> --experiment fairseq-candidate`).")
+                     "pretrained --checkpoint <its package> --experiment "
+                     f"{next_candidate_experiment(runs_root)}`).")
         elif pd.isna(c["ci_low"]):
             text += (f"Fine-tuned with the lab's recipe ({c['n fine-tuned']} seed(s)), it reaches "
                      f"{c['test acc. (%)']} test accuracy; two seeds are needed for an interval.")
@@ -548,7 +579,8 @@ def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
     def num(v, fmt):
         return "n/a" if v is None or pd.isna(v) else format(v, fmt)
 
-    out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high"]).copy()
+    out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high", "first valid",
+                              "started at"], errors="ignore").copy()
     for col, low, high in (("minus random (points)", "ci_low", "ci_high"),
                            ("minus packaged (points)", "pk_low", "pk_high")):
         out[col] = ["n/a" if pd.isna(d) else f"{d:+.2f} (CI {lo:.2f} to {hi:.2f})"
