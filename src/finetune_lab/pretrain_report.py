@@ -118,14 +118,19 @@ def expected_blocks(counts: dict[str, Any], tokens_per_sample: int) -> int:
     return -(-(counts["tokens"] + lines) // (tokens_per_sample - 1))
 
 
+def valid_curve(runs: PretrainRuns, name: str, subset: str = "valid") -> pd.DataFrame:
+    """One run's validation losses (bits) on one held-out set, by update."""
+    df = runs.scalars
+    return df[(df["run"] == name) & (df["tag"] == "loss")
+              & (df["subset"] == subset)].sort_values("step")
+
+
 def facts_of(runs: PretrainRuns, rec, lineage: list[dict[str, Any]]) -> dict[str, Any]:
     """:func:`run_facts` of any pretraining run, given the lineage of its weights."""
     man = rec.manifest
     hp = man["hyperparameters"]
     thr = man.get("throughput") or {}
-    df = runs.scalars
-    mine = df[(df["run"] == rec.name) & (df["tag"] == "loss")]
-    valid, valid_reviews = (mine[mine["subset"] == s].sort_values("step") for s in VALID_SUBSETS)
+    valid, valid_reviews = (valid_curve(runs, rec.name, s) for s in VALID_SUBSETS)
     updates = int(man.get("updates_done") or hp["max_update"])  # a time budget can stop it early
     own_tokens = updates * int(hp["tokens_per_update"])
     tokens = [step.get("tokens") for step in lineage]
@@ -394,8 +399,9 @@ def finetuning_verdict(runs_root=None) -> str:
     if g is not None and g.ci_low <= 0:
         text += (" Until a longer pretraining replaces it (on a GPU: `finetune-lab pretrain "
                  "--minutes 8 --overwrite`; on a CPU, more time through `finetune-lab pretrain "
-                 "--continue-from data/checkpoints/roberta-small-fr`; then the pretrained "
-                 "fine-tuning runs again), every "
+                 "--continue-from data/checkpoints/roberta-small-fr`, in long runs rather than "
+                 "short ones, since each run warms up to the peak learning rate again; then the "
+                 "pretrained fine-tuning runs again), every "
                  "pretrained-vs-random comparison in this book measures this weak checkpoint, "
                  "not the value of pretraining.")
     return text
@@ -448,10 +454,9 @@ def candidate_table(runs: PretrainRuns, runs_root=None,
     entries = [("packaged checkpoint", runs.latest, facts or run_facts(runs), packaged)]
     last_loss = {}  # run path -> its last validation loss, for a continued run's starting point
     for rec in runs.used:
-        mine = runs.scalars[(runs.scalars["run"] == rec.name) & (runs.scalars["tag"] == "loss")
-                            & (runs.scalars["subset"] == "valid")].sort_values("step")
-        if len(mine):
-            last_loss[f"data/runs/{rec.experiment}/{rec.name}"] = float(mine["value"].iloc[-1])
+        curve = valid_curve(runs, rec.name)
+        if len(curve):
+            last_loss[f"data/runs/{rec.experiment}/{rec.name}"] = float(curve["value"].iloc[-1])
     for rec in cands:
         lineage = lineage_of(rec.manifest, f"data/runs/{rec.experiment}/{rec.name}")
         entries.append(("candidate (not packaged)", rec, facts_of(runs, rec, lineage),
@@ -466,6 +471,9 @@ def candidate_table(runs: PretrainRuns, runs_root=None,
                "n fine-tuned": len(tuned), "test acc. (%)": None, "minus random (points)": None,
                "ci_low": None, "ci_high": None, "minus packaged (points)": None,
                "pk_low": None, "pk_high": None,
+               "own updates": facts["updates"],
+               "continued": (str(facts["lineage"][-2].get("run") or "").split("data/runs/")[-1]
+                             if len(facts["lineage"]) > 1 else None),
                "first valid": facts.get("valid_first"),
                "started at": (last_loss.get(str(facts["lineage"][-2].get("run")))
                               if len(facts["lineage"]) > 1 else None)}
@@ -521,9 +529,14 @@ def candidate_text(table: pd.DataFrame, cost: str = "", runs_root=None) -> str:
     packaged = table.iloc[0]
     out = []
     for _, c in table.iloc[1:].iterrows():
-        text = (f"{c['run']} continued the weights for "
-                f"{c['updates (all runs)'] - packaged['updates (all runs)']:,} more updates "
-                f"({c['tokens (M, all runs)']:.1f} M tokens behind them in all): validation loss "
+        parent = c.get("continued")
+        own = c.get("own updates")
+        own = own if own is not None and pd.notna(own) else (
+            c["updates (all runs)"] - packaged["updates (all runs)"])
+        text = (f"{c['run']} continued the weights"
+                + (f" of `{parent}`" if isinstance(parent, str) and parent else "")
+                + f" for {int(own):,} more updates ({int(c['updates (all runs)']):,} updates and "
+                f"{c['tokens (M, all runs)']:.1f} M tokens behind them in all): validation loss "
                 f"{c['valid loss, novels (bits)']:.2f} bits on the held-out novels, against "
                 f"{packaged['valid loss, novels (bits)']:.2f} for the packaged checkpoint")
         if pd.notna(c["valid loss, reviews (bits)"]):
@@ -534,7 +547,10 @@ def candidate_text(table: pd.DataFrame, cost: str = "", runs_root=None) -> str:
             text += (f"Its first validation (update {first[0]:,}), after a fresh warm-up to "
                      f"the peak learning rate, read {first[1]:.2f} bits, against the "
                      f"{start:.2f} its weights started from"
-                     + ("; the rest of the run had to win that back. " if first[1] > start
+                     + ("; the rest of the run had to win that back" if first[1] > start
+                        else "")
+                     + (f", and did not (it ended at {c['valid loss, novels (bits)']:.2f}). "
+                        if first[1] > start and c["valid loss, novels (bits)"] > start
                         else ". "))
         if c["n fine-tuned"] == 0:
             text += ("It has not been fine-tuned yet (`finetune-lab finetune fairseq --init "
@@ -580,7 +596,7 @@ def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
         return "n/a" if v is None or pd.isna(v) else format(v, fmt)
 
     out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high", "first valid",
-                              "started at"], errors="ignore").copy()
+                              "started at", "own updates", "continued"], errors="ignore").copy()
     for col, low, high in (("minus random (points)", "ci_low", "ci_high"),
                            ("minus packaged (points)", "pk_low", "pk_high")):
         out[col] = ["n/a" if pd.isna(d) else f"{d:+.2f} (CI {lo:.2f} to {hi:.2f})"
