@@ -49,6 +49,12 @@ def packaged_dir() -> Path:
     return paths().checkpoints / CHECKPOINT_NAME
 
 
+def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
+    """The manifest of a packaged checkpoint folder (default: the committed one), or None."""
+    manifest = Path(folder or packaged_dir()) / MANIFEST_FILE
+    return json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else None
+
+
 def manifest_hashes(manifest_paths: Iterable[Path]) -> set[str]:
     """Every sha256 listed under ``files`` (or a run manifest's ``outputs``) of the manifests."""
     hashes: set[str] = set()

@@ -129,20 +129,20 @@ def run_name(init: str, seed: int) -> str:
 def checkpoint_source(ckpt_dir: Path) -> dict[str, Any]:
     """Where the packaged weights come from (its manifest's pretraining run, lineage and
     validation loss), so a fine-tuning run names the pretraining behind it."""
-    import json
+    from finetune_lab.checkpoints import package_manifest
 
-    from finetune_lab import checkpoints
-
-    man = json.loads((Path(ckpt_dir) / checkpoints.MANIFEST_FILE).read_text(encoding="utf-8"))
+    man = package_manifest(ckpt_dir) or {}
     return {k: man.get(k) for k in ("run", "lineage", "valid_loss_bits")}
 
 
 def same_checkpoint(run_dir: Path, model_pt: Path) -> bool:
-    """Whether the run started from the file ``model_pt`` is now (by sha256)."""
-    from finetune_lab.manifest import read_manifest, sha256_file
+    """Whether the run started from the file ``model_pt`` is now (by sha256, hashed once per
+    process with the registry's checks)."""
+    from finetune_lab.manifest import read_manifest
+    from finetune_lab.registry import cached_sha256
 
     recorded = (read_manifest(run_dir).get("inputs") or {}).get("checkpoint") or {}
-    return (recorded.get("sha256") or {}).get(".") == sha256_file(model_pt)
+    return (recorded.get("sha256") or {}).get(".") == cached_sha256(model_pt)
 
 
 def is_done(run_dir: Path) -> bool:

@@ -290,7 +290,7 @@ def continuation_source(folder: Path, bin_dir: Path) -> dict[str, Any]:
                         "corpus with the checkpoint's tokenizer (`finetune-lab reproduce` adopts "
                         "it; or copy its dict.txt and sentencepiece model to data/work/tokenizer "
                         "and run `finetune-lab prepare-pretrain`)")
-    man = json.loads(manifest.read_text(encoding="utf-8"))
+    man = checkpoints.package_manifest(folder)
     lineage = man.get("lineage")
     if lineage is None:  # packaged before lineages were kept: one run, read from its manifest
         tokens = None

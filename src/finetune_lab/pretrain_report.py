@@ -8,13 +8,12 @@ description, which is an external reference (the course's own statement), labell
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from finetune_lab.checkpoints import MANIFEST_FILE, packaged_dir
+from finetune_lab.checkpoints import package_manifest, packaged_dir
 from finetune_lab.fairseq_report import corpus_description
 from finetune_lab.pretrain import EXPERIMENT, lineage_of
 from finetune_lab.runspeed import device_name
@@ -82,9 +81,7 @@ def load_pretrain_runs() -> PretrainRuns:
     loaded = None
     if (paths().runs / EXPERIMENT).is_dir():
         loaded = load_experiments([EXPERIMENT])
-    manifest = packaged_dir() / MANIFEST_FILE
-    checkpoint = json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else None
-    return PretrainRuns(loaded=loaded, checkpoint=checkpoint)
+    return PretrainRuns(loaded=loaded, checkpoint=package_manifest())
 
 
 def run_facts(runs: PretrainRuns) -> dict[str, Any]:

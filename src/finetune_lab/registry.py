@@ -158,7 +158,8 @@ class RunRecord:
 _HASH_CACHE: dict[tuple[str, int, int], str] = {}
 
 
-def _cached_sha(path: Path) -> str:
+def cached_sha256(path: Path) -> str:
+    """A file's sha256, computed once per process for a given size and modification time."""
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _HASH_CACHE:
@@ -202,7 +203,7 @@ def _input_differences(label: str, record: dict[str, Any], rec: RunRecord) -> li
         if not f.is_file():
             found.append(f"{label} file {f} recorded by the manifest is missing")
             continue
-        got = _cached_sha(f)
+        got = cached_sha256(f)
         if got != want:
             why = ("the checkpoint was replaced after the run (a new pretraining), so re-run it "
                    "from the new one" if label == "checkpoint" else
@@ -253,7 +254,7 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
         for rel, want in sorted(outputs.items()):
             if rel not in present:
                 rec.problems.append(f"event file {path / rel} listed in the manifest is missing")
-            elif (got := _cached_sha(present[rel])) != want:
+            elif (got := cached_sha256(present[rel])) != want:
                 rec.problems.append(
                     f"hash mismatch: event file {path / rel} has sha256 {got[:12]}… but the "
                     f"manifest recorded {want[:12]}… when the run finished"
