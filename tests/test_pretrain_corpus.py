@@ -21,7 +21,7 @@ def test_split_by_novel_is_disjoint_complete_and_seeded():
     assert pc.split_novels(novels, seed=2)[1] != valid
 
 
-def test_books_reviews_never_enter_the_corpus():
+def test_books_reviews_never_enter_the_corpus_unless_asked():
     docs = pc.corpus_documents(data_root(), with_reviews=True)
     names = [d.name for ds in docs.values() for d in ds]
     assert not any("/books/" in n for n in names)
@@ -30,6 +30,43 @@ def test_books_reviews_never_enter_the_corpus():
     assert not any(n.startswith("webis") for n in (d.name for d in docs["valid"]))
     no_reviews = pc.corpus_documents(data_root(), with_reviews=False)
     assert not any(d.name.startswith("webis") for ds in no_reviews.values() for d in ds)
+
+
+def test_task_adaptive_texts_are_the_lab_training_split_only():
+    from finetune_lab.cls_books import read_reviews, stratified_split
+
+    doc = pc.task_reviews(data_root(), repeat=3)
+    assert doc.name == "webis-cls-10/fr/books/train.review" and doc.repeat == 3
+    everything = read_reviews(doc.path)
+    train, valid = stratified_split(everything)
+    assert len(doc.keep) == len(train) == 1800
+    # never a validation review (and the test file is another file)
+    assert not doc.keep & {r.position - 1 for r in valid}
+    texts = list(pc.paragraphs(doc))
+    assert texts == [r.text for r in train]
+    with pytest.raises(UserError, match="--task-repeat"):
+        pc.task_reviews(data_root(), repeat=0)
+
+
+def test_tapt_corpus_holds_reviews_only_with_the_same_valid_sets(tmp_path):
+    out, _ = pc.prepare_pretrain(data_root(), tiny_tokenizer(), tmp_path / "tapt", max_novels=2,
+                                 review_repeat=1, review_valid=10, task_repeat=2,
+                                 train_novels=False)
+    general, _ = pc.prepare_pretrain(data_root(), tiny_tokenizer(), tmp_path / "general",
+                                     max_novels=2, review_repeat=1, review_valid=10)
+    manifest = read_json(out / "manifest.json")
+    train_docs = manifest["parameters"]["documents"]["train"]
+    assert train_docs == [f"webis-cls-10/fr/{d}/{f}.review" for d in ("dvd", "music")
+                          for f in ("train", "test")] + ["webis-cls-10/fr/books/train.review"]
+    assert manifest["counts"]["train"]["novels"] == 0
+    assert manifest["counts"]["train"]["documents"] == 4 + 2  # the books split written twice
+    assert manifest["parameters"]["task_repeat"] == 2
+    for split in ("valid", "valid1"):  # the losses of both corpora compare
+        assert (out / "bin" / f"{split}.bin").read_bytes() == \
+            (general / "bin" / f"{split}.bin").read_bytes()
+    with pytest.raises(UserError, match="without novels needs reviews"):
+        pc.prepare_pretrain(data_root(), tiny_tokenizer(), tmp_path / "empty", max_novels=2,
+                            with_reviews=False, train_novels=False)
 
 
 def test_in_domain_reviews_hold_out_a_seeded_disjoint_slice():

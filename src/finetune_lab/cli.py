@@ -18,6 +18,7 @@ from finetune_lab.errors import UserError
 COMMAND_MODULES: list[str] = [
     "finetune_lab.params",
     "finetune_lab.pretrain",
+    "finetune_lab.pretrain_ablations",
     "finetune_lab.finetune",
     "finetune_lab.reproduce",
     "finetune_lab.cls_books",

@@ -29,7 +29,9 @@ SCHEMA_VERSION = 1
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"
-STATUSES = (STATUS_RUNNING, STATUS_COMPLETE, STATUS_FAILED)
+STATUS_PAUSED = "paused"
+"""A resumable run (long pretraining) that stopped at a segment's end, its budget not spent."""
+STATUSES = (STATUS_RUNNING, STATUS_COMPLETE, STATUS_FAILED, STATUS_PAUSED)
 
 FRAMEWORKS = ("fairseq", "transformers")
 
@@ -299,6 +301,12 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
     elif status == STATUS_FAILED:
         problems.append(
             f"status is 'failed': the training process exited with code {manifest.get('exit_code')}"
+        )
+    elif status == STATUS_PAUSED:
+        problems.append(
+            f"status is 'paused': a long run stopped at update {manifest.get('updates_done')} of "
+            f"{(manifest.get('hyperparameters') or {}).get('max_update')}; the same "
+            "`finetune-lab pretrain --tokens ...` command resumes it"
         )
     else:
         problems += [

@@ -75,9 +75,10 @@ class PretrainRecipe:
 
 
 VARYING = ("batch_size", "update_freq", "tokens_per_update", "max_update", "warmup_updates",
-           "validate_every", "max_valid_steps", "log_interval", "precision", "budget_minutes", "lr", "arch")
-"""Hyperparameters that legitimately differ between pretraining runs (device and budget); the
-MLM recipe itself (masking, optimizer, dropout, sample length) must not."""
+           "validate_every", "max_valid_steps", "log_interval", "precision", "budget_minutes", "lr", "arch",
+           "dropout", "attention_dropout", "budget_tokens", "tapt_fraction", "phases")
+"""Hyperparameters that legitimately differ between pretraining runs (device, budget, and what
+the recipe ablations vary); the MLM recipe itself (masking, optimizer, sample length) must not."""
 
 
 def experiment_config(recipe: PretrainRecipe) -> dict[str, Any]:
@@ -135,13 +136,15 @@ def valid_subsets(bin_dir: Path) -> list[str]:
 
 def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed: int,
                  device: str, precision: str, stop_minutes: float | None = None,
-                 init_from: Path | None = None) -> list[str]:
+                 init_from: Path | None = None, stop_update: int | None = None) -> list[str]:
     """The ``fairseq-train`` command line (without ``--tensorboard-logdir``).
 
     ``stop_minutes`` makes fairseq itself stop (validating and saving a checkpoint, exit 0) when
     the time budget is spent, even if the machine turned out slower than calibrated.
     ``init_from`` (a ``model.pt``) starts from those weights with a fresh optimizer, schedule,
     data order and meters (fairseq's ``--finetune-from-model``): continued pretraining.
+    ``stop_update`` ends this launch earlier than the schedule (``recipe.max_update``, over which
+    warm-up and decay are laid): a phase of a long run.
     """
     args = [
         str(bin_dir), "--user-dir", str(paths().user_dir),
@@ -155,7 +158,8 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
         "--clip-norm", str(recipe.clip_norm),
         "--lr-scheduler", "polynomial_decay", "--lr", str(recipe.lr),
         "--warmup-updates", str(recipe.warmup_updates()),
-        "--total-num-update", str(recipe.max_update), "--max-update", str(recipe.max_update),
+        "--total-num-update", str(recipe.max_update),
+        "--max-update", str(recipe.max_update if stop_update is None else stop_update),
         "--dropout", str(recipe.dropout), "--attention-dropout", str(recipe.attention_dropout),
         "--batch-size", str(recipe.batch_size), "--update-freq", str(recipe.update_freq),
         "--seed", str(seed), "--log-format", "simple", "--log-interval", str(recipe.log_interval),
@@ -172,7 +176,7 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
     if recipe.max_valid_steps is not None:
         args += ["--max-valid-steps", str(recipe.max_valid_steps)]
     if stop_minutes is not None:
-        args += ["--stop-time-hours", f"{stop_minutes / 60:.4f}"]
+        args += ["--stop-time-hours", f"{stop_minutes / 60:.6f}"]
     if init_from is not None:
         args += ["--finetune-from-model", str(init_from)]
     if device == "cpu":
@@ -319,6 +323,7 @@ def pretrain(
     quiet: bool = False,
     continue_from: Path | None = None,
     precision: str | None = None,
+    experiment: str = EXPERIMENT,
 ) -> Path:
     """Run one pretraining job into the run cache and (optionally) package its best checkpoint.
 
@@ -349,7 +354,8 @@ def pretrain(
     if parent is not None and run is None:
         run = continued_run_name(str(parent["run"] or device), len(parent["lineage"]))
     run = run or f"{device}-seed{seed}"
-    save_dir = paths().work / "pretrain-checkpoints" / run
+    save_dir = paths().work / "pretrain-checkpoints" / (
+        run if experiment == EXPERIMENT else f"{experiment}-{run}")
     save_dir.mkdir(parents=True, exist_ok=True)
 
     calibration = None
@@ -376,11 +382,11 @@ def pretrain(
     from finetune_lab.registry import EXPERIMENT_CONFIG
 
     root = Path(runs_root) if runs_root is not None else paths().runs
-    write_json_atomic(root / EXPERIMENT / EXPERIMENT_CONFIG, experiment_config(recipe))
+    write_json_atomic(root / experiment / EXPERIMENT_CONFIG, experiment_config(recipe))
     extra: dict[str, Any] = {"calibration": calibration}
     if parent is not None:
         extra["continued_from"] = {k: parent[k] for k in ("sha256", "run", "lineage")}
-    with record_run(EXPERIMENT, run, framework="fairseq",
+    with record_run(experiment, run, framework="fairseq",
                     init="random" if parent is None else "continued", seed=seed,
                     hyperparameters=hyper, data=[bin_dir], runs_root=runs_root,
                     overwrite=overwrite, extra=extra) as handle:
@@ -460,13 +466,25 @@ def add_parser(sub) -> None:
     budget.add_argument("--minutes", type=float,
                         help="budget in minutes (default: 8 on a GPU, 120 on a CPU); "
                              "turned into updates by a short calibration run")
+    budget.add_argument("--tokens", type=float, metavar="N",
+                        help="a long, resumable run: the budget in tokens (e.g. 150e6), with "
+                             "one schedule over all of it; run the same command again to resume "
+                             "it (see --segment-minutes, --tapt-fraction)")
+    p.add_argument("--segment-minutes", type=float,
+                   help="with --tokens: stop this launch (saving, resumable) after this long")
+    p.add_argument("--tapt-fraction", type=float, default=0.0,
+                   help="with --tokens: the last fraction of the budget is task-adaptive, on "
+                        "`prepare-pretrain --tapt`'s corpus (the CLS-Books training texts)")
+    p.add_argument("--dropout", type=float, default=PretrainRecipe.dropout,
+                   help="dropout and attention dropout (0: none, for an underfitting model)")
     p.add_argument("--stop-minutes", type=float,
                    help="with --max-update: also stop (and save) when this much time has passed")
     p.add_argument("--seed", type=int,
                    help="fixes initialisation and sample order (default 1; with --continue-from, "
                         "1 + the runs behind the weights, so that no run replays its parent's "
                         "samples)")
-    p.add_argument("--run", help="run name (default: <device>-seed<seed>)")
+    p.add_argument("--run", help="run name (default: <device>-seed<seed>; with --tokens, "
+                                  "<device>-long)")
     p.add_argument("--batch-size", type=int, help="sequences per step (default by device)")
     p.add_argument("--update-freq", type=int, help="steps per update (default by device)")
     p.add_argument("--lr", type=float, default=PretrainRecipe.lr)
@@ -481,6 +499,9 @@ def add_parser(sub) -> None:
                         "a candidate to fine-tune (`finetune fairseq --checkpoint DIR "
                         "--experiment fairseq-candidate`) before it replaces the committed one")
     p.add_argument("--overwrite", action="store_true", help="redo an existing run")
+    p.add_argument("--experiment", default=EXPERIMENT,
+                   help="run-cache folder (default: pretrain; the ablations use "
+                        "pretrain-ablation)")
     p.add_argument("--continue-from", type=Path, metavar="CHECKPOINT_DIR",
                    help="continue pretraining from a packaged checkpoint folder (e.g. "
                         "data/checkpoints/roberta-small-fr) with a fresh warm-up and decay, so "
@@ -498,13 +519,26 @@ def _run(args: argparse.Namespace) -> int:
     d = device_defaults()
     recipe = PretrainRecipe(batch_size=args.batch_size or d["batch_size"],
                             update_freq=args.update_freq or d["update_freq"], lr=args.lr,
-                            max_valid_steps=d.get("max_valid_steps"))
+                            max_valid_steps=d.get("max_valid_steps"), dropout=args.dropout,
+                            attention_dropout=args.dropout)
+    if args.tokens is not None:
+        from finetune_lab.pretrain_long import pretrain_long
+
+        run_dir = pretrain_long(run=args.run or f"{d['device']}-long", tokens=int(args.tokens),
+                                continue_from=args.continue_from, seed=args.seed,
+                                data_dir=args.data, tapt_fraction=args.tapt_fraction,
+                                recipe=replace(recipe, validate_every=250),
+                                precision=args.precision, segment_minutes=args.segment_minutes,
+                                package=not args.no_package, package_to=args.package_to)
+        print(f"pretrain: run recorded in {run_dir}")
+        return 0
     run_dir = pretrain(max_update=args.max_update, minutes=args.minutes or args.stop_minutes,
                        seed=args.seed,
                        run=args.run, data_dir=args.data, recipe=recipe,
                        package=not args.no_package, package_to=args.package_to,
                        overwrite=args.overwrite,
-                       continue_from=args.continue_from, precision=args.precision)
+                       continue_from=args.continue_from, precision=args.precision,
+                       experiment=args.experiment)
     print(f"pretrain: run recorded in {run_dir}")
     return 0
 

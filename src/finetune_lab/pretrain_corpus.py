@@ -9,7 +9,10 @@ alike, are added as unlabeled in-domain text: the lab's task is reviews, and 1 %
 text does not teach a small model their language. A seeded slice of them is held out as a
 second validation set (``valid1``, in-domain perplexity) and the rest is repeated
 ``review_repeat`` times in train so that a CPU budget, which sees a fraction of one epoch, sees
-each review a few times. The ``books`` reviews (the evaluation task) never enter.
+each review a few times. Of the ``books`` reviews (the evaluation task), only the lab's
+*training* split may enter, and only when asked (``task_repeat``): task-adaptive pretraining
+[Gururangan et al. 2020], on the texts without their labels. Its validation and test reviews
+never enter.
 The tokenizer was trained on ``corpus_documents``'s train side (novels and the two domains'
 ``train.review``); the pretraining corpus only adds text to it.
 """
@@ -38,6 +41,10 @@ DEFAULT_REVIEW_REPEAT = 20
 """About 30 % of train tokens are then reviews (1.2 M review tokens x 20 beside ~55 M of novels)."""
 DEFAULT_REVIEW_VALID = 400
 OUTPUT_NAME = "pretrain-bin"
+TAPT_OUTPUT_NAME = "pretrain-tapt-bin"
+TAPT_TASK_REPEAT = 3
+"""The task-adaptive phase's corpus: the books training split 3 times beside the dvd/music
+reviews once (about as many tokens of each), and no novels."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,19 @@ def in_domain_reviews(
             valid.append(Document(name, path, frozenset(mine)))
         start += size
     return train, valid
+
+
+def task_reviews(root: Path, repeat: int) -> Document:
+    """The texts of the lab's CLS-Books *training* split (1800 reviews, never its validation or
+    test reviews), for task-adaptive pretraining; the split is ``prepare-cls``'s own."""
+    from finetune_lab.cls_books import BOOKS_DIR, read_reviews, stratified_split
+
+    if repeat < 1:
+        raise UserError(f"--task-repeat must be at least 1 (got {repeat})")
+    path = root / BOOKS_DIR / "train.review"
+    train, _ = stratified_split(read_reviews(path))
+    return Document(f"{BOOKS_DIR}/train.review", path,
+                    frozenset(r.position - 1 for r in train), repeat)
 
 
 def split_novels(
@@ -172,14 +192,18 @@ def prepare_pretrain(
     force: bool = False,
     review_repeat: int = DEFAULT_REVIEW_REPEAT,
     review_valid: int = DEFAULT_REVIEW_VALID,
+    task_repeat: int = 0,
+    train_novels: bool = True,
 ) -> tuple[Path, bool]:
     """Encode the corpus with the tokenizer and binarize it for ``masked_lm``; skip if up to date.
 
     Writes ``{train,valid}.spm`` (one paragraph per line, an empty line between documents, the
     format fairseq's ``complete_doc`` mode expects) and ``fairseq-preprocess --only-source``
     output under ``bin/``. With reviews, ``valid1`` holds the held-out reviews and train repeats
-    the others ``review_repeat`` times. Returns ``(out, ran)``; ``ran`` is False when nothing
-    changed.
+    the others ``review_repeat`` times. ``task_repeat`` adds the CLS-Books training split's
+    texts that many times; without ``train_novels`` the train side holds reviews only (the
+    validation sets stay the same, so the two corpora's losses compare). Returns
+    ``(out, ran)``; ``ran`` is False when nothing changed.
     """
     from finetune_lab import binarize, tokenizer
 
@@ -188,6 +212,11 @@ def prepare_pretrain(
     model_path, dict_path = tokenizer.require_tokenizer(tok_dir)
     out = Path(out) if out is not None else default_output()
     docs = corpus_documents(root, seed, valid_fraction, False, max_novels)
+    if not train_novels:
+        if not (with_reviews or task_repeat):
+            raise UserError("a corpus without novels needs reviews: drop --no-train-novels, or "
+                            "keep the reviews or add --task-repeat")
+        docs["train"] = []
     parameters: dict = {
         "seed": seed,
         "valid_fraction": valid_fraction,
@@ -200,6 +229,11 @@ def prepare_pretrain(
         if review_held:
             docs["valid1"] = review_held
         parameters.update(review_repeat=review_repeat, review_valid=review_valid)
+    if task_repeat:
+        docs["train"] = docs["train"] + [task_reviews(root, task_repeat)]
+        parameters.update(task_repeat=task_repeat)
+    if not train_novels:
+        parameters.update(train_novels=False)
     parameters["documents"] = {split: [d.name for d in ds] for split, ds in docs.items()}
     inputs = {
         "tokenizer/spm.model": _files.sha256_file(model_path),
@@ -286,18 +320,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="times the in-domain reviews are written in train (upweighting)")
     parser.add_argument("--review-valid", type=int, default=DEFAULT_REVIEW_VALID,
                         help="reviews held out as the in-domain validation set valid1")
+    parser.add_argument("--task-repeat", type=int, default=0,
+                        help="add the texts (no labels) of the CLS-Books training split this many "
+                             "times: task-adaptive pretraining (never its valid or test reviews)")
+    parser.add_argument("--no-train-novels", dest="train_novels", action="store_false",
+                        help="train side without novels (reviews only; valid sets unchanged)")
+    parser.add_argument("--tapt", action="store_true",
+                        help=f"the task-adaptive phase's corpus: --task-repeat {TAPT_TASK_REPEAT} "
+                             "--review-repeat 1 --no-train-novels, into "
+                             f"<work dir>/{TAPT_OUTPUT_NAME}")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-novels", type=int, default=None, help="use only the first N novels")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.set_defaults(func=_run)
 
 
+def tapt_output() -> Path:
+    return paths().work / TAPT_OUTPUT_NAME
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.tapt:
+        args.task_repeat, args.review_repeat, args.train_novels = TAPT_TASK_REPEAT, 1, False
+        args.out = args.out or tapt_output()
     out, ran = prepare_pretrain(
         args.data_root, args.tokenizer, args.out, seed=args.seed,
         valid_fraction=args.valid_fraction, with_reviews=args.with_reviews,
         workers=args.workers, max_novels=args.max_novels, force=args.force,
         review_repeat=args.review_repeat, review_valid=args.review_valid,
+        task_repeat=args.task_repeat, train_novels=args.train_novels,
     )
     counts = _files.read_json(out / "manifest.json")["counts"]
     summary = ", ".join(f"{s} {c['tokens']:,} tokens" for s, c in counts.items())

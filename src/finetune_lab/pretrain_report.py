@@ -16,7 +16,7 @@ import pandas as pd
 from finetune_lab.checkpoints import package_manifest, packaged_dir
 from finetune_lab.fairseq_report import corpus_description
 from finetune_lab.pretrain import EXPERIMENT, lineage_of
-from finetune_lab.runspeed import device_name
+from finetune_lab.runspeed import device_name, device_threads
 
 COURSE_MODEL = {
     "corpus": "French part of mC4, 39 GB of web text",
@@ -459,7 +459,9 @@ def candidate_table(runs: PretrainRuns, runs_root=None,
         entries.append(("candidate (not packaged)", rec, facts_of(runs, rec, lineage),
                         _probe_runs(probe_best, probe_records, f"{rec.experiment}/{rec.name}")))
     for role, rec, facts, tuned in entries:
+        tapt = float(rec.manifest["hyperparameters"].get("tapt_fraction") or 0) > 0
         row = {"weights": role, "run": f"`{rec.experiment}/{rec.name}`",
+               "task-adaptive": "yes: saw the CLS-Books training texts" if tapt else "no",
                "updates (all runs)": sum(int(x.get("updates") or 0) for x in facts["lineage"])
                or facts["updates"],
                "tokens (M, all runs)": facts["tokens_total"] / 1e6,
@@ -474,8 +476,11 @@ def candidate_table(runs: PretrainRuns, runs_root=None,
                "first valid": facts.get("valid_first"),
                "started at": (last_loss.get(str(facts["lineage"][-2].get("run")))
                               if len(facts["lineage"]) > 1 else None)}
+        row["acc mean"] = row["acc std"] = float("nan")
         if len(tuned):
             vals = tuned["test"].astype(float)
+            row["acc mean"] = float(vals.mean())
+            row["acc std"] = float(vals.std(ddof=1)) if len(vals) > 1 else float("nan")
             row["test acc. (%)"] = seedstats.fmt_mean_std(vals.mean(), vals.std(ddof=1)
                                                           if len(vals) > 1 else float("nan"),
                                                           len(vals))
@@ -593,7 +598,8 @@ def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
         return "n/a" if v is None or pd.isna(v) else format(v, fmt)
 
     out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high", "first valid",
-                              "started at", "own updates", "continued"], errors="ignore").copy()
+                              "started at", "own updates", "continued", "acc mean", "acc std"],
+                     errors="ignore").copy()
     for col, low, high in (("minus random (points)", "ci_low", "ci_high"),
                            ("minus packaged (points)", "pk_low", "pk_high")):
         out[col] = ["n/a" if pd.isna(d) else f"{d:+.2f} (CI {lo:.2f} to {hi:.2f})"
@@ -605,3 +611,222 @@ def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
     out["test acc. (%)"] = [v if isinstance(v, str) else "not fine-tuned"
                             for v in table["test acc. (%)"]]
     return out
+
+
+# --- recipe ablations: short runs at equal wall time ------------------------------------------
+
+
+def load_ablations():
+    """The ``pretrain-ablation`` runs (``finetune-lab pretrain-ablations``), or None."""
+    from finetune_lab.config import paths
+    from finetune_lab.pretrain_ablations import EXPERIMENT as ABLATION
+    from finetune_lab.tblogs import load_experiments
+
+    if not (paths().runs / ABLATION).is_dir():
+        return None
+    return load_experiments([ABLATION])
+
+
+def ablation_table(loaded) -> pd.DataFrame:
+    """One row per ablation: what it changed, its speed, the tokens it saw in its wall time,
+    and its last held-out losses, also as a difference to the recipe of the runs so far."""
+    from finetune_lab.pretrain_ablations import ABLATIONS
+
+    if loaded is None or not loaded.used:
+        return pd.DataFrame()
+    df = loaded.scalars
+    baseline = next(iter(ABLATIONS))
+    rows = []
+    for rec in loaded.used:
+        man, hp = rec.manifest, rec.manifest["hyperparameters"]
+        last = {}
+        for subset in VALID_SUBSETS:
+            part = df[(df["run"] == rec.name) & (df["subset"] == subset)
+                      & (df["tag"] == "loss")].sort_values("step")
+            last[subset] = float(part["value"].iloc[-1]) if len(part) else float("nan")
+        updates = int(man.get("updates_done") or hp["max_update"])
+        rows.append({
+            "ablation": rec.name, "precision": hp.get("precision"), "dropout": hp.get("dropout"),
+            "peak lr": hp.get("lr"),
+            "threads": device_threads(man),
+            "wall time (min)": (man.get("wall_time_s") or 0) / 60,
+            "tokens/s": (man.get("throughput") or {}).get("tokens_per_s"),
+            "tokens (M)": updates * int(hp["tokens_per_update"]) / 1e6,
+            "valid loss, novels (bits)": last["valid"],
+            "valid loss, reviews (bits)": last["valid1"],
+        })
+    out = pd.DataFrame(rows)
+    order = {name: i for i, name in enumerate(ABLATIONS)}
+    out = out.sort_values("ablation", key=lambda s: s.map(order).fillna(len(order)))
+    base = out[out["ablation"] == baseline]
+    for col, label in (("valid loss, novels (bits)", "novels"),
+                       ("valid loss, reviews (bits)", "reviews")):
+        out[f"minus {baseline}, {label}"] = (out[col] - float(base[col].iloc[0])
+                                             if len(base) else float("nan"))
+    return out.reset_index(drop=True)
+
+
+def best_ablation(table: pd.DataFrame) -> str | None:
+    """The ablation with the lowest held-out review loss (the lab's domain), or None."""
+    if table.empty:
+        return None
+    col = "valid loss, reviews (bits)"
+    col = col if table[col].notna().any() else "valid loss, novels (bits)"
+    return str(table.loc[table[col].idxmin(), "ablation"])
+
+
+def random_accuracy(runs_root=None) -> tuple[float, float, int] | None:
+    """Mean, std and number of seeds of the fairseq grid's random initialisation (test accuracy
+    at the best-validation epoch), or None before it has two seeds."""
+    from finetune_lab import fairseq_report as fr
+
+    grid = fr.load_results(runs_root)
+    if not grid.ready:
+        return None
+    vals = grid.best.loc[grid.best["init"] == "random", "test"].astype(float)
+    return (float(vals.mean()), float(vals.std(ddof=1)), len(vals)) if len(vals) >= 2 else None
+
+
+def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int] | None):
+    """Fine-tuned test accuracy of every set of weights tried, against the pretraining tokens
+    behind them, beside random initialisation's band (mean ± std over its seeds)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4), layout="constrained")
+    tuned = table[table["acc mean"].notna()] if not table.empty else table
+    if tuned.empty:
+        ax.text(0.5, 0.5, "no pretrained weights fine-tuned yet", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    if random is not None:
+        mean, std, n = random
+        ax.axhspan(mean - std, mean + std, color="grey", alpha=0.25,
+                   label=f"random initialisation, mean ± std (n={n})")
+        ax.axhline(mean, color="grey", lw=1)
+    for role, part in tuned.groupby("weights", sort=False):
+        ax.errorbar(part["tokens (M, all runs)"], part["acc mean"],
+                    yerr=part["acc std"].fillna(0), fmt="o", capsize=3, label=role)
+        for _, row in part.iterrows():
+            ax.annotate(row["run"].strip("`").split("/")[-1], (row["tokens (M, all runs)"],
+                        row["acc mean"]), textcoords="offset points", xytext=(4, 4),
+                        fontsize="x-small")
+    ax.set_xscale("log")
+    ax.set_xlabel("pretraining tokens behind the weights (M, log scale)")
+    ax.set_ylabel("test accuracy (%), best-valid epoch")
+    ax.legend(frameon=False, fontsize="x-small", loc="lower right")
+    return fig
+
+
+def long_runs(runs: PretrainRuns) -> list:
+    """The long runs (``pretrain --tokens``): those whose manifest lists launches (segments),
+    complete or not."""
+    return [r for r in runs.runs if isinstance(r.manifest, dict)
+            and isinstance(r.manifest.get("segments"), list)]
+
+
+def segments_table(rec) -> pd.DataFrame:
+    """A long run's launches: when, where, the updates each did, and how each ended."""
+    hp = rec.manifest["hyperparameters"]
+    per = int(hp["tokens_per_update"])
+    rows = []
+    for i, seg in enumerate(rec.manifest["segments"], start=1):
+        a, b = seg.get("updates_from"), seg.get("updates_to")
+        rows.append({
+            "launch": i, "started (UTC)": str(seg.get("start_time") or "")[:16].replace("T", " "),
+            "device": device_name({"device": seg.get("device") or {}}, cores=True),
+            "updates": f"{a:,} to {b:,}" if a is not None and b is not None else "n/a",
+            "tokens (M)": f"{(b - a) * per / 1e6:.1f}" if a is not None and b is not None
+            else "n/a",
+            "minutes": f"{seg['wall_time_s'] / 60:.0f}" if seg.get("wall_time_s") else "n/a",
+            "ended": seg.get("ended") or "running",
+        })
+    return pd.DataFrame(rows)
+
+
+def ablation_display(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`ablation_table` formatted for the chapter (a note row before any ablation ran)."""
+    if table.empty:
+        return pd.DataFrame({"state": ["no ablation run yet: `finetune-lab pretrain-ablations`"]})
+    out = table.copy()
+    for col in out.columns:
+        if col.startswith("valid loss"):
+            out[col] = [f"{v:.3f}" for v in table[col]]
+        elif col.startswith("minus"):
+            out[col] = [f"{v:+.3f}" for v in table[col]]
+    out["wall time (min)"] = [f"{v:.1f}" for v in table["wall time (min)"]]
+    out["tokens/s"] = [f"{v:,.0f}" if pd.notna(v) else "n/a" for v in table["tokens/s"]]
+    out["tokens (M)"] = [f"{v:.2f}" for v in table["tokens (M)"]]
+    out["threads"] = [f"{v:.0f}" if pd.notna(v) else "–" for v in table["threads"]]
+    out["peak lr"] = [f"{v:g}" for v in table["peak lr"]]
+    return out
+
+
+def ablation_reading(table: pd.DataFrame) -> str:
+    """What the ablations show (Markdown): the speed bf16 buys, and the config with the lowest
+    held-out review loss. Depends on which ablations the run cache holds."""
+    if table.empty:
+        return ("No ablation has been run yet (`finetune-lab pretrain-ablations`): the long run "
+                "below uses the recipe's defaults.")
+    rows = table.set_index("ablation")
+    parts = []
+    if {"fp32-dropout", "bf16-dropout"} <= set(rows.index):
+        fp32, bf16 = rows.loc["fp32-dropout"], rows.loc["bf16-dropout"]
+        parts.append(f"bf16 ran {bf16['tokens/s'] / fp32['tokens/s']:.2f} times as fast as fp32 "
+                     f"and so saw {bf16['tokens (M)'] / fp32['tokens (M)']:.2f} times the tokens "
+                     "in the same time.")
+    best = best_ablation(table)
+    col = ("valid loss, reviews (bits)" if table["valid loss, reviews (bits)"].notna().any()
+           else "valid loss, novels (bits)")
+    spread = table[col].max() - table[col].min()
+    parts.append(f"The lowest held-out loss on the {'reviews' if 'reviews' in col else 'novels'} "
+                 f"is `{best}`'s, {rows.loc[best, col]:.3f} bits; the rows span "
+                 f"{spread:.3f} bits, in runs of {table['tokens (M)'].max():.2f} M tokens at most, "
+                 "so only differences of that order are worth reading.")
+    parts.append("Not run yet: 128-token samples for most of the budget, and other batch sizes "
+                 "in tokens.")
+    return " ".join(parts)
+
+
+def long_run_markdown(runs: PretrainRuns) -> str:
+    """The long runs of the cache (Markdown): budget, phases, where each stands, and a table of
+    its launches. Depends on what the run cache holds, so it is a paragraph, not a value."""
+    found = long_runs(runs)
+    if not found:
+        return ("No long run has been recorded yet (`finetune-lab pretrain --tokens N`); the "
+                "runs above each have their own warm-up and decay.")
+    out = []
+    for rec in found:
+        man, hp = rec.manifest, rec.manifest["hyperparameters"]
+        per, total = int(hp["tokens_per_update"]), int(hp["max_update"])
+        done = int(man.get("updates_done") or 0)
+        phases = hp.get("phases") or []
+        lineage = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+        before = sum(int(step.get("tokens") or 0) for step in lineage)
+        text = (f"`{rec.experiment}/{rec.name}` has a budget of {total * per / 1e6:.1f} M tokens "
+                f"({total:,} updates of {per:,} tokens, {hp.get('precision')}, dropout "
+                f"{hp.get('dropout')}, peak learning rate {hp.get('lr'):g})")
+        if len(phases) > 1:
+            switch = int(phases[0]["until_update"])
+            text += (f", of which the last {(total - switch) * per / 1e6:.1f} M (from update "
+                     f"{switch:,}) are task-adaptive")
+        if lineage:
+            text += (f"; it continues the packaged weights, which had seen {before / 1e6:.1f} M "
+                     "tokens")
+        status = man.get("status")
+        text += (f". It is {status}: {done * per / 1e6:.1f} M tokens done in "
+                 f"{len(man['segments'])} launch(es) (@tbl-long-run-launches)."
+                 if status != "complete" else
+                 f". It is complete: {done * per / 1e6:.1f} M tokens in "
+                 f"{len(man['segments'])} launch(es) (@tbl-long-run-launches).")
+        if status != "complete":
+            text += (" Until it is, its curve is not drawn and its weights are not packaged; "
+                     "the same command resumes it.")
+        out.append(text)
+    table = segments_table(found[-1])
+    from finetune_lab.report import markdown_table
+
+    out.append(markdown_table(table) + "\n\n: Launches of the latest long run: when each "
+               "started, on what, the updates it did, and how it ended (\"interrupted\": it "
+               "was killed, and the next launch resumed from its last saved update). "
+               "{#tbl-long-run-launches}")
+    return "\n\n".join(out)

@@ -68,6 +68,8 @@ class RunHandle:
     manifest: dict[str, Any]
     exit_code: int | None = None
     log_path: Path | None = field(default=None)
+    paused: bool = False
+    """Set by a resumable run's body when it stopped before its budget was spent."""
 
     def run(
         self,
@@ -117,6 +119,7 @@ def record_run(
     runs_root: Path | str | None = None,
     overwrite: bool = False,
     extra: Mapping[str, Any] | None = None,
+    resume: bool = False,
 ) -> Iterator[RunHandle]:
     """Create ``<runs root>/<experiment>/<run>/`` and keep its manifest truthful.
 
@@ -125,6 +128,10 @@ def record_run(
     ``init``: those are recorded separately because they are what varies inside an experiment.
     An existing run folder is refused unless ``overwrite``, which deletes it first so that no
     stale event file can mix into the new run.
+
+    ``resume`` makes the run resumable: its manifest lists ``segments`` (one per launch), an
+    unfinished run with the same seed, init and hyperparameters is continued in place (a new
+    segment), and a body that sets ``handle.paused`` leaves it ``paused`` instead of complete.
     """
     if framework not in mf.FRAMEWORKS:
         raise UserError(f"framework {framework!r} is not one of {', '.join(mf.FRAMEWORKS)}")
@@ -134,7 +141,9 @@ def record_run(
             f"hyperparameters must not contain {sorted(clash)}: pass them as seed=/init="
         )
     run_dir = run_dir_for(experiment, run, runs_root)
-    if run_dir.exists() and any(run_dir.iterdir()):
+    previous = resumable_manifest(run_dir, seed=seed, init=init,
+                                  hyperparameters=hyperparameters) if resume else None
+    if previous is None and run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
             raise RunExistsError(
                 f"{run_dir} already holds a run; delete it or pass overwrite=True to redo it"
@@ -168,12 +177,28 @@ def record_run(
     }
     if extra:
         manifest["extra"] = dict(extra)
+    earlier_wall = 0.0
+    if resume:
+        segments = []
+        if previous is not None:  # the first launch's start, inputs, command and extra stay
+            manifest = {**previous, "status": mf.STATUS_RUNNING, "environment": manifest["environment"],
+                        "device": manifest["device"]}
+            segments = [dict(s) for s in previous.get("segments") or []]
+            earlier_wall = sum(float(s.get("wall_time_s") or 0) for s in segments)
+            for s in segments:  # a launch that never recorded its end was killed
+                s.setdefault("end_time", None)
+                s.setdefault("ended", "interrupted")
+        manifest["segments"] = [*segments, {"start_time": start, "device": manifest["device"]}]
     mf.write_manifest(run_dir, manifest)
     handle = RunHandle(run_dir=run_dir, manifest=manifest)
 
     def _finish(status: str, exit_code: int | None, error: str | None = None) -> None:
         manifest["end_time"] = mf.utc_now()
-        manifest["wall_time_s"] = round(time.monotonic() - start_clock, 3)
+        wall = round(time.monotonic() - start_clock, 3)
+        manifest["wall_time_s"] = round(earlier_wall + wall, 3)
+        if resume:
+            manifest["segments"][-1].update(end_time=manifest["end_time"], wall_time_s=wall,
+                                            exit_code=exit_code, ended=status)
         manifest["exit_code"] = exit_code
         manifest["outputs"] = mf.output_hashes(run_dir)
         manifest["checkpoints"] = mf.checkpoint_hashes(run_dir)
@@ -188,7 +213,30 @@ def record_run(
         _finish(mf.STATUS_FAILED, handle.exit_code, f"{type(exc).__name__}: {exc}")
         raise
     code = 0 if handle.exit_code is None else handle.exit_code
-    _finish(mf.STATUS_COMPLETE if code == 0 else mf.STATUS_FAILED, code)
+    done = mf.STATUS_PAUSED if handle.paused else mf.STATUS_COMPLETE
+    _finish(done if code == 0 else mf.STATUS_FAILED, code)
+
+
+def resumable_manifest(run_dir: Path, *, seed: int, init: str,
+                       hyperparameters: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The manifest of an unfinished resumable run that this launch continues, or None.
+
+    A complete run is never resumed, and one with another seed, init or recipe is a different
+    run: both are refused (or overwritten) as usual.
+    """
+    path = run_dir / mf.MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        previous = mf.read_manifest(run_dir)
+    except UserError:
+        return None
+    same = (previous.get("seed") == int(seed) and previous.get("init") == init
+            and previous.get("hyperparameters") == dict(hyperparameters)
+            and isinstance(previous.get("segments"), list))
+    if not same or previous.get("status") == mf.STATUS_COMPLETE:
+        return None
+    return previous
 
 
 def fairseq_train_command(args: Sequence[str], run_dir: Path | str) -> list[str]:

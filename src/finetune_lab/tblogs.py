@@ -36,10 +36,14 @@ def _read_scalars(run_dir: Path) -> pd.DataFrame:
         warnings.simplefilter("ignore", category=FutureWarning)
         warnings.simplefilter("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*inplace keyword.*")
-        df = SummaryReader(str(run_dir), extra_columns={"dir_name"}).scalars
+        df = SummaryReader(str(run_dir), extra_columns={"dir_name", "wall_time"}).scalars
     if df.empty:
         return pd.DataFrame(columns=["step", "tag", "value", "dir_name"])
-    return df
+    # a resumed run (long pretraining) logs again the updates after its last saved checkpoint:
+    # the later launch's values are the ones its weights continued from
+    df = df.sort_values("wall_time", kind="stable")
+    df = df.drop_duplicates(subset=["dir_name", "tag", "step"], keep="last")
+    return df.drop(columns="wall_time").reset_index(drop=True)
 
 
 def _fairseq_frame(raw: pd.DataFrame) -> pd.DataFrame:

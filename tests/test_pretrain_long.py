@@ -1,0 +1,136 @@
+"""Issue 14: one long pretraining run in several launches, one schedule, and a final
+task-adaptive phase; resuming is the same as not stopping."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from finetune_lab import pretrain, pretrain_long
+from finetune_lab.errors import UserError
+from finetune_lab.manifest import read_manifest
+
+from conftest import TINY_ARCH, needs_data_root
+
+TOTAL = 20  # updates: general 0-14, task-adaptive 14-20 (tapt_fraction 0.3)
+
+
+def test_phases_split_the_budget():
+    general, tapt = Path("g"), Path("t")
+    assert pretrain_long.plan_phases(20, general, None, 0.3) == [
+        pretrain_long.Phase("general", general, 0, 20)]
+    assert pretrain_long.plan_phases(20, general, tapt, 0.3) == [
+        pretrain_long.Phase("general", general, 0, 14), pretrain_long.Phase("tapt", tapt, 14, 20)]
+    with pytest.raises(UserError, match="tapt-fraction"):
+        pretrain_long.plan_phases(20, general, tapt, 1.0)
+    with pytest.raises(UserError, match="less than one update"):
+        pretrain_long.plan_phases(0, general, None, 0.0)
+
+
+def test_progress_shows_tokens_rate_and_eta():
+    line = "x | INFO | train_inner | epoch 001:  10 / 99 loss=9.1, wps=2000, ups=0.5, num_updates=250"
+    shown = pretrain_long.progress_line(line, tokens_per_update=4096, total_updates=1000)
+    assert shown == ("pretrain: 1.02 M of 4.10 M tokens (25.0 %), 2,000 tokens/s, 3.07 M left, "
+                     "ETA 0.4 h")
+    assert pretrain_long.progress_line("| valid | loss 9", 4096, 1000) is None
+
+
+@pytest.fixture(scope="module")
+def tapt_corpus(tiny_pipeline, tmp_path_factory):
+    from finetune_lab import pretrain_corpus
+
+    out, _ = pretrain_corpus.prepare_pretrain(
+        tokenizer_dir=tiny_pipeline["tok"], out=tmp_path_factory.mktemp("tapt") / "bin",
+        max_novels=3, workers=1, with_reviews=True, review_repeat=1, task_repeat=2,
+        train_novels=False)
+    return out
+
+
+def _long(tiny_pipeline, tapt, tmp_path, monkeypatch, run, **kw):
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    (tmp_path / "work" / "tokenizer").mkdir(parents=True, exist_ok=True)
+    for name in ("spm.model", "dict.txt"):
+        target = tmp_path / "work" / "tokenizer" / name
+        if not target.exists():
+            target.write_bytes((tiny_pipeline["tok"] / name).read_bytes())
+    recipe = pretrain.PretrainRecipe(tokens_per_sample=64, batch_size=8, validate_every=5,
+                                     log_interval=1, lr=1e-3, arch=TINY_ARCH, dropout=0.0,
+                                     attention_dropout=0.0)
+    return pretrain_long.pretrain_long(
+        run=run, tokens=TOTAL * 64 * 8, data_dir=tiny_pipeline["corpus"], tapt_dir=tapt,
+        tapt_fraction=0.3, recipe=recipe, precision="fp32", quiet=True,
+        package_to=tmp_path / f"pkg-{run}", **kw)
+
+
+def _lrs(run_dir: Path) -> dict[int, float]:
+    """update -> learning rate, from fairseq's train_inner lines (the last launch wins)."""
+    out = {}
+    for line in (run_dir / "train.log").read_text().splitlines():
+        if "| train_inner |" in line:
+            upd = int(re.search(r"num_updates=(\d+)", line).group(1))
+            out[upd] = float(re.search(r"\blr=([0-9.e-]+)", line).group(1))
+    return out
+
+
+def _final_valid(pkg: Path) -> float:
+    return json.loads((pkg / "manifest.json").read_text())["valid_loss_bits"]
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_an_interrupted_long_run_equals_an_uninterrupted_one(
+        tiny_pipeline, tapt_corpus, tmp_path, monkeypatch):
+    # three launches: 8 updates, then 8 more (across the switch to the task-adaptive phase)...
+    run_dir = _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "cut", segment_updates=8)
+    m = read_manifest(run_dir)
+    assert m["status"] == "paused" and m["updates_done"] == 8
+    assert [(s["updates_from"], s["updates_to"]) for s in m["segments"]] == [(0, 8)]
+    assert not (tmp_path / "pkg-cut").exists()  # nothing packaged before the budget is spent
+    _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "cut", segment_updates=8)
+    # ... and the rest, in a launch that the previous one did not see end (killed): its
+    # segment has no end, and the next launch says so
+    m = read_manifest(run_dir)
+    assert m["status"] == "paused" and m["updates_done"] == 16
+    m["segments"][-1] = {k: v for k, v in m["segments"][-1].items()
+                         if k in ("start_time", "device", "updates_from")}
+    m["status"] = "running"
+    (run_dir / "manifest.json").write_text(json.dumps(m))
+    _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "cut")
+    m = read_manifest(run_dir)
+    assert m["status"] == "complete" and m["updates_done"] == TOTAL
+    assert [(s.get("updates_from"), s.get("updates_to"), s["ended"]) for s in m["segments"]] == [
+        (0, 8, "paused"), (8, 16, "interrupted"), (16, TOTAL, "complete")]
+    assert m["hyperparameters"]["warmup_updates"] == 1  # 6 % of the whole budget, once
+    # the task-adaptive phase started once, from its corpus's beginning
+    log = (run_dir / "train.log").read_text()
+    assert log.count("'reset_dataloader': True") == 1
+
+    # one launch, never interrupted
+    whole = _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "whole")
+    assert [s["ended"] for s in read_manifest(whole)["segments"]] == ["complete"]
+    # one schedule: the learning rate at every update is the same, however the run was cut
+    cut_lr, whole_lr = _lrs(run_dir), _lrs(whole)
+    assert sorted(cut_lr) == list(range(1, TOTAL + 1)) and cut_lr == pytest.approx(whole_lr)
+    assert cut_lr[9] < cut_lr[8]  # no second warm-up after a resume
+    # and the same weights at the end (optimizer, data position and RNG restored)
+    assert _final_valid(tmp_path / "pkg-cut") == pytest.approx(
+        _final_valid(tmp_path / "pkg-whole"), abs=1e-3)
+    lineage = json.loads((tmp_path / "pkg-cut" / "manifest.json").read_text())["lineage"]
+    assert lineage[-1]["updates"] == TOTAL and lineage[-1]["tokens"] == TOTAL * 64 * 8
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_a_finished_or_lost_long_run_is_not_resumed(tiny_pipeline, tapt_corpus, tmp_path,
+                                                    monkeypatch):
+    import shutil
+
+    run_dir = _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "lost", segment_updates=5)
+    shutil.rmtree(pretrain_long.state_dir("lost"))  # a new machine: the state is gone
+    with pytest.raises(UserError, match="not on this machine"):
+        _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "lost")
+    assert read_manifest(run_dir)["status"] == "paused"
