@@ -54,6 +54,22 @@ def test_manifest_and_commands():
     assert set(manifest["inputs"]) >= {"cls.books/train.review", "tokenizer/dict.txt"}
 
 
+def test_the_same_data_built_at_another_path_gives_the_same_run_inputs(tmp_path):
+    """fairseq-preprocess writes the dictionary's absolute path into its log: a checkout at
+    another path must still see the committed runs' data as unchanged (issue 19)."""
+    from finetune_lab.manifest import input_record
+
+    elsewhere = tmp_path / "another" / "checkout"
+    shutil.copytree(tiny_tokenizer(), elsewhere / "tokenizer")
+    shutil.copytree(cls_dir(), elsewhere / "cls.books")
+    out, ran = binarize_cls(elsewhere / "cls.books", elsewhere / "tokenizer", elsewhere / "bin")
+    assert ran
+    here, there = cls_bin() / "input0" / "preprocess.log", out / "input0" / "preprocess.log"
+    assert str(elsewhere) in there.read_text() and here.read_text() != there.read_text()
+    assert input_record(out)["sha256"] == input_record(cls_bin())["sha256"]
+    assert "input0/train.bin" in input_record(out)["sha256"]
+
+
 def test_idempotent_skip_and_rebuild_on_change(tmp_path):
     cls_copy = tmp_path / "cls.books"
     shutil.copytree(cls_dir(), cls_copy)

@@ -101,8 +101,17 @@ def test_record_run_refuses_existing_run_and_bad_arguments(tmp_path: Path) -> No
     _record(tmp_path, "pass")
     with pytest.raises(RunExistsError, match="already holds a run"):
         _record(tmp_path, "pass")
+    first = mf.read_manifest(tmp_path / "exp" / "r1")
     handle = _record(tmp_path, "pass", overwrite=True)
     assert mf.read_manifest(handle.run_dir)["status"] == "complete"
+    # the complete run it replaced was moved aside, not deleted (issue 19), out of the listings
+    (kept,) = (tmp_path / ".superseded" / "exp").iterdir()
+    assert kept.name.startswith("r1-") and mf.read_manifest(kept) == first
+    # an unfinished run is simply cleared
+    with pytest.raises(TrainingFailedError):
+        _record(tmp_path, "raise SystemExit(1)", overwrite=True)
+    _record(tmp_path, "pass", overwrite=True)
+    assert len(list((tmp_path / ".superseded" / "exp").iterdir())) == 2  # the failed one: gone
     with pytest.raises(UserError, match="must not contain"):
         with record_run("exp", "r3", framework="fairseq", init="random", seed=1,
                         hyperparameters={"seed": 1}, runs_root=tmp_path):

@@ -97,6 +97,13 @@ def test_hash_mismatch_data_changed(tiny_grid, tmp_path: Path) -> None:  # noqa:
         man["inputs"]["data"][0]["sha256"][record] = "0" * 64
     mf.write_manifest(run, man)
     assert _only(discover_runs(tmp_path / "runs"), "pretrained-seed1").valid
+    # fairseq-preprocess's logs name the absolute paths of the checkout that built the data:
+    # a log written elsewhere, whether the manifest recorded one (as before issue 19) or not
+    for sub in ("input0", "label"):
+        (data / sub / mf.BUILD_LOG).write_text("srcdict='/another/checkout/tokenizer/dict.txt'\n")
+    man["inputs"]["data"][0]["sha256"]["input0/" + mf.BUILD_LOG] = "0" * 64
+    mf.write_manifest(run, man)
+    assert _only(discover_runs(tmp_path / "runs"), "pretrained-seed1").valid
     (data / "label" / "dict.txt").write_text("1 5\n0 5\n")  # labels swapped
     rec = _only(discover_runs(tmp_path / "runs"), "pretrained-seed1")
     assert not rec.valid
@@ -209,3 +216,113 @@ def test_runs_cli(tiny_grid, tmp_path: Path, capsys) -> None:  # noqa: F811
     assert "BAD tiny-grid/random-seed1" in out and "manifest.json is missing" in out
     assert "ok  tiny-grid/random-seed2" in out and "1 valid, 1 excluded" in out
     assert main(["runs", "--root", str(tmp_path), "--strict"]) == 1
+
+
+def test_malformed_manifests_are_excluded_not_fatal(tiny_grid, tmp_path: Path, capsys) -> None:  # noqa: F811
+    """Valid JSON of the wrong shape makes that one run invalid; `runs` and the loaders go on
+    (issue 19)."""
+    data_list = copy_run(tiny_grid, "random-seed1", tmp_path)
+    man = mf.read_manifest(data_list)
+    man["inputs"]["data"] = ["data-bin/input0"]  # strings where records belong
+    mf.write_manifest(data_list, man)
+    outputs_list = copy_run(tiny_grid, "random-seed2", tmp_path)
+    man = mf.read_manifest(outputs_list)
+    outputs = man["outputs"]
+    man["outputs"] = list(outputs)  # a list: the event files' hashes could not be checked
+    mf.write_manifest(outputs_list, man)
+    (mine,) = (outputs_list / "test").glob("events*")
+    shutil.copyfile(next((tiny_grid.experiment_dir / "pretrained-seed1" / "test").glob("events*")),
+                    mine)  # and an event file swapped for another run's
+    copy_run(tiny_grid, "pretrained-seed1", tmp_path)
+    records = discover_runs(tmp_path)
+    assert "'inputs.data' is not a list" in _only(records, "random-seed1").reason
+    assert "'outputs' is not a mapping" in _only(records, "random-seed2").reason
+    assert _only(records, "pretrained-seed1").valid
+    assert len(load_scalars(valid_runs(records))) > 0
+    assert main(["runs", "--root", str(tmp_path)]) == 0
+    assert "1 valid, 2 excluded" in capsys.readouterr().out
+
+
+def test_one_writer_per_run_and_no_orphan_trainer(tmp_path: Path, capsys) -> None:
+    """A second launch of a run being written is refused (before it can delete or mix into the
+    folder), and killing the launcher kills its trainer (issue 19)."""
+    from finetune_lab.recording import RunLockedError, record_run
+
+    runs_root = tmp_path / "runs"
+    pid_file = tmp_path / "trainer.pid"
+    trainer = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+               "time.sleep(120)")
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import sys\n"
+        "from finetune_lab.recording import record_run\n"
+        f"with record_run('{EXPERIMENT}', 'locked', framework='fairseq', init='random', seed=1,\n"
+        f"                hyperparameters={{'lr': 1e-3}}, runs_root={str(runs_root)!r}) as h:\n"
+        f"    h.run([sys.executable, '-c', {trainer!r}])\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (pid_file.is_file() and pid_file.read_text()):
+        time.sleep(0.1)
+    trainer_pid = int(pid_file.read_text())
+    try:
+        with pytest.raises(RunLockedError, match=f"pid {proc.pid}"):
+            with record_run(EXPERIMENT, "locked", framework="fairseq", init="random", seed=1,
+                            hyperparameters={"lr": 1e-3}, runs_root=runs_root, overwrite=True):
+                pass
+        assert (runs_root / EXPERIMENT / "locked" / "manifest.json").is_file()  # not deleted
+    finally:
+        proc.kill()  # SIGKILL: the launcher cannot clean up
+        proc.wait()
+    def alive(pid: int) -> bool:  # a zombie (dead, not yet reaped) counts as dead
+        try:
+            return "\tZ" not in Path(f"/proc/{pid}/status").read_text().split("State:")[1][:4]
+        except (FileNotFoundError, IndexError):
+            return False
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not alive(trainer_pid):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(trainer_pid, signal.SIGKILL)
+        pytest.fail("the trainer outlived its killed launcher")
+    # the lock died with its holder: the run can be launched again, and says it took over
+    with record_run(EXPERIMENT, "locked", framework="fairseq", init="random", seed=1,
+                    hyperparameters={"lr": 1e-3}, runs_root=runs_root, overwrite=True) as h:
+        h.run([sys.executable, "-c", "pass"])
+    assert mf.read_manifest(runs_root / EXPERIMENT / "locked")["status"] == "complete"
+    assert f"took over the lock of pid {proc.pid}" in capsys.readouterr().out
+    assert not list((runs_root / EXPERIMENT).glob(".*.lock"))
+
+
+def test_sigterm_stops_the_trainer_and_the_manifest_says_so(tmp_path: Path) -> None:
+    runs_root = tmp_path / "runs"
+    pid_file = tmp_path / "trainer.pid"
+    trainer = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+               "time.sleep(120)")
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import sys\n"
+        "from finetune_lab.recording import record_run\n"
+        f"with record_run('{EXPERIMENT}', 'termed', framework='fairseq', init='random', seed=1,\n"
+        f"                hyperparameters={{'lr': 1e-3}}, runs_root={str(runs_root)!r}) as h:\n"
+        f"    h.run([sys.executable, '-c', {trainer!r}])\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (pid_file.is_file() and pid_file.read_text()):
+        time.sleep(0.1)
+    trainer_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) != 0
+    man = mf.read_manifest(runs_root / EXPERIMENT / "termed")
+    assert man["status"] == "failed" and man["error"] == "interrupted (signal 15)"
+    assert "interrupted before its training process ended (interrupted (signal 15))" in \
+        mf.manifest_problems(man)[0]
+    time.sleep(0.5)
+    status = Path(f"/proc/{trainer_pid}/status")
+    assert not status.exists() or "\tZ" in status.read_text().split("State:")[1][:4]

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from finetune_lab.argtypes import positive_int, resolved_path
 from finetune_lab import _files
 from finetune_lab.cls_books import SPLITS, check_same_length, count_lines, read_split
 from finetune_lab.config import paths
@@ -184,11 +185,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--cls", type=Path, default=None, dest="cls_dir",
                         help="cls.books folder (default: <work dir>/cls.books)")
-    parser.add_argument("--tokenizer", type=Path, default=None,
+    parser.add_argument("--tokenizer", type=resolved_path, default=None,
                         help="folder with spm.model and dict.txt (default: <work dir>/tokenizer)")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=resolved_path, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=positive_int, default=2)
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.set_defaults(func=_run)
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from finetune_lab.argtypes import non_negative_int, positive_int, resolved_path
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.recipe import LAB_RECIPE, FinetuneRecipe
@@ -226,11 +227,11 @@ def add_finetune_parser(sub) -> None:
     """Register ``finetune fairseq`` under the ``finetune`` command group."""
     p = sub.add_parser("fairseq", help="Tasks 3-4: the lab's fairseq-train recipe, seeds x inits")
     p.add_argument("--init", nargs="+", choices=INITS, default=list(INITS))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--data", type=Path, help="binarized CLS-Books (default: binarize-cls's)")
+    p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0, 1, 2])
+    p.add_argument("--data", type=resolved_path, help="binarized CLS-Books (default: binarize-cls's)")
     p.add_argument("--checkpoint", type=Path,
                    help="packaged checkpoint folder (default: data/checkpoints/roberta-small-fr)")
-    p.add_argument("--epochs", type=int, default=LAB_RECIPE.epochs,
+    p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test (the lab: 5)")
     p.add_argument("--experiment",
                    help=f"run-cache folder (default: {EXPERIMENT}, or {EXPERIMENT}-<N>ep for "

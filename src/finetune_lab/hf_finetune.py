@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from finetune_lab.argtypes import non_negative_int, positive_int
 from finetune_lab.errors import UserError
 from finetune_lab.recipe import LAB_RECIPE, FinetuneRecipe
 
@@ -445,14 +446,14 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
         description=finetune_transformers.__doc__)
     p.add_argument("--init", choices=INITS, nargs="+", default=["pretrained"],
                    help="pretrained (converted checkpoint) and/or random")
-    p.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
+    p.add_argument("--seeds", type=non_negative_int, nargs="+", default=list(DEFAULT_SEEDS))
     p.add_argument("--cls-dir", type=Path, default=None, help="cls.books folder (default: work dir)")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="converted model (default: <work dir>/hf/roberta-small-fr)")
     p.add_argument("--tokenizer-dir", type=Path, default=None)
     p.add_argument("--logging-steps", type=int, default=DEFAULT_LOGGING_STEPS)
     p.add_argument("--runs-root", type=Path, default=None)
-    p.add_argument("--epochs", type=int, default=LAB_RECIPE.epochs,
+    p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test, recorded as transformers-<N>ep (the lab: 5)")
     p.set_defaults(func=_run)
 

@@ -46,6 +46,7 @@ from typing import Any
 
 import pandas as pd
 
+from finetune_lab.argtypes import non_negative_int, positive_int
 from finetune_lab.errors import UserError
 from finetune_lab.lora_configs import LAB_BNB, LAB_LORA
 from finetune_lab.recipe import LAB_RECIPE, FinetuneRecipe
@@ -636,7 +637,7 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
         description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS),
                    help="qlora-qv needs bitsandbytes and (unless --force-4bit) a GPU")
-    p.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
+    p.add_argument("--seeds", type=non_negative_int, nargs="+", default=list(DEFAULT_SEEDS))
     p.add_argument("--lora-lr", type=float, default=LORA_LR,
                    help=f"peak learning rate of the LoRA methods (default {LORA_LR:g}; "
                         f"full fine-tuning keeps the lab's {LAB_RECIPE.lr:g})")
@@ -646,7 +647,7 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
     p.add_argument("--tokenizer-dir", type=Path, default=None)
     p.add_argument("--logging-steps", type=int, default=None)
     p.add_argument("--runs-root", type=Path, default=None)
-    p.add_argument("--epochs", type=int, default=LAB_RECIPE.epochs,
+    p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test, recorded as lora-<N>ep (the lab: 5)")
     p.add_argument("--force-4bit", action="store_true",
                    help="run qlora-qv without a GPU (bitsandbytes' CPU kernels, slow)")

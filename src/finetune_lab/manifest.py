@@ -138,15 +138,24 @@ CONVERSION_RECORD = "conversion.json"
 its time (written by :mod:`finetune_lab.hf_convert`)."""
 BUILD_RECORDS = frozenset({BUILD_RECORD, CONVERSION_RECORD})
 """Every such record at the top of an input folder."""
+BUILD_LOG = "preprocess.log"
+"""``fairseq-preprocess``'s log, in every folder it writes: its options, the absolute path of
+the dictionary among them, so it differs between two checkouts of identical data."""
+
+
+def is_build_record(rel: str) -> bool:
+    """Whether a file of an input folder (path relative to it) records how the data was built
+    rather than holding data: left out of run inputs, so that identical data built again, or
+    built in a checkout at another path, keeps the runs valid."""
+    return rel in BUILD_RECORDS or rel.rsplit("/", 1)[-1] == BUILD_LOG
 
 
 def input_record(path: Path | str) -> dict[str, Any]:
     """``{"path": ..., "sha256": {relpath: sha}}`` for a data folder/file or checkpoint (a
-    folder's top-level :data:`BUILD_RECORDS` left out)."""
+    folder's build records, :func:`is_build_record`, left out)."""
     hashes = sha256_tree(path)
     if Path(path).is_dir():
-        for name in BUILD_RECORDS:
-            hashes.pop(name, None)
+        hashes = {rel: sha for rel, sha in hashes.items() if not is_build_record(rel)}
     return {"path": portable_path(path), "sha256": hashes}
 
 
@@ -274,8 +283,9 @@ def read_manifest(run_dir: Path | str) -> dict[str, Any]:
     path = Path(run_dir) / MANIFEST_NAME
     if not path.is_file():
         raise ManifestError(
-            f"{path} is missing: this folder is not a recorded run. Re-run it through "
-            "finetune_lab.recording.record_run, or delete the folder."
+            f"{path} is missing: this folder is not a recorded run. Re-run it with the "
+            "`finetune-lab finetune ...` or `finetune-lab pretrain ...` command that makes it "
+            "(README, 'Re-running the experiments'), or delete the folder."
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -299,8 +309,11 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
             "status is 'running': the run never finished (killed mid-way, or still in progress)"
         )
     elif status == STATUS_FAILED:
+        code = manifest.get("exit_code")
         problems.append(
-            f"status is 'failed': the training process exited with code {manifest.get('exit_code')}"
+            f"status is 'failed': the training process exited with code {code}" if code is not None
+            else "status is 'failed': the launch was interrupted before its training process "
+                 f"ended ({manifest.get('error') or 'no exit code'})"
         )
     elif status == STATUS_PAUSED:
         problems.append(
@@ -320,6 +333,32 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
         problems.append("manifest 'hyperparameters' is not a mapping")
     if not isinstance(manifest["command"], list) or not manifest["command"]:
         problems.append("manifest 'command' is not a non-empty list of arguments")
+    if isinstance(manifest["seed"], bool) or not isinstance(manifest["seed"], int):
+        problems.append("manifest 'seed' is not an integer")
+    problems += input_shape_problems(manifest["inputs"])
+    outputs = manifest.get("outputs")
+    if outputs is not None and not (isinstance(outputs, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in outputs.items())):
+        problems.append("manifest 'outputs' is not a mapping of event file to sha256, so the "
+                        "event files cannot be checked")
+    return problems
+
+
+def input_shape_problems(inputs: Any) -> list[str]:
+    """A manifest's ``inputs`` must be ``{"data": [record, ...], "checkpoint": record | None}``
+    with each record ``{"path": str, "sha256": {relpath: sha}}`` (:func:`input_record`)."""
+    def bad(record: Any) -> bool:
+        return not (isinstance(record, dict) and isinstance(record.get("path"), str)
+                    and isinstance(record.get("sha256"), dict))
+
+    if not isinstance(inputs, dict):
+        return ["manifest 'inputs' is not a mapping"]
+    data = inputs.get("data")
+    problems = []
+    if not isinstance(data, list) or any(bad(r) for r in data):
+        problems.append("manifest 'inputs.data' is not a list of {path, sha256} records")
+    if inputs.get("checkpoint") is not None and bad(inputs["checkpoint"]):
+        problems.append("manifest 'inputs.checkpoint' is not a {path, sha256} record")
     return problems
 
 

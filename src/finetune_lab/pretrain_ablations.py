@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from finetune_lab.argtypes import positive_float, positive_int
+
 EXPERIMENT = "pretrain-ablation"
 
 ABLATIONS: dict[str, dict[str, str]] = {
@@ -76,8 +78,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("pretrain-ablations",
                        help="short pretraining ablations at equal wall time (recipe choices)")
     p.add_argument("--names", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS))
-    p.add_argument("--minutes", type=float, default=6.0, help="wall time of each ablation")
-    p.add_argument("--jobs", type=int, default=2, help="ablations side by side")
+    p.add_argument("--minutes", type=positive_float, default=8.0, help="wall time of each ablation")
+    p.add_argument("--jobs", type=positive_int, default=2, help="ablations side by side")
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="packaged weights to start from (default: the committed checkpoint)")
     p.set_defaults(func=_run)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from finetune_lab.argtypes import non_negative_int, positive_int, resolved_path
 from finetune_lab import _files
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
@@ -308,11 +309,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=prepare_pretrain.__doc__,
     )
     parser.add_argument("--data-root", type=Path, default=None)
-    parser.add_argument("--tokenizer", type=Path, default=None,
+    parser.add_argument("--tokenizer", type=resolved_path, default=None,
                         help="folder with spm.model and dict.txt (default: <work dir>/tokenizer)")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=resolved_path, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
     parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)
     parser.add_argument("--no-reviews", dest="with_reviews", action="store_false",
                         help="ELTeC only: leave out the dvd/music reviews (unlabeled in-domain text)")
@@ -320,7 +321,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="times the in-domain reviews are written in train (upweighting)")
     parser.add_argument("--review-valid", type=int, default=DEFAULT_REVIEW_VALID,
                         help="reviews held out as the in-domain validation set valid1")
-    parser.add_argument("--task-repeat", type=int, default=0,
+    parser.add_argument("--task-repeat", type=non_negative_int, default=0,
                         help="add the texts (no labels) of the CLS-Books training split this many "
                              "times: task-adaptive pretraining (never its valid or test reviews)")
     parser.add_argument("--no-train-novels", dest="train_novels", action="store_false",
@@ -329,7 +330,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help=f"the task-adaptive phase's corpus: --task-repeat {TAPT_TASK_REPEAT} "
                              "--review-repeat 1 --no-train-novels, into "
                              f"<work dir>/{TAPT_OUTPUT_NAME}")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=positive_int, default=2)
     parser.add_argument("--max-novels", type=int, default=None, help="use only the first N novels")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.set_defaults(func=_run)

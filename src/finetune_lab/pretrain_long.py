@@ -17,13 +17,15 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
-from finetune_lab.pretrain import (EXPERIMENT, PretrainRecipe, cpu_has_bf16, device_defaults,
-                                   experiment_config, fairseq_args, require_corpus)
+from finetune_lab.pretrain import (EXPERIMENT, PretrainRecipe, cpu_has_bf16, default_recipe,
+                                   device_defaults, echo_progress, experiment_config,
+                                   fairseq_args, fairseq_progress, require_corpus)
 
 LAST = "checkpoint_last.pt"
 
@@ -88,23 +90,6 @@ def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str 
             f"{(total - done) / 1e6:.2f} M left, ETA {eta_s / 3600:.1f} h")
 
 
-def _echo(log: Path, stop: threading.Event, tokens_per_update: int, total: int) -> None:
-    pos = log.stat().st_size if log.exists() else 0  # earlier launches' lines are old news
-    while not stop.is_set():
-        if log.exists():
-            with open(log, encoding="utf-8", errors="replace") as fh:
-                fh.seek(pos)
-                chunk = fh.read()
-                pos = fh.tell()
-            for line in chunk.splitlines():
-                shown = progress_line(line, tokens_per_update, total)
-                if shown is None and ("| valid |" in line or "| valid1 |" in line):
-                    shown = line.split(" | INFO | ")[-1]
-                if shown:
-                    print(shown, flush=True)
-        stop.wait(2.0)
-
-
 def state_dir(run: str) -> Path:
     """Where a run's resumable state lives (git-ignored, on this machine only)."""
     return paths().work / "pretrain-checkpoints" / run
@@ -142,9 +127,7 @@ def pretrain_long(
     from finetune_lab.registry import EXPERIMENT_CONFIG
 
     defaults = device_defaults()
-    recipe = recipe or PretrainRecipe(batch_size=defaults["batch_size"],
-                                      update_freq=defaults["update_freq"],
-                                      max_valid_steps=defaults.get("max_valid_steps"))
+    recipe = recipe or default_recipe()
     device, precision = defaults["device"], precision or defaults["precision"]
     if device == "cpu" and precision == "bf16" and not cpu_has_bf16():
         print("pretrain: this CPU has no native bf16: it is emulated, slower than fp32")
@@ -232,8 +215,11 @@ def pretrain_long(
             stop = threading.Event()
             watcher = None
             if not quiet:
-                watcher = threading.Thread(target=_echo, daemon=True, args=(
-                    handle.run_dir / "train.log", stop, tokens_per_update, total))
+                show = partial(progress_line, tokens_per_update=tokens_per_update,
+                               total_updates=total)
+                watcher = threading.Thread(target=echo_progress, daemon=True, args=(
+                    handle.run_dir / "train.log", stop,
+                    lambda line: show(line) or fairseq_progress(line)))
                 watcher.start()
             try:
                 run_fairseq_train(handle, args, env=env)

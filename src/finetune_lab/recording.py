@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,89 @@ TRAIN_LOG = "train.log"
 
 class RunExistsError(UserError):
     """The run folder already holds a run."""
+
+
+class RunInterrupted(BaseException):
+    """SIGTERM reached the launcher: raised so that the trainer is stopped (``subprocess.run``
+    kills its child on any exception) and the manifest says so."""
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While a run is written, SIGTERM raises :class:`RunInterrupted` instead of ending the
+    launcher on the spot (which would leave the manifest ``running`` and, without the
+    parent-death signal, the trainer alive). Only the main thread can take signals."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        raise RunInterrupted(f"interrupted (signal {signum})")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class RunLockedError(UserError):
+    """Another process is writing this run right now."""
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``<experiment>/.<run>.lock`` (an exclusive ``flock``) while a run is written.
+
+    Two launches of one run would mix their event files into one folder, and a second one
+    with ``overwrite`` would delete the folder under the first. The lock lies beside the run
+    folder, so deleting the folder does not drop it, and the kernel releases it when its holder
+    dies, so a killed launch never blocks the next one.
+    """
+    import fcntl
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    path = run_dir.parent / f".{run_dir.name}.lock"
+    handle = open(path, "a+")
+    locked = False
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise RunLockedError(
+                f"{run_dir} is being written by {holder} right now; wait for it to end (or stop "
+                "it) before launching this run again") from None
+        handle.seek(0)
+        stale = handle.read().strip()
+        if stale:  # its holder died without removing it (the kernel freed the lock itself)
+            print(f"{run_dir}: took over the lock of {stale}, which is no longer running",
+                  flush=True)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {os.uname().nodename}")
+        handle.flush()
+        locked = True
+        yield
+    finally:
+        if locked:  # no lock file is left beside the committed runs
+            path.unlink(missing_ok=True)
+        handle.close()
+
+
+def _die_with_parent() -> None:  # pragma: no cover (runs in the child, between fork and exec)
+    """Linux: have the kernel send SIGTERM to the trainer when its launcher dies, so that a
+    killed ``finetune``/``pretrain`` leaves no trainer writing into the run folder."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
@@ -92,7 +176,8 @@ class RunHandle:
         full_env = {**os.environ, **(env or {})}
         with open(self.log_path, "ab") as log:
             proc = subprocess.run(
-                command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd, check=False
+                command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd, check=False,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         self.exit_code = proc.returncode
         if check and proc.returncode != 0:
@@ -126,8 +211,9 @@ def record_run(
     ``data`` are the files/folders the run reads (hashed now); ``checkpoint`` the initial
     weights (``None`` for a random init). ``hyperparameters`` must not contain ``seed`` or
     ``init``: those are recorded separately because they are what varies inside an experiment.
-    An existing run folder is refused unless ``overwrite``, which deletes it first so that no
-    stale event file can mix into the new run.
+    An existing run folder is refused unless ``overwrite``, which clears it first so that no
+    stale event file can mix into the new run: a complete run is moved aside
+    (:func:`set_aside`), never deleted.
 
     ``resume`` makes the run resumable: its manifest lists ``segments`` (one per launch), an
     unfinished run with the same seed, init and hyperparameters is continued in place (a new
@@ -141,80 +227,132 @@ def record_run(
             f"hyperparameters must not contain {sorted(clash)}: pass them as seed=/init="
         )
     run_dir = run_dir_for(experiment, run, runs_root)
-    previous = resumable_manifest(run_dir, seed=seed, init=init,
-                                  hyperparameters=hyperparameters) if resume else None
-    if previous is None and run_dir.exists() and any(run_dir.iterdir()):
-        if not overwrite:
-            raise RunExistsError(
-                f"{run_dir} already holds a run; delete it or pass overwrite=True to redo it"
-            )
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock(run_dir):
+        previous = resumable_manifest(run_dir, seed=seed, init=init,
+                                      hyperparameters=hyperparameters) if resume else None
+        if previous is None and run_dir.exists() and any(run_dir.iterdir()):
+            if not overwrite:
+                raise RunExistsError(
+                    f"{run_dir} already holds a run; delete it or pass overwrite=True to redo it"
+                )
+            set_aside(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
 
-    start = mf.utc_now()
-    start_clock = time.monotonic()
-    manifest: dict[str, Any] = {
-        "schema": mf.SCHEMA_VERSION,
-        "experiment": experiment,
-        "run": run,
-        "framework": framework,
-        "init": init,
-        "seed": int(seed),
-        "hyperparameters": dict(hyperparameters),
-        "command": [str(c) for c in (command if command is not None else sys.argv)],
-        "inputs": {
-            "data": [mf.input_record(p) for p in data],
-            "checkpoint": mf.input_record(checkpoint) if checkpoint is not None else None,
-        },
-        "environment": mf.environment_info(),
-        "device": mf.device_info(),
-        "start_time": start,
-        "end_time": None,
-        "wall_time_s": None,
-        "exit_code": None,
-        "outputs": None,
-        "status": mf.STATUS_RUNNING,
-    }
-    if extra:
-        manifest["extra"] = dict(extra)
-    earlier_wall = 0.0
-    if resume:
-        segments = []
-        if previous is not None:  # the first launch's start, inputs, command and extra stay
-            manifest = {**previous, "status": mf.STATUS_RUNNING, "environment": manifest["environment"],
-                        "device": manifest["device"]}
-            segments = [dict(s) for s in previous.get("segments") or []]
-            earlier_wall = sum(float(s.get("wall_time_s") or 0) for s in segments)
-            for s in segments:  # a launch that never recorded its end was killed
-                s.setdefault("end_time", None)
-                s.setdefault("ended", "interrupted")
-        manifest["segments"] = [*segments, {"start_time": start, "device": manifest["device"]}]
-    mf.write_manifest(run_dir, manifest)
-    handle = RunHandle(run_dir=run_dir, manifest=manifest)
-
-    def _finish(status: str, exit_code: int | None, error: str | None = None) -> None:
-        manifest["end_time"] = mf.utc_now()
-        wall = round(time.monotonic() - start_clock, 3)
-        manifest["wall_time_s"] = round(earlier_wall + wall, 3)
+        start = mf.utc_now()
+        start_clock = time.monotonic()
+        manifest: dict[str, Any] = {
+            "schema": mf.SCHEMA_VERSION,
+            "experiment": experiment,
+            "run": run,
+            "framework": framework,
+            "init": init,
+            "seed": int(seed),
+            "hyperparameters": dict(hyperparameters),
+            "command": [str(c) for c in (command if command is not None else sys.argv)],
+            "inputs": {
+                "data": [mf.input_record(p) for p in data],
+                "checkpoint": mf.input_record(checkpoint) if checkpoint is not None else None,
+            },
+            "environment": mf.environment_info(),
+            "device": mf.device_info(),
+            "start_time": start,
+            "end_time": None,
+            "wall_time_s": None,
+            "exit_code": None,
+            "outputs": None,
+            "status": mf.STATUS_RUNNING,
+        }
+        if extra:
+            manifest["extra"] = dict(extra)
+        earlier_wall = 0.0
         if resume:
-            manifest["segments"][-1].update(end_time=manifest["end_time"], wall_time_s=wall,
-                                            exit_code=exit_code, ended=status)
-        manifest["exit_code"] = exit_code
-        manifest["outputs"] = mf.output_hashes(run_dir)
-        manifest["checkpoints"] = mf.checkpoint_hashes(run_dir)
-        if error:
-            manifest["error"] = error
-        manifest["status"] = status
+            manifest, earlier_wall = _with_new_segment(manifest, previous)
         mf.write_manifest(run_dir, manifest)
+        handle = RunHandle(run_dir=run_dir, manifest=manifest)
 
-    try:
-        yield handle
-    except BaseException as exc:
-        _finish(mf.STATUS_FAILED, handle.exit_code, f"{type(exc).__name__}: {exc}")
-        raise
-    code = 0 if handle.exit_code is None else handle.exit_code
-    done = mf.STATUS_PAUSED if handle.paused else mf.STATUS_COMPLETE
-    _finish(done if code == 0 else mf.STATUS_FAILED, code)
+        def _finish(status: str, exit_code: int | None, error: str | None = None) -> None:
+            manifest["end_time"] = mf.utc_now()
+            wall = round(time.monotonic() - start_clock, 3)
+            manifest["wall_time_s"] = round(earlier_wall + wall, 3)
+            if resume:
+                manifest["segments"][-1].update(end_time=manifest["end_time"], wall_time_s=wall,
+                                                exit_code=exit_code, ended=status)
+            manifest["exit_code"] = exit_code
+            manifest["outputs"] = mf.output_hashes(run_dir)
+            manifest["checkpoints"] = mf.checkpoint_hashes(run_dir)
+            if error:
+                manifest["error"] = error
+            manifest["status"] = status
+            mf.write_manifest(run_dir, manifest)
+
+        try:
+            with _terminate_as_interrupt():
+                yield handle
+        except KeyboardInterrupt:
+            _finish(mf.STATUS_FAILED, handle.exit_code,
+                    f"interrupted (signal {int(signal.SIGINT)})")
+            raise
+        except RunInterrupted as exc:
+            _finish(mf.STATUS_FAILED, handle.exit_code, str(exc))
+            raise
+        except BaseException as exc:
+            _finish(mf.STATUS_FAILED, handle.exit_code, f"{type(exc).__name__}: {exc}")
+            raise
+        code = 0 if handle.exit_code is None else handle.exit_code
+        done = mf.STATUS_PAUSED if handle.paused else mf.STATUS_COMPLETE
+        _finish(done if code == 0 else mf.STATUS_FAILED, code)
+
+
+def _with_new_segment(fresh: dict[str, Any], previous: dict[str, Any] | None,
+                      ) -> tuple[dict[str, Any], float]:
+    """A resumable run's manifest for a new launch, and the wall time of the earlier ones.
+
+    A continued run keeps its first launch's start, inputs, command and extra; environment and
+    device are this launch's. A launch that never recorded its end was killed: it is marked
+    ``interrupted``.
+    """
+    segments: list[dict[str, Any]] = []
+    manifest = fresh
+    if previous is not None:
+        manifest = {**previous, "status": mf.STATUS_RUNNING,
+                    "environment": fresh["environment"], "device": fresh["device"]}
+        segments = [dict(s) for s in previous.get("segments") or []]
+        for s in segments:
+            s.setdefault("end_time", None)
+            s.setdefault("ended", "interrupted")
+    manifest["segments"] = [*segments, {"start_time": fresh["start_time"],
+                                        "device": fresh["device"]}]
+    return manifest, sum(float(s.get("wall_time_s") or 0) for s in segments)
+
+
+SUPERSEDED = ".superseded"
+"""``<runs root>/.superseded/``: complete runs that a re-run replaced, kept (never listed)."""
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """Clear ``run_dir`` for a new run. A run that had completed (its inputs may have changed
+    since, but its results are real) is moved to ``<runs root>/.superseded/<experiment>/
+    <run>-<time>/`` and the move is printed; an unfinished or failed one is deleted."""
+    status = None
+    if (run_dir / mf.MANIFEST_NAME).is_file():
+        try:
+            status = mf.read_manifest(run_dir).get("status")
+        except UserError:
+            status = None
+    if status != mf.STATUS_COMPLETE:
+        shutil.rmtree(run_dir)
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    folder = run_dir.parent.parent / SUPERSEDED / run_dir.parent.name
+    target, n = folder / f"{run_dir.name}-{stamp}", 1
+    while target.exists():  # two replacements within a second
+        n += 1
+        target = folder / f"{run_dir.name}-{stamp}-{n}"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(run_dir), str(target))
+    print(f"{run_dir} held a complete run, which this one replaces: it was moved to {target}",
+          flush=True)
+    return target
 
 
 def resumable_manifest(run_dir: Path, *, seed: int, init: str,

@@ -196,8 +196,8 @@ def _input_differences(label: str, record: dict[str, Any], rec: RunRecord) -> li
     if not root.exists():
         rec.warnings.append(f"{label} {stored} is not on this machine; its sha256 is unverified")
         return found
-    if root.is_dir():  # manifests written before inputs left the build record out
-        recorded = {k: v for k, v in recorded.items() if k not in mf.BUILD_RECORDS}
+    if root.is_dir():  # manifests written before inputs left the build records out
+        recorded = {k: v for k, v in recorded.items() if not mf.is_build_record(k)}
     for rel, want in sorted(recorded.items()):
         f = root if rel == "." else root / rel
         if not f.is_file():
@@ -215,8 +215,8 @@ def _input_differences(label: str, record: dict[str, Any], rec: RunRecord) -> li
                 f"{want[:12]}…; {why}"
             )
     if root.is_dir():
-        now = {f.relative_to(root).as_posix() for f in root.rglob("*") if f.is_file()}
-        now -= mf.BUILD_RECORDS
+        now = {rel for f in root.rglob("*") if f.is_file()
+               if not mf.is_build_record(rel := f.relative_to(root).as_posix())}
         for extra in sorted(now - set(recorded)):
             found.append(f"{label} folder {root} has a new file {extra} the run never saw")
     return found
@@ -264,7 +264,8 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
                 f"event file {path / rel} is not in the manifest (written after the run ended?)"
             )
 
-    if check_inputs and isinstance(man.get("inputs"), dict):
+    if check_inputs and rec.manifest is not None and not mf.input_shape_problems(
+            man.get("inputs")):
         for item in man["inputs"].get("data") or []:
             _check_input("data", item, rec)
         if man["inputs"].get("checkpoint"):

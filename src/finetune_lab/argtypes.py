@@ -1,0 +1,34 @@
+"""argparse types that check a value before anything starts (issue 19): a bad ``--seeds -1``
+or ``--epochs 0`` is a one-line usage error, not a fairseq traceback and a failed run folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
+def resolved_path(text: str) -> Path:
+    """A path resolved against the current directory now, so that a step that runs a tool in
+    another folder (``fairseq-preprocess`` runs in a scratch folder) still finds it."""
+    return Path(text).expanduser().resolve()

@@ -1,0 +1,40 @@
+"""Bad arguments are refused before anything starts (issue 19): a usage error naming the flag,
+no fairseq traceback, no run folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from finetune_lab.cli import build_parser
+
+
+@pytest.mark.parametrize("argv, flag, says", [
+    (["finetune", "fairseq", "--seeds", "-1"], "--seeds", "must be 0 or more, not -1"),
+    (["finetune", "fairseq", "--epochs", "0"], "--epochs", "must be 1 or more, not 0"),
+    (["finetune", "transformers", "--seeds", "0", "-2"], "--seeds", "must be 0 or more"),
+    (["finetune", "lora", "--epochs", "0"], "--epochs", "must be 1 or more"),
+    (["binarize-cls", "--workers", "0"], "--workers", "must be 1 or more, not 0"),
+    (["prepare-pretrain", "--workers", "-3"], "--workers", "must be 1 or more"),
+    (["pretrain", "--tokens", "0"], "--tokens", "must be more than 0"),
+    (["pretrain", "--minutes", "-5"], "--minutes", "must be more than 0"),
+    (["pretrain-ablations", "--jobs", "0"], "--jobs", "must be 1 or more"),
+])
+def test_bad_numbers_are_usage_errors(argv, flag, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    assert f"argument {flag}: {says}" in capsys.readouterr().err
+
+
+def test_relative_paths_are_resolved_where_they_were_typed(tmp_path, monkeypatch):
+    """``binarize-cls`` runs fairseq-preprocess in a scratch folder: a relative --tokenizer
+    must already point where the user meant."""
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["binarize-cls", "--tokenizer", "tok", "--out", "out"])
+    assert args.tokenizer == tmp_path.resolve() / "tok" and args.tokenizer.is_absolute()
+    args = build_parser().parse_args(["prepare-pretrain", "--tokenizer", "../t"])
+    assert args.tokenizer == (tmp_path / "../t").resolve()
+    args = build_parser().parse_args(["finetune", "fairseq", "--data", "bin"])
+    assert args.data == Path(tmp_path).resolve() / "bin"
