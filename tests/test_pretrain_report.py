@@ -143,3 +143,24 @@ def test_throughput_table_names_each_runs_precision_and_updates_done():
     table = pr.throughput_table(pr.load_pretrain_runs()).set_index("run")
     assert table.loc["cpu-seed1", "precision"] == "fp32"
     assert table.loc["cpu-seed1", "updates"] == 1600 and table.loc["cpu-seed1-c1", "updates"] == 2299
+
+
+def test_the_committed_ablations_compare_at_equal_wall_time():
+    """The recorded ablations (data/runs/pretrain-ablation): one row per config, in the configs'
+    order, the first the baseline; what the chapter reads from them."""
+    from finetune_lab.pretrain_ablations import ABLATIONS
+
+    table = pr.ablation_table(pr.load_ablations())
+    assert table["ablation"].tolist() == list(ABLATIONS)
+    assert (table["minus fp32-dropout, reviews"].iloc[0], table["threads"].max()) == (0.0, 1.0)
+    # same training time: the wall times (validation included) agree within a minute and a half
+    assert table["wall time (min)"].max() - table["wall time (min)"].min() < 1.5
+    rows = table.set_index("ablation")
+    assert rows.loc["bf16-dropout", "tokens/s"] > 1.2 * rows.loc["fp32-dropout", "tokens/s"]
+    reading = pr.ablation_reading(table)
+    ratio = rows.loc["bf16-dropout", "tokens/s"] / rows.loc["fp32-dropout", "tokens/s"]
+    assert f"bf16 ran {ratio:.2f} times as fast as fp32" in reading
+    assert f"is `{pr.best_ablation(table)}`'s" in reading
+    shown = pr.ablation_display(table)
+    assert shown.loc[0, "minus fp32-dropout, novels"] == "+0.000"
+    assert "no ablation run yet" in pr.ablation_display(pr.ablation_table(None)).iloc[0, 0]

@@ -118,7 +118,7 @@ def compute_summary(work: Path | None = None) -> dict[str, Any]:
         raise UserError(f"prepared data missing: {', '.join(missing)}. Run, in order: "
                         + "; ".join(REGENERATE[:-1]))
     cls_manifest = _files.read_json(folders["cls"] / "manifest.json")
-    tok_manifest = _files.read_json(folders["tokenizer"] / "manifest.json")
+    trained = tokenizer_training(_files.read_json(folders["tokenizer"] / "manifest.json"))
     bin_manifest = _files.read_json(folders["cls_bin"] / "manifest.json")
     pre_manifest = _files.read_json(folders["pretrain"] / "manifest.json")
 
@@ -167,10 +167,7 @@ def compute_summary(work: Path | None = None) -> dict[str, Any]:
             "stats": length_stats,
         },
         "tokenizer": {
-            "seed": tok_manifest["seed"],
-            "parameters": tok_manifest["parameters"],
-            "corpus": tok_manifest["corpus"],
-            "timings_s": tok_manifest["timings_s"],
+            **{k: trained[k] for k in ("seed", "parameters", "corpus", "timings_s")},
             "dict_entries": sum(1 for _ in open(folders["tokenizer"] / tokenizer.DICT_FILE,
                                                 encoding="utf-8")),
         },
@@ -185,8 +182,23 @@ def compute_summary(work: Path | None = None) -> dict[str, Any]:
             "binarize-cls": bin_manifest["commands"],
             "prepare-pretrain": pre_manifest["commands"],
         },
-        "tool_versions": tok_manifest["tool_versions"],
+        "tool_versions": trained["tool_versions"],
     }
+
+
+def tokenizer_training(tok_manifest: dict[str, Any]) -> dict[str, Any]:
+    """How the tokenizer was trained: its own manifest, or, for the tokenizer that `reproduce`
+    adopts from the committed checkpoint (its manifest only names the files), the committed
+    summary, written when that tokenizer was trained."""
+    if "seed" in tok_manifest:
+        return tok_manifest
+    path = summary_path()
+    if not path.is_file():
+        raise UserError(f"the tokenizer was adopted from the checkpoint and {path}, which "
+                        "records how it was trained, is missing: restore it from git, or train "
+                        "a tokenizer with `finetune-lab train-tokenizer`")
+    committed = _files.read_json(path)
+    return {**committed["tokenizer"], "tool_versions": committed["tool_versions"]}
 
 
 def write_summary(summary: dict[str, Any], dest: Path | None = None) -> Path:

@@ -190,7 +190,7 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
     if recipe.max_valid_steps is not None:
         args += ["--max-valid-steps", str(recipe.max_valid_steps)]
     if stop_minutes is not None:
-        args += ["--stop-time-hours", f"{stop_minutes / 60:.6f}"]
+        args += ["--stop-time-hours", f"{stop_minutes / 60:.4f}"]
     if init_from is not None:
         args += ["--finetune-from-model", str(init_from)]
     if device == "cpu":

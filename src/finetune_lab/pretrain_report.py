@@ -649,6 +649,7 @@ def ablation_table(loaded) -> pd.DataFrame:
             "ablation": rec.name, "precision": hp.get("precision"), "dropout": hp.get("dropout"),
             "peak lr": hp.get("lr"),
             "threads": device_threads(man),
+            "budget (min)": hp.get("budget_minutes"),
             "wall time (min)": (man.get("wall_time_s") or 0) / 60,
             "tokens/s": (man.get("throughput") or {}).get("tokens_per_s"),
             "tokens (M)": updates * int(hp["tokens_per_update"]) / 1e6,
@@ -754,6 +755,7 @@ def ablation_display(table: pd.DataFrame) -> pd.DataFrame:
         elif col.startswith("minus"):
             out[col] = [f"{v:+.3f}" for v in table[col]]
     out["wall time (min)"] = [f"{v:.1f}" for v in table["wall time (min)"]]
+    out["budget (min)"] = [f"{v:g}" if pd.notna(v) else "n/a" for v in table["budget (min)"]]
     out["tokens/s"] = [f"{v:,.0f}" if pd.notna(v) else "n/a" for v in table["tokens/s"]]
     out["tokens (M)"] = [f"{v:.2f}" for v in table["tokens (M)"]]
     out["threads"] = [f"{v:.0f}" if pd.notna(v) else "–" for v in table["threads"]]
