@@ -164,3 +164,41 @@ def test_the_committed_ablations_compare_at_equal_wall_time():
     shown = pr.ablation_display(table)
     assert shown.loc[0, "minus fp32-dropout, novels"] == "+0.000"
     assert "no ablation run yet" in pr.ablation_display(pr.ablation_table(None)).iloc[0, 0]
+
+
+def test_the_committed_long_run_is_one_curve_over_its_launches():
+    """`pretrain/cpu-long` ran in several launches, killed in between: the chapter reads it as
+    one run with one learning-rate schedule (one warm-up) and each update once."""
+    runs = pr.load_pretrain_runs()
+    (rec,) = pr.long_runs(runs)
+    assert rec.valid, rec.reason
+    launches = pr.segments_table(rec)
+    assert len(launches) >= 2 and launches["ended"].iloc[-1] == "complete"
+    assert "interrupted" in launches["ended"].tolist()
+    curves = pr.curves(runs)
+    lr = curves[(curves["run"] == rec.name) & (curves["tag"] == "lr")].sort_values("step")
+    every = rec.manifest["hyperparameters"]["log_interval"]
+    assert lr["step"].is_unique and lr["step"].diff().dropna().eq(every).all()
+    assert 0 <= rec.manifest["updates_done"] - lr["step"].iloc[-1] < every
+    warmup = rec.manifest["hyperparameters"]["warmup_updates"]
+    after = lr[lr["step"] > warmup]["value"]
+    assert (after.diff().dropna() <= 1e-12).all()  # decays only: no second warm-up
+    text = pr.long_run_markdown(runs)
+    assert "It is complete" in text and "are task-adaptive" in text
+    assert "{#tbl-long-run-launches}" in text
+
+
+def test_accuracy_against_tokens_draws_every_fine_tuned_weights():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    runs = pr.load_pretrain_runs()
+    table = pr.candidate_table(runs)
+    tuned = table[table["acc mean"].notna()]
+    fig = pr.plot_accuracy_vs_tokens(table, pr.random_accuracy())
+    ax = fig.axes[0]
+    drawn = [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
+    assert sum(len(c.lines[0].get_xdata()) for c in drawn) == len(tuned) >= 2
+    mean, std, n = pr.random_accuracy()
+    assert n == 3 and 60 < mean < 80 and std > 0
+    assert "yes: saw the CLS-Books training texts" in table["task-adaptive"].tolist()
