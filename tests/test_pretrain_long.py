@@ -134,3 +134,21 @@ def test_a_finished_or_lost_long_run_is_not_resumed(tiny_pipeline, tapt_corpus, 
     with pytest.raises(UserError, match="not on this machine"):
         _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "lost")
     assert read_manifest(run_dir)["status"] == "paused"
+
+
+def test_progress_is_echoed_from_new_log_lines_only(tmp_path, capsys):
+    import time
+
+    log = tmp_path / "train.log"
+    log.write_text("x | INFO | train_inner | epoch 001: num_updates=5, wps=10\n")  # a past launch
+    with pretrain.echoing(log, lambda line: pretrain_long.progress_line(line, 100, 20)):
+        time.sleep(0.3)
+        with open(log, "a") as fh:
+            fh.write("x | INFO | train_inner | epoch 001: loss=9, wps=1000, num_updates=10\n")
+        time.sleep(2.5)
+    out = capsys.readouterr().out
+    assert out == ("pretrain: 0.00 M of 0.00 M tokens (50.0 %), 1,000 tokens/s, 0.00 M left, "
+                   "ETA 0.0 h\n")
+    with pretrain.echoing(log, None):  # quiet: nothing
+        pass
+    assert capsys.readouterr().out == ""

@@ -243,20 +243,24 @@ def test_malformed_manifests_are_excluded_not_fatal(tiny_grid, tmp_path: Path, c
     assert "1 valid, 2 excluded" in capsys.readouterr().out
 
 
-def test_one_writer_per_run_and_no_orphan_trainer(tmp_path: Path, capsys) -> None:
-    """A second launch of a run being written is refused (before it can delete or mix into the
-    folder), and killing the launcher kills its trainer (issue 19)."""
-    from finetune_lab.recording import RunLockedError, record_run
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, dead but not yet reaped, counts as dead)."""
+    try:
+        return "\tZ" not in Path(f"/proc/{pid}/status").read_text().split("State:")[1][:4]
+    except (FileNotFoundError, IndexError):
+        return False
 
-    runs_root = tmp_path / "runs"
-    pid_file = tmp_path / "trainer.pid"
+
+def _launch_sleeping_trainer(tmp_path: Path, runs_root: Path, run: str):
+    """A launcher process recording run ``run`` whose trainer sleeps: (launcher, trainer pid)."""
+    pid_file = tmp_path / f"{run}.pid"
     trainer = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
                "time.sleep(120)")
-    script = tmp_path / "launch.py"
+    script = tmp_path / f"launch-{run}.py"
     script.write_text(
         "import sys\n"
         "from finetune_lab.recording import record_run\n"
-        f"with record_run('{EXPERIMENT}', 'locked', framework='fairseq', init='random', seed=1,\n"
+        f"with record_run('{EXPERIMENT}', '{run}', framework='fairseq', init='random', seed=1,\n"
         f"                hyperparameters={{'lr': 1e-3}}, runs_root={str(runs_root)!r}) as h:\n"
         f"    h.run([sys.executable, '-c', {trainer!r}])\n"
     )
@@ -265,7 +269,16 @@ def test_one_writer_per_run_and_no_orphan_trainer(tmp_path: Path, capsys) -> Non
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (pid_file.is_file() and pid_file.read_text()):
         time.sleep(0.1)
-    trainer_pid = int(pid_file.read_text())
+    return proc, int(pid_file.read_text())
+
+
+def test_one_writer_per_run_and_no_orphan_trainer(tmp_path: Path, capsys) -> None:
+    """A second launch of a run being written is refused (before it can delete or mix into the
+    folder), and killing the launcher kills its trainer (issue 19)."""
+    from finetune_lab.recording import RunLockedError, record_run
+
+    runs_root = tmp_path / "runs"
+    proc, trainer_pid = _launch_sleeping_trainer(tmp_path, runs_root, "locked")
     try:
         with pytest.raises(RunLockedError, match=f"pid {proc.pid}"):
             with record_run(EXPERIMENT, "locked", framework="fairseq", init="random", seed=1,
@@ -275,15 +288,9 @@ def test_one_writer_per_run_and_no_orphan_trainer(tmp_path: Path, capsys) -> Non
     finally:
         proc.kill()  # SIGKILL: the launcher cannot clean up
         proc.wait()
-    def alive(pid: int) -> bool:  # a zombie (dead, not yet reaped) counts as dead
-        try:
-            return "\tZ" not in Path(f"/proc/{pid}/status").read_text().split("State:")[1][:4]
-        except (FileNotFoundError, IndexError):
-            return False
-
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if not alive(trainer_pid):
+        if not _alive(trainer_pid):
             break
         time.sleep(0.1)
     else:
@@ -300,23 +307,7 @@ def test_one_writer_per_run_and_no_orphan_trainer(tmp_path: Path, capsys) -> Non
 
 def test_sigterm_stops_the_trainer_and_the_manifest_says_so(tmp_path: Path) -> None:
     runs_root = tmp_path / "runs"
-    pid_file = tmp_path / "trainer.pid"
-    trainer = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
-               "time.sleep(120)")
-    script = tmp_path / "launch.py"
-    script.write_text(
-        "import sys\n"
-        "from finetune_lab.recording import record_run\n"
-        f"with record_run('{EXPERIMENT}', 'termed', framework='fairseq', init='random', seed=1,\n"
-        f"                hyperparameters={{'lr': 1e-3}}, runs_root={str(runs_root)!r}) as h:\n"
-        f"    h.run([sys.executable, '-c', {trainer!r}])\n"
-    )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (pid_file.is_file() and pid_file.read_text()):
-        time.sleep(0.1)
-    trainer_pid = int(pid_file.read_text())
+    proc, trainer_pid = _launch_sleeping_trainer(tmp_path, runs_root, "termed")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) != 0
     man = mf.read_manifest(runs_root / EXPERIMENT / "termed")
@@ -324,5 +315,4 @@ def test_sigterm_stops_the_trainer_and_the_manifest_says_so(tmp_path: Path) -> N
     assert "interrupted before its training process ended (interrupted (signal 15))" in \
         mf.manifest_problems(man)[0]
     time.sleep(0.5)
-    status = Path(f"/proc/{trainer_pid}/status")
-    assert not status.exists() or "\tZ" in status.read_text().split("State:")[1][:4]
+    assert not _alive(trainer_pid)

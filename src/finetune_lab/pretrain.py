@@ -17,7 +17,8 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,23 @@ def throughput_record(log_text: str, recipe: PretrainRecipe, device: dict[str, A
     return out
 
 
+@contextmanager
+def echoing(log: Path, show: Callable[[str], str | None] | None) -> Iterator[None]:
+    """While the body runs (fairseq training), print ``show(line)`` for each new log line in a
+    background thread (nothing when ``show`` is None: quiet)."""
+    stop = threading.Event()
+    watcher = None
+    if show is not None:
+        watcher = threading.Thread(target=echo_progress, args=(log, stop, show), daemon=True)
+        watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if watcher:
+            watcher.join()
+
+
 def fairseq_progress(line: str) -> str | None:
     """fairseq's own progress lines (training, validation), without their logging prefix."""
     if any(f"| {kind} |" in line for kind in ("train_inner", "train", "valid", "valid1")):
@@ -412,18 +430,8 @@ def pretrain(
                     init="random" if parent is None else "continued", seed=seed,
                     hyperparameters=hyper, data=[bin_dir], runs_root=runs_root,
                     overwrite=overwrite, extra=extra) as handle:
-        stop = threading.Event()
-        watcher = None
-        if not quiet:
-            watcher = threading.Thread(target=echo_progress,
-                                       args=(handle.run_dir / "train.log", stop), daemon=True)
-            watcher.start()
-        try:
+        with echoing(handle.run_dir / "train.log", None if quiet else fairseq_progress):
             run_fairseq_train(handle, args, env=env)
-        finally:
-            stop.set()
-            if watcher:
-                watcher.join()
         best = save_dir / "checkpoint_best.pt"
         if not best.is_file():
             raise UserError(f"fairseq finished without writing {best}; see {handle.log_path}")

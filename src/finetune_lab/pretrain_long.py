@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import threading
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -24,8 +23,8 @@ from typing import Any
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.pretrain import (EXPERIMENT, PretrainRecipe, cpu_has_bf16, default_recipe,
-                                   device_defaults, echo_progress, experiment_config,
-                                   fairseq_args, fairseq_progress, require_corpus)
+                                   device_defaults, echoing, experiment_config, fairseq_args,
+                                   fairseq_progress, require_corpus)
 
 LAST = "checkpoint_last.pt"
 
@@ -212,21 +211,11 @@ def pretrain_long(
                 args.append("--reset-dataloader")  # the phase's corpus, from its start
             print(f"pretrain: {run}, phase {phase.name}: updates {done} to {until} of "
                   f"{total} ({tokens_per_update} tokens each)", flush=True)
-            stop = threading.Event()
-            watcher = None
-            if not quiet:
-                show = partial(progress_line, tokens_per_update=tokens_per_update,
-                               total_updates=total)
-                watcher = threading.Thread(target=echo_progress, daemon=True, args=(
-                    handle.run_dir / "train.log", stop,
-                    lambda line: show(line) or fairseq_progress(line)))
-                watcher.start()
-            try:
+            tokens = partial(progress_line, tokens_per_update=tokens_per_update,
+                             total_updates=total)
+            with echoing(handle.run_dir / "train.log",
+                         None if quiet else lambda line: tokens(line) or fairseq_progress(line)):
                 run_fairseq_train(handle, args, env=env)
-            finally:
-                stop.set()
-                if watcher:
-                    watcher.join()
         point = resume_point(save_dir)
         done = point["updates"] if point else 0
         segment["updates_to"] = done
