@@ -38,3 +38,35 @@ def test_relative_paths_are_resolved_where_they_were_typed(tmp_path, monkeypatch
     assert args.tokenizer == (tmp_path / "../t").resolve()
     args = build_parser().parse_args(["finetune", "fairseq", "--data", "bin"])
     assert args.data == Path(tmp_path).resolve() / "bin"
+
+
+def test_a_corrupted_checkpoint_is_told_from_a_foreign_one(tmp_path):
+    """The committed checkpoint, one byte changed: it no longer matches its own manifest, which
+    is what the message says (not 'in no manifest', with advice to use that same file)."""
+    import shutil
+
+    from finetune_lab import checkpoints
+
+    folder = tmp_path / "roberta-small-fr"
+    shutil.copytree(checkpoints.packaged_dir(), folder)
+    with open(folder / "model.pt", "r+b") as fh:
+        fh.seek(1000)
+        byte = fh.read(1)
+        fh.seek(1000)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(checkpoints.UntrustedCheckpointError,
+                       match="no longer matches its own manifest"):
+        checkpoints.check_trusted(folder / "model.pt")
+    foreign = tmp_path / "model.pt"
+    foreign.write_bytes(b"weights from elsewhere")
+    with pytest.raises(checkpoints.UntrustedCheckpointError, match="in no manifest"):
+        checkpoints.check_trusted(foreign)
+
+
+def test_a_model_path_that_does_not_exist_is_named():
+    from finetune_lab.errors import UserError
+    from finetune_lab.lora_qa import check_model_argument
+
+    with pytest.raises(UserError, match="--model /no/such/dir: no such folder"):
+        check_model_argument("/no/such/dir")
+    check_model_argument("bigscience/bloom-560m")  # a hub name is not a path

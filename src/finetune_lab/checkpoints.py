@@ -81,6 +81,14 @@ def default_manifests() -> list[Path]:
     ) + extra
 
 
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _in_trusted_dir(path: Path) -> bool:
     dirs = [Path(d).resolve() for d in os.environ.get(TRUSTED_DIRS_ENV, "").split(os.pathsep) if d]
     return any(path.resolve().is_relative_to(d) for d in dirs)
@@ -95,6 +103,15 @@ def check_trusted(path: Path | str, manifests: Iterable[Path] | None = None) -> 
     if _in_trusted_dir(path):
         return sha
     listed = manifest_hashes(default_manifests() if manifests is None else manifests)
+    own = path.parent / MANIFEST_FILE
+    recorded = (((_read_json(own) or {}).get("files") or {}).get(path.name) or {}).get("sha256")
+    if sha not in listed and recorded and recorded != sha:
+        raise UntrustedCheckpointError(
+            f"refusing to load {path}: it no longer matches its own manifest {own} (sha256 "
+            f"{sha[:16]}... now, {recorded[:16]}... recorded): the file was changed or "
+            "corrupted. Restore it (`git checkout -- " + str(path) + "` for the committed "
+            "checkpoint), or package it again with the run that made it."
+        )
     if sha not in listed:
         raise UntrustedCheckpointError(
             f"refusing to load {path}: its sha256 {sha[:16]}... is in no manifest of this project. "

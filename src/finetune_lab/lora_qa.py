@@ -430,7 +430,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd)
 
 
+def check_model_argument(name: str) -> None:
+    """A ``--model`` written as a path (``/``, ``.`` or ``~`` first) must exist: otherwise
+    transformers reads it as a hub name and reports a puzzling repo-id error."""
+    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().exists():
+        raise UserError(f"--model {name}: no such folder. Pass a local folder holding the "
+                        "model's config and weights (BLOOM-560m for the lab), or a hub name")
+
+
 def _cmd(args: argparse.Namespace) -> int:
+    check_model_argument(args.model)
     run_dir = run_lora_qa(args.model, run=args.run, runs_root=args.runs_root, faq=args.faq,
                           no_4bit=args.no_4bit, force_4bit=args.force_4bit,
                           max_steps=args.max_steps, max_new_tokens=args.max_new_tokens,
