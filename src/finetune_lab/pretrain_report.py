@@ -544,6 +544,10 @@ def candidate_text(table: pd.DataFrame, cost: str = "", runs_root=None) -> str:
         if pd.notna(c["valid loss, reviews (bits)"]):
             text += f", and {c['valid loss, reviews (bits)']:.2f} bits on the held-out reviews"
         text += ". "
+        if str(c.get("task-adaptive") or "").startswith("yes"):
+            text += ("Its last part was task-adaptive, on reviews only (the CLS-Books training "
+                     "texts among them), so its loss on the novels says less about it than the "
+                     "one on the reviews. ")
         first, start = c.get("first valid"), c.get("started at")
         if isinstance(first, tuple) and start is not None and pd.notna(start):
             text += (f"Its first validation (update {first[0]:,}), after a fresh warm-up to "
