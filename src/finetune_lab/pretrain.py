@@ -131,6 +131,12 @@ def default_recipe(**overrides: Any) -> PretrainRecipe:
     return PretrainRecipe(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
 
 
+def state_dir(run: str) -> Path:
+    """Where a pretraining run's fairseq checkpoints (a long run's resumable state) live:
+    git-ignored, on this machine only."""
+    return paths().work / "pretrain-checkpoints" / run
+
+
 def require_corpus(data_dir: Path) -> Path:
     """The binarized corpus folder (``bin/`` of ``prepare-pretrain``), checked."""
     bin_dir = data_dir / "bin" if (data_dir / "bin").is_dir() else data_dir
@@ -394,8 +400,7 @@ def pretrain(
     if parent is not None and run is None:
         run = continued_run_name(str(parent["run"] or device), len(parent["lineage"]))
     run = run or f"{device}-seed{seed}"
-    save_dir = paths().work / "pretrain-checkpoints" / (
-        run if experiment == EXPERIMENT else f"{experiment}-{run}")
+    save_dir = state_dir(run if experiment == EXPERIMENT else f"{experiment}-{run}")
     save_dir.mkdir(parents=True, exist_ok=True)
 
     calibration = None

@@ -24,7 +24,8 @@ from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.pretrain import (EXPERIMENT, PretrainRecipe, cpu_has_bf16, default_recipe,
                                    device_defaults, echoing, experiment_config, fairseq_args,
-                                   fairseq_progress, require_corpus)
+                                   fairseq_progress, require_corpus,
+                                   state_dir)
 
 LAST = "checkpoint_last.pt"
 
@@ -87,11 +88,6 @@ def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str 
     return (f"pretrain: {done / 1e6:.2f} M of {total / 1e6:.2f} M tokens "
             f"({100 * done / total:.1f} %), {float(wps.group(1)):,.0f} tokens/s, "
             f"{(total - done) / 1e6:.2f} M left, ETA {eta_s / 3600:.1f} h")
-
-
-def state_dir(run: str) -> Path:
-    """Where a run's resumable state lives (git-ignored, on this machine only)."""
-    return paths().work / "pretrain-checkpoints" / run
 
 
 def pretrain_long(
