@@ -161,3 +161,28 @@ def test_grid_manifests_record_everything(tiny_grid) -> None:  # noqa: F811
         assert man["outputs"] == mf.output_hashes(run_dir)
         assert man["checkpoints"] == {}  # --no-save
         assert 0 < man["wall_time_s"] < 300
+
+
+def test_the_schema_and_the_code_name_the_same_statuses_and_frameworks():
+    import json
+
+    schema = json.loads(mf.SCHEMA_FILE.read_text())["properties"]
+    assert tuple(schema["status"]["enum"]) == mf.STATUSES
+    assert tuple(schema["framework"]["enum"]) == mf.FRAMEWORKS
+
+
+def test_schema_problems_name_each_wrong_place_once():
+    from finetune_lab.config import paths
+
+    man = mf.read_manifest(next(paths().runs.glob("fairseq/*-seed0")))
+    assert mf.schema_problems(man) == []
+    man["seed"] = True  # JSON true is not an integer seed
+    man["command"] = []
+    man["inputs"]["checkpoint"] = {"path": 3}
+    del man["device"]
+    assert mf.schema_problems(man) == [
+        "manifest lacks key 'device'",
+        "manifest 'command' is not a non-empty list of arguments",
+        "manifest 'inputs.checkpoint' is not null or a {path, sha256} record",
+        "manifest 'seed' is not an integer",
+    ]

@@ -301,3 +301,17 @@ def test_package_to_reaches_pretrain(monkeypatch, tmp_path):
     monkeypatch.setattr(pretrain, "pretrain", lambda **kw: seen.update(kw) or tmp_path)
     assert cli.main(["pretrain", "--max-update", "5", "--package-to", str(tmp_path / "c")]) == 0
     assert seen["package_to"] == tmp_path / "c" and seen["package"] is True
+
+
+def test_weights_only_state_stores_the_tied_pair_once():
+    """bf16 training saves the LM head and the token embedding as two equal tensors; the package
+    keeps one (46 MB, not 79), and keeps two when they really differ."""
+    head, embed = checkpoints.TIED_WEIGHTS
+    emb = torch.randn(320, 8, dtype=torch.bfloat16)
+    state = {"model": {embed: emb, head: emb.clone(), "other": torch.ones(3)},
+             "optimizer_history": [{"num_updates": 5}]}
+    model = checkpoints.weights_only_state(state)["model"]
+    assert model[head] is model[embed] and model[head].dtype == torch.float16
+    state["model"][head] = emb.clone() + 1
+    model = checkpoints.weights_only_state(state)["model"]
+    assert model[head] is not model[embed]

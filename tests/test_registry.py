@@ -235,7 +235,7 @@ def test_malformed_manifests_are_excluded_not_fatal(tiny_grid, tmp_path: Path, c
                     mine)  # and an event file swapped for another run's
     copy_run(tiny_grid, "pretrained-seed1", tmp_path)
     records = discover_runs(tmp_path)
-    assert "'inputs.data' is not a list" in _only(records, "random-seed1").reason
+    assert "'inputs.data[0]' is not a {path, sha256} record" in _only(records, "random-seed1").reason
     assert "'outputs' is not a mapping" in _only(records, "random-seed2").reason
     assert _only(records, "pretrained-seed1").valid
     assert len(load_scalars(valid_runs(records))) > 0

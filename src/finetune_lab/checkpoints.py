@@ -117,8 +117,9 @@ def check_trusted(path: Path | str, manifests: Iterable[Path] | None = None) -> 
             f"refusing to load {path}: its sha256 {sha[:16]}... is in no manifest of this project. "
             "A fairseq checkpoint needs an exception to torch's safe loading (it pickles an "
             "argparse.Namespace), which is granted only to files the project produced and "
-            "listed. Package a checkpoint you trust with `finetune-lab package-checkpoint`, "
-            "or use the committed data/checkpoints/roberta-small-fr/model.pt."
+            "listed. If you made this file or trust it, package it: `finetune-lab "
+            f"package-checkpoint {path} --trust --dest DIR` (then `--checkpoint DIR`); or use "
+            "the committed data/checkpoints/roberta-small-fr/model.pt."
         )
     return sha
 
@@ -132,11 +133,16 @@ def fairseq_safe_globals():
         yield
 
 
-def load_trusted(path: Path | str, manifests: Iterable[Path] | None = None) -> dict[str, Any]:
-    """``torch.load`` a listed fairseq checkpoint with ``weights_only=True``."""
+def load_trusted(path: Path | str, manifests: Iterable[Path] | None = None, *,
+                 trust: bool = False) -> dict[str, Any]:
+    """``torch.load`` a listed fairseq checkpoint with ``weights_only=True``; ``trust``: the user
+    vouches for an unlisted one (``package-checkpoint --trust``)."""
     import torch
 
-    check_trusted(path, manifests)
+    if not trust:
+        check_trusted(path, manifests)
+    elif not Path(path).is_file():
+        raise UserError(f"checkpoint {path} does not exist")
     with fairseq_safe_globals():
         return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -163,6 +169,10 @@ def install_fairseq_loader() -> None:
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
 
+TIED_WEIGHTS = ("encoder.lm_head.weight", "encoder.sentence_encoder.embed_tokens.weight")
+"""RoBERTa's masked-LM head decodes with the token embedding (fairseq ties them)."""
+
+
 def weights_only_state(state: dict[str, Any], dtype: str = "float16") -> dict[str, Any]:
     """A fairseq checkpoint reduced to what inference and fine-tuning need.
 
@@ -183,6 +193,11 @@ def weights_only_state(state: dict[str, Any], dtype: str = "float16") -> dict[st
         if key not in cast_once:
             cast_once[key] = v.to(cast) if v.is_floating_point() else v
         model[k] = cast_once[key]
+    # A checkpoint saved from bf16 training stores the tied pair as two equal tensors; keep one.
+    head, embed = TIED_WEIGHTS
+    if head in model and embed in model and model[head] is not model[embed] \
+            and torch.equal(model[head], model[embed]):
+        model[head] = model[embed]
     return {
         "args": state.get("args"),
         "cfg": state.get("cfg"),
@@ -206,15 +221,19 @@ def package_checkpoint(
     *,
     metadata: dict[str, Any] | None = None,
     manifests: Iterable[Path] | None = None,
+    trust: bool = False,
 ) -> Path:
-    """Write ``dest/{model.pt,dict.txt,sentencepiece.bpe.model,manifest.json}`` atomically."""
+    """Write ``dest/{model.pt,dict.txt,sentencepiece.bpe.model,manifest.json}`` atomically.
+    ``trust``: the user vouches for a ``source`` that no manifest lists (recorded as such)."""
     import torch
 
     dest = Path(dest) if dest is not None else packaged_dir()
     for f in (tokenizer_model, dictionary):
         if not Path(f).is_file():
             raise UserError(f"{f} is missing: run `finetune-lab train-tokenizer` first")
-    state = load_trusted(source, manifests)
+    state = load_trusted(source, manifests, trust=trust)
+    if trust:
+        metadata = {**(metadata or {}), "trusted_by": "the user (package-checkpoint --trust)"}
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes the folder private; this one is published

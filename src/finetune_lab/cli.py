@@ -9,7 +9,9 @@ subcommand.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -30,6 +32,7 @@ COMMAND_MODULES: list[str] = [
     "finetune_lab.freeze",
     "finetune_lab.lora_qa",
     "finetune_lab.hf_convert",
+    "finetune_lab.gpu_lab",
 ]
 
 
@@ -53,13 +56,42 @@ def _print_user_dir(_args: argparse.Namespace) -> int:
     return 0
 
 
+OS_FAULTS = {
+    errno.ENOSPC: "the disk is full: free space there (data/work/pretrain-checkpoints/ holds the "
+                  "largest files) or point FINETUNE_LAB_WORK_DIR / FINETUNE_LAB_RUNS_DIR at "
+                  "another disk, then run the same command again",
+    errno.EDQUOT: "the disk quota is used up: free space or point FINETUNE_LAB_WORK_DIR / "
+                  "FINETUNE_LAB_RUNS_DIR elsewhere, then run the same command again",
+    errno.EACCES: "it is not writable by you: fix its permissions or point FINETUNE_LAB_WORK_DIR / "
+                  "FINETUNE_LAB_RUNS_DIR at a folder you can write",
+    errno.EPERM: "it is not writable by you: fix its permissions or point FINETUNE_LAB_WORK_DIR / "
+                 "FINETUNE_LAB_RUNS_DIR at a folder you can write",
+    errno.EROFS: "it is on a read-only file system: point FINETUNE_LAB_WORK_DIR / "
+                 "FINETUNE_LAB_RUNS_DIR at a writable one",
+}
+"""Faults of the machine rather than of the project, told in one line with the path and the fix
+(runs write atomically or are marked failed, so a fault leaves nothing half-written behind)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try, so that a closed pipe is handled below
+        return code
     except UserError as exc:
         print(f"finetune-lab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `finetune-lab runs | head`: the reader has had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:
+        if exc.errno not in OS_FAULTS:
+            raise
+        where = exc.filename or "a file"
+        print(f"finetune-lab {args.command}: error: cannot write {where}: {exc.strerror}; "
+              f"{OS_FAULTS[exc.errno]}", file=sys.stderr)
         return 2
 
 

@@ -455,6 +455,8 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
     p.add_argument("--runs-root", type=Path, default=None)
     p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test, recorded as transformers-<N>ep (the lab: 5)")
+    p.add_argument("--experiment", help=f"run-cache folder (default: {EXPERIMENT}, or "
+                   f"{EXPERIMENT}-<N>ep for shorter runs)")
     p.set_defaults(func=_run)
 
 
@@ -463,7 +465,8 @@ def _run(args: argparse.Namespace) -> int:
     from finetune_lab.registry import validate_run
 
     recipe = dataclasses.replace(LAB_RECIPE, epochs=args.epochs)
-    experiment = EXPERIMENT if args.epochs == LAB_RECIPE.epochs else f"{EXPERIMENT}-{args.epochs}ep"
+    experiment = args.experiment or (
+        EXPERIMENT if args.epochs == LAB_RECIPE.epochs else f"{EXPERIMENT}-{args.epochs}ep")
     for init in args.init:
         for seed in args.seeds:
             target = run_dir_for(experiment, f"{init}-seed{seed}", args.runs_root)

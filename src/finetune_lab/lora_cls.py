@@ -651,6 +651,8 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
                    help="shorter runs for a smoke test, recorded as lora-<N>ep (the lab: 5)")
     p.add_argument("--force-4bit", action="store_true",
                    help="run qlora-qv without a GPU (bitsandbytes' CPU kernels, slow)")
+    p.add_argument("--experiment", help=f"run-cache folder (default: {EXPERIMENT}, with "
+                   "-<N>ep and -lr<LR> for other epochs and LoRA learning rates)")
     p.set_defaults(func=_run)
 
 
@@ -664,6 +666,7 @@ def _run(args: argparse.Namespace) -> int:
         experiment += f"-{args.epochs}ep"
     if args.lora_lr != LORA_LR:  # another LoRA learning rate is another experiment
         experiment += f"-lr{args.lora_lr:g}"
+    experiment = args.experiment or experiment
     for method in args.methods:
         for seed in args.seeds:
             target = run_dir_for(experiment, run_name(method, seed), args.runs_root)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -35,22 +36,7 @@ STATUSES = (STATUS_RUNNING, STATUS_COMPLETE, STATUS_FAILED, STATUS_PAUSED)
 
 FRAMEWORKS = ("fairseq", "transformers")
 
-# Keys every manifest must carry, whatever its status.
-REQUIRED_KEYS = (
-    "schema",
-    "experiment",
-    "run",
-    "framework",
-    "init",
-    "seed",
-    "hyperparameters",
-    "command",
-    "inputs",
-    "environment",
-    "device",
-    "start_time",
-    "status",
-)
+# The keys every manifest must carry, and their types: SCHEMA_FILE (manifest.schema.json).
 # Keys that must be filled once a run says it is complete.
 COMPLETE_KEYS = ("end_time", "wall_time_s", "exit_code", "outputs")
 
@@ -296,15 +282,53 @@ def read_manifest(run_dir: Path | str) -> dict[str, Any]:
     return data
 
 
+SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
+"""The shape of a manifest, as a JSON Schema (Draft 2020-12): types, required keys, records."""
+
+
+@lru_cache(maxsize=1)
+def _schema_validator():
+    import jsonschema
+
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _where(path: Iterable[Any]) -> str:
+    """``inputs.data[0]`` from jsonschema's path ``["inputs", "data", 0]``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def schema_problems(manifest: Any) -> list[str]:
+    """Where ``manifest`` breaks :data:`SCHEMA_FILE`, one sentence per place, using the
+    schema's titles (``manifest 'outputs' is not a mapping of event file to sha256, ...``)."""
+    problems: list[str] = []
+    for err in sorted(_schema_validator().iter_errors(manifest),
+                      key=lambda e: [str(p) for p in e.absolute_path]):
+        where = _where(err.absolute_path)
+        if err.validator == "required":
+            prefix = f"{where}." if where else ""
+            problems += [f"manifest lacks key '{prefix}{k}'" for k in err.validator_value
+                         if isinstance(err.instance, dict) and k not in err.instance
+                         and f"manifest lacks key '{prefix}{k}'" not in problems]
+        else:
+            title = err.schema.get("title") if isinstance(err.schema, dict) else None
+            problems.append(f"manifest '{where}' is not {title}" if title
+                            else f"manifest '{where}': {err.message}")
+    return problems
+
+
 def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
-    """Everything that makes ``manifest`` unusable, as readable sentences (empty if fine)."""
-    problems = [f"manifest lacks key '{k}'" for k in REQUIRED_KEYS if k not in manifest]
-    if problems:
+    """Everything that makes ``manifest`` unusable, as readable sentences (empty if fine): its
+    shape against the schema, then what its status says."""
+    problems = schema_problems(manifest)
+    if any(p.startswith("manifest lacks key") for p in problems):
         return problems
     status = manifest["status"]
-    if status not in STATUSES:
-        problems.append(f"manifest status '{status}' is not one of {', '.join(STATUSES)}")
-    elif status == STATUS_RUNNING:
+    if status == STATUS_RUNNING:
         problems.append(
             "status is 'running': the run never finished (killed mid-way, or still in progress)"
         )
@@ -321,45 +345,20 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
             f"{(manifest.get('hyperparameters') or {}).get('max_update')}; the same "
             "`finetune-lab pretrain --tokens ...` command resumes it"
         )
-    else:
+    elif status == STATUS_COMPLETE:
         problems += [
             f"manifest says complete but lacks '{k}'"
             for k in COMPLETE_KEYS
             if manifest.get(k) is None
         ]
-    if manifest["framework"] not in FRAMEWORKS:
-        problems.append(f"framework '{manifest['framework']}' is not one of {', '.join(FRAMEWORKS)}")
-    if not isinstance(manifest["hyperparameters"], dict):
-        problems.append("manifest 'hyperparameters' is not a mapping")
-    if not isinstance(manifest["command"], list) or not manifest["command"]:
-        problems.append("manifest 'command' is not a non-empty list of arguments")
-    if isinstance(manifest["seed"], bool) or not isinstance(manifest["seed"], int):
-        problems.append("manifest 'seed' is not an integer")
-    problems += input_shape_problems(manifest["inputs"])
-    outputs = manifest.get("outputs")
-    if outputs is not None and not (isinstance(outputs, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in outputs.items())):
-        problems.append("manifest 'outputs' is not a mapping of event file to sha256, so the "
-                        "event files cannot be checked")
     return problems
 
 
 def input_shape_problems(inputs: Any) -> list[str]:
-    """A manifest's ``inputs`` must be ``{"data": [record, ...], "checkpoint": record | None}``
-    with each record ``{"path": str, "sha256": {relpath: sha}}`` (:func:`input_record`)."""
-    def bad(record: Any) -> bool:
-        return not (isinstance(record, dict) and isinstance(record.get("path"), str)
-                    and isinstance(record.get("sha256"), dict))
-
-    if not isinstance(inputs, dict):
-        return ["manifest 'inputs' is not a mapping"]
-    data = inputs.get("data")
-    problems = []
-    if not isinstance(data, list) or any(bad(r) for r in data):
-        problems.append("manifest 'inputs.data' is not a list of {path, sha256} records")
-    if inputs.get("checkpoint") is not None and bad(inputs["checkpoint"]):
-        problems.append("manifest 'inputs.checkpoint' is not a {path, sha256} record")
-    return problems
+    """The schema's complaints about a manifest's ``inputs`` alone (the registry hashes inputs
+    only when their shape is right)."""
+    return [p for p in schema_problems({"inputs": inputs})
+            if p.startswith(("manifest 'inputs", "manifest lacks key 'inputs."))]
 
 
 def event_files(run_dir: Path | str) -> list[Path]:

@@ -471,7 +471,8 @@ def lineage_of(manifest: dict[str, Any], run: str | None) -> list[dict[str, Any]
                        "tokens": done * int(hp["tokens_per_update"]) if done is not None else None}]
 
 
-def checkpoint_metadata(source: Path, manifests: list[Path]) -> dict[str, Any]:
+def checkpoint_metadata(source: Path, manifests: list[Path], *,
+                        trust: bool = False) -> dict[str, Any]:
     """What the packaged checkpoint's manifest says of its origin: run, the lineage of its
     weights (:func:`lineage_of`, whether packaged by ``pretrain`` or ``package-checkpoint``) and
     validation loss."""
@@ -488,7 +489,7 @@ def checkpoint_metadata(source: Path, manifests: list[Path]) -> dict[str, Any]:
         if any(v.get("sha256") == sha for v in saved.values()):
             run = portable_path(Path(m).parent)
             lineage = lineage_of(manifest, run)
-    state = checkpoints.load_trusted(source, manifests)
+    state = checkpoints.load_trusted(source, manifests, trust=trust)
     loss = (state.get("extra_state") or {}).get("best")
     return {"run": run, "lineage": lineage, "valid_loss_bits": loss,
             "valid_perplexity": 2 ** loss if loss is not None else None}
@@ -548,6 +549,9 @@ def add_parser(sub) -> None:
                         help="package a trusted fairseq checkpoint as model.pt + dict + spm")
     pk.add_argument("source", type=Path)
     pk.add_argument("--dest", type=Path)
+    pk.add_argument("--trust", action="store_true",
+                    help="package a SOURCE that no manifest of this project lists (one you made "
+                         "or trust); the package's manifest says so")
     pk.set_defaults(func=_run_package)
 
 
@@ -583,7 +587,8 @@ def _run_package(args: argparse.Namespace) -> int:
     spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
     manifests = checkpoints.default_manifests()
     dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest,
-                                          manifests=manifests,
-                                          metadata=checkpoint_metadata(args.source, manifests))
+                                          manifests=manifests, trust=args.trust,
+                                          metadata=checkpoint_metadata(args.source, manifests,
+                                                                       trust=args.trust))
     print(f"package-checkpoint: wrote {dest}")
     return 0

@@ -1,0 +1,177 @@
+"""The one-call GPU path, end to end on this CPU with a tiny budget.
+
+Three folders stand for the two machines: ``home`` (a copy of the project with real data
+prepared: the checkpoint's tokenizer, CLS-Books, a two-novel corpus) makes the bundle and later
+takes the runs back; ``remote`` holds only what a device call sends (the files git does not
+ignore, plus the carried ``.gpu/``), with no data root, and runs ``scripts/gpu-lab.sh``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import needs_data_root
+
+from finetune_lab import gpu_lab
+from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.errors import UserError
+
+OFFLINE = ("Could not fetch URL", "NewConnectionError", "Temporary failure in name resolution",
+           "No matching distribution")
+
+
+def _copy_project(dst: Path) -> None:
+    """The source tree as a clean clone has it (no run cache), plus the packaged checkpoint."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=PROJECT_ROOT, capture_output=True, check=True).stdout.decode()
+    for rel in filter(None, listed.split("\0")):
+        if rel.startswith("data/runs/") or not (PROJECT_ROOT / rel).is_file():
+            continue
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(PROJECT_ROOT / rel, dst / rel)
+    subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
+
+
+def _cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(root / "src")}
+    for name in ("FINETUNE_LAB_WORK_DIR", "FINETUNE_LAB_RUNS_DIR"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "finetune_lab.cli", *args], cwd=root, env=env,
+                          capture_output=True, text=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def smoke_call(tmp_path_factory):
+    from finetune_lab import checkpoints, cls_books, pretrain_corpus, reproduce
+
+    base = tmp_path_factory.mktemp("gpu-lab")
+    home, remote, out = base / "home", base / "remote", base / "out"
+    _copy_project(home)
+    work = home / "data" / "work"
+    reproduce.adopt_checkpoint_tokenizer(home / "data" / "checkpoints" / checkpoints.CHECKPOINT_NAME,
+                                         work / "tokenizer")
+    # The tiny call carries a few reviews; home holds the same few, so the hashes can agree.
+    full = cls_books.prepare_cls(out=base / "cls.full")
+    gpu_lab.tiny_cls(full[0] if isinstance(full, tuple) else full, work / "cls.books")
+    pretrain_corpus.prepare_pretrain(tokenizer_dir=work / "tokenizer", out=work / "pretrain-bin",
+                                     with_reviews=False, max_novels=2, workers=1)
+    made = _cli(home, "gpu-bundle", "--tiny", "--steps", "pretrain", "lab",
+                "--python", f"{sys.version_info.major}.{sys.version_info.minor}")
+    if made.returncode != 0 and any(s in made.stderr for s in OFFLINE):
+        pytest.skip(f"PyPI is unreachable, so no bundle: {made.stderr.strip()[-300:]}")
+    assert made.returncode == 0, made.stderr
+    _copy_project(remote)  # what a device call sends: the tree git does not ignore ...
+    shutil.copytree(home / gpu_lab.BUNDLE_DIR, remote / gpu_lab.BUNDLE_DIR)  # ... and the carry
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_LAB_PARALLEL": "2",
+           "FINETUNE_LAB_DATA_ROOT": str(base / "no-data-root-there"), "OUT": str(out)}
+    env.pop("PYTHONPATH", None)
+    ran = subprocess.run(["bash", "scripts/gpu-lab.sh", gpu_lab.BUNDLE_DIR], cwd=remote, env=env,
+                         capture_output=True, text=True, check=False)
+    # home builds its own inputs, so the runs' data hashes are compared, not skipped
+    assert _cli(home, "binarize-cls").returncode == 0
+    assert _cli(home, "convert-hf").returncode == 0
+    return {"home": home, "remote": remote, "out": out, "ran": ran}
+
+
+@pytest.mark.slow
+@needs_data_root
+def test_the_call_runs_every_job_and_returns_pieces_within_the_limits(smoke_call):
+    ran = smoke_call["ran"]
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    result = json.loads((smoke_call["out"] / gpu_lab.RESULT_FILE).read_text())
+    jobs = {j["job"]: j["exit_code"] for j in result["jobs"]}
+    assert jobs == {name: 0 for name in (
+        "binarize-cls", "convert-hf", "pretrain", "fairseq-pretrained-seed0",
+        "fairseq-random-seed0", "transformers-pretrained-seed0", "lora-lora-qv-seed0",
+        "lora-qlora-qv-seed0")}
+    files = sorted(p.name for p in smoke_call["out"].iterdir())
+    assert len(files) <= gpu_lab.MAX_FILES_BACK
+    assert all((smoke_call["out"] / f).stat().st_size <= gpu_lab.PIECE_BYTES for f in files)
+    assert result["device"]["type"] == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.slow
+@needs_data_root
+def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
+    home = smoke_call["home"]
+    done = _cli(home, "gpu-unpack", str(smoke_call["out"]))
+    assert done.returncode == 0, done.stderr
+    runs = home / "data" / "runs"
+    expected = ["fairseq-gpu-smoke/pretrained-seed0", "fairseq-gpu-smoke/random-seed0",
+                "transformers-gpu-smoke/pretrained-seed0", "lora-gpu-smoke/lora-qv-seed0",
+                "lora-gpu-smoke/qlora-qv-seed0", "pretrain-gpu-smoke/gpu-smoke"]
+    for rel in expected:
+        assert f"data/runs/{rel}: valid" in done.stdout, done.stdout
+    assert "data/work/candidates/gpu-smoke: model.pt matches its manifest" in done.stdout
+    man = json.loads((runs / "fairseq-gpu-smoke" / "pretrained-seed0" / "manifest.json").read_text())
+    # checked against home's own binarization (relative path), not skipped as absent
+    assert man["inputs"]["data"][0]["path"] == "data/work/cls-books-bin"
+    assert "not on this machine" not in done.stdout
+    cand = home / "data" / "work" / "candidates" / "gpu-smoke"
+    meta = json.loads((cand / "manifest.json").read_text())
+    assert meta["dtype"] == "float16"
+    from finetune_lab.manifest import sha256_file
+    assert sha256_file(cand / "model.pt") == meta["files"]["model.pt"]["sha256"]
+    # a second unpack replaces nothing
+    again = _cli(home, "gpu-unpack", str(smoke_call["out"]))
+    assert again.returncode == 0 and "exists; left as it is" in again.stdout
+    assert ": valid" not in again.stdout
+
+
+@pytest.mark.slow
+@needs_data_root
+def test_a_damaged_piece_is_refused_by_name(smoke_call, tmp_path):
+    copy = tmp_path / "files"
+    shutil.copytree(smoke_call["out"], copy)
+    piece = copy / f"{gpu_lab.ARCHIVE}.000"
+    data = bytearray(piece.read_bytes())
+    data[100] ^= 1
+    piece.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"gpu-lab\.tar\.000 does not match its sha256"):
+        gpu_lab.unpack(copy, root=tmp_path)
+
+
+def test_pieces_reassemble_and_a_missing_one_is_named(tmp_path):
+    root = tmp_path / "root"
+    run = root / "data" / "runs" / "x-gpu" / "r-seed0"
+    run.mkdir(parents=True)
+    payload = os.urandom(300_000)  # incompressible, so it spans several pieces
+    (run / "blob").write_bytes(payload)
+    (root / "data" / "runs" / "x-gpu" / ".r-seed0.lock").write_text("")
+    meta = gpu_lab.pack([root / "data" / "runs" / "x-gpu"], tmp_path / "out", root=root,
+                        piece_bytes=100_000, extra={"products": ["data/runs/x-gpu"]})
+    assert len(meta["pieces"]) == 4
+    home = tmp_path / "home"
+    placed = gpu_lab.unpack(tmp_path / "out", root=home)
+    assert placed == [home / "data" / "runs" / "x-gpu" / "r-seed0"]  # never the lock file
+    assert (placed[0] / "blob").read_bytes() == payload
+    (tmp_path / "out" / f"{gpu_lab.ARCHIVE}.002").unlink()
+    with pytest.raises(UserError, match=r"gpu-lab\.tar\.002 is missing"):
+        gpu_lab.unpack(tmp_path / "out", root=tmp_path / "home2")
+
+
+def test_slim_bitsandbytes_keeps_one_cuda_build_and_a_consistent_record(tmp_path):
+    wheel = tmp_path / "bitsandbytes-0.0-py3-none-any.whl"
+    libs = ["libbitsandbytes_cpu.so", gpu_lab.CUDA_LIB, "libbitsandbytes_cuda118.so",
+            "libbitsandbytes_rocm71.so"]
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name in [*libs, "__init__.py"]:
+            z.writestr(f"bitsandbytes/{name}", b"x" * 1000)
+        z.writestr("bitsandbytes-0.0.dist-info/RECORD",
+                   "".join(f"bitsandbytes/{n},sha256=x,1000\n" for n in [*libs, "__init__.py"]))
+    gpu_lab.slim_bitsandbytes(wheel)
+    with zipfile.ZipFile(wheel) as z:
+        names = sorted(Path(n).name for n in z.namelist())
+        record = z.read("bitsandbytes-0.0.dist-info/RECORD").decode()
+    assert names == sorted(["RECORD", "__init__.py", "libbitsandbytes_cpu.so", gpu_lab.CUDA_LIB])
+    assert "cuda118" not in record and "rocm" not in record and gpu_lab.CUDA_LIB in record
+    with pytest.raises(UserError, match="has no libbitsandbytes_cuda999.so"):
+        gpu_lab.slim_bitsandbytes(wheel, keep="libbitsandbytes_cuda999.so")
