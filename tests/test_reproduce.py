@@ -43,3 +43,16 @@ def test_adopting_copies_the_checkpoint_tokenizer_once(tmp_path):
 def test_adopting_from_an_incomplete_checkpoint_is_an_error(tmp_path):
     with pytest.raises(UserError, match="lacks"):
         reproduce.adopt_checkpoint_tokenizer(tmp_path, tmp_path / "tok")
+
+
+def test_jobs_reach_the_fairseq_grid_only_when_asked():
+    def grid(jobs: int) -> list[str]:
+        steps = reproduce.plan(from_scratch=False, gpu=False, have_checkpoint=True,
+                               pretrain_minutes=None, jobs=jobs)
+        return next(s for s in steps if s[:2] == ["finetune", "fairseq"])
+
+    assert grid(3)[-2:] == ["--jobs", "3"]
+    assert "--jobs" not in grid(1)
+    from finetune_lab.cli import build_parser
+
+    assert build_parser().parse_args(["reproduce", "--jobs", "2"]).jobs == 2

@@ -18,18 +18,15 @@ from typing import Any
 
 from finetune_lab.errors import UserError
 from finetune_lab.manifest import _umask, sha256_file
+from finetune_lab.manifest import sha256_tree as _sha256_tree
 from finetune_lab.manifest import write_json_atomic as write_json
 
 __all__ = ["sha256_file", "write_json"]  # re-exported: one implementation, in manifest.py
 
 
 def sha256_tree(folder: Path, exclude: tuple[str, ...] = ("manifest.json",)) -> dict[str, str]:
-    """``{relative path: sha256}`` for every file under ``folder`` (sorted, manifest excluded)."""
-    return {
-        p.relative_to(folder).as_posix(): sha256_file(p)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name not in exclude
-    }
+    """``{relative path: sha256}`` for every file under ``folder``, its manifest left out."""
+    return _sha256_tree(folder, exclude)
 
 
 def read_json(path: Path) -> Any:

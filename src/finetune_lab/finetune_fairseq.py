@@ -10,6 +10,7 @@ is picked from the logs afterwards; no checkpoint file is kept (``--no-save``).
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -237,14 +238,43 @@ def add_finetune_parser(sub) -> None:
                    help=f"run-cache folder (default: {EXPERIMENT}, or {EXPERIMENT}-<N>ep for "
                         f"shorter runs); e.g. {CANDIDATE_EXPERIMENT} to try a --checkpoint that "
                         "is not the packaged one without touching the grid")
+    p.add_argument("--jobs", type=positive_int, default=1,
+                   help="runs side by side, the CPU threads (or the GPUs) split between them; "
+                        "each run's output goes to data/work/job-logs/<experiment>/<run>.log")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     recipe = replace(LAB_RECIPE, epochs=args.epochs)
+    experiment = args.experiment or (
+        EXPERIMENT if args.epochs == LAB_RECIPE.epochs else f"{EXPERIMENT}-{args.epochs}ep")
+    if args.jobs > 1:
+        return _run_jobs(args, experiment)
     finetune_grid(tuple(args.init), tuple(args.seeds), bin_dir=args.data,
-                  checkpoint_dir=args.checkpoint, recipe=recipe,
-                  experiment=args.experiment or (
-                      EXPERIMENT if args.epochs == LAB_RECIPE.epochs else
-                      f"{EXPERIMENT}-{args.epochs}ep"))
+                  checkpoint_dir=args.checkpoint, recipe=recipe, experiment=experiment)
     return 0
+
+
+def _run_jobs(args: argparse.Namespace, experiment: str) -> int:
+    """``--jobs N``: each (init, seed) is this same command for that one run, N at a time."""
+    from finetune_lab import jobs
+
+    common = ["--epochs", str(args.epochs), "--experiment", experiment]
+    if args.data:
+        common += ["--data", str(args.data)]
+    if args.checkpoint:
+        common += ["--checkpoint", str(Path(args.checkpoint).resolve())]
+    logs = paths().work / "job-logs" / experiment
+    grid = [jobs.Job(run_name(init, seed),
+                     jobs.cli("finetune", "fairseq", "--init", init, "--seeds", str(seed),
+                              *common),
+                     logs / f"{run_name(init, seed)}.log")
+            for init in args.init for seed in args.seeds]
+    label = f"finetune fairseq ({experiment})"
+    try:
+        results = jobs.run_parallel(grid, args.jobs, label=label)
+    except KeyboardInterrupt:
+        print(f"{label}: interrupted; the runs that were going are marked interrupted",
+              file=sys.stderr)
+        return 130
+    return jobs.report(results, label)

@@ -334,35 +334,17 @@ def pretrain_jobs(plan: Plan, python: str = sys.executable) -> list[Job]:
                              "--package-to", f"data/work/candidates/{name}"])]
 
 
-def run_jobs(jobs: Sequence[Job], logs: Path, *, env: dict[str, str],
+def run_jobs(todo: Sequence[Job], logs: Path, *, env: dict[str, str],
              parallel: int | None = None) -> list[dict[str, Any]]:
-    """Run the jobs side by side (at most ``parallel`` at once), CPU threads split evenly; a
-    failed job never stops the others. Returns each job's exit code, time and log."""
-    parallel = parallel or len(jobs)
-    threads = max(1, (os.cpu_count() or 1) // min(parallel, len(jobs) or 1))
-    env = {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    logs.mkdir(parents=True, exist_ok=True)
-    pending, running, done = list(jobs), [], []
-    while pending or running:
-        while pending and len(running) < parallel:
-            job = pending.pop(0)
-            log = open(logs / f"{job.name}.log", "w")  # noqa: SIM115 (closed when the job ends)
-            proc = subprocess.Popen(job.argv, cwd=PROJECT_ROOT, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT)
-            running.append((job, proc, log, time.time()))
-        time.sleep(0.5)
-        for item in list(running):
-            job, proc, log, start = item
-            if proc.poll() is not None:
-                log.close()
-                running.remove(item)
-                done.append({"job": job.name, "exit_code": proc.returncode,
-                             "seconds": round(time.time() - start, 1),
-                             "log": f"{logs.name}/{job.name}.log"})
-                print(f"gpu-lab: {job.name} exit {proc.returncode} "
-                      f"({done[-1]['seconds']:.0f} s; {len(pending)} waiting, "
-                      f"{len(running)} running)", flush=True)
-    return done
+    """Run the jobs side by side (:func:`finetune_lab.jobs.run_parallel`); each one's exit
+    code, time and log, for ``gpu-lab.json``."""
+    from finetune_lab import jobs as parallel_jobs
+
+    results = parallel_jobs.run_parallel(
+        [parallel_jobs.Job(j.name, j.argv, logs / f"{j.name}.log") for j in todo],
+        parallel or len(todo), env=env, label="gpu-lab")
+    return [{"job": r.name, "exit_code": r.exit_code, "seconds": r.seconds,
+             "log": f"{logs.name}/{r.name}.log"} for r in results]
 
 
 def device_info() -> dict[str, Any]:

@@ -74,12 +74,14 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def sha256_tree(path: Path | str) -> dict[str, str]:
-    """sha256 of every file under ``path`` (or of ``path`` itself if it is a file).
+def sha256_tree(path: Path | str, exclude: Iterable[str] = ()) -> dict[str, str]:
+    """sha256 of every file under ``path`` (or of ``path`` itself if it is a file), leaving out
+    files named in ``exclude`` (a data step's own manifest and logs).
 
     Keys are POSIX paths relative to ``path`` (``"."`` for a single file), sorted, so two trees
     compare equal exactly when they hold the same files with the same bytes.
     """
+    skip = set(exclude)
     root = Path(path)
     if root.is_file():
         return {".": sha256_file(root)}
@@ -88,7 +90,7 @@ def sha256_tree(path: Path | str) -> dict[str, str]:
     return {
         f.relative_to(root).as_posix(): sha256_file(f)
         for f in sorted(root.rglob("*"))
-        if f.is_file()
+        if f.is_file() and f.name not in skip
     }
 
 

@@ -10,8 +10,6 @@ They land in ``data/runs/pretrain-ablation/<name>/`` and are never packaged.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -51,27 +49,13 @@ def run_ablations(names: list[str], minutes: float, jobs: int, checkpoint: Path)
     if unknown:
         raise SystemExit(f"unknown ablation(s) {', '.join(unknown)}: choose from "
                          f"{', '.join(ABLATIONS)}")
+    from finetune_lab import jobs as parallel
+
     todo = [n for n in names if not (paths().runs / EXPERIMENT / n / "manifest.json").is_file()]
-    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    failed: list[str] = []
-    for start in range(0, len(todo), jobs):
-        batch = todo[start:start + jobs]
-        procs = {}
-        for name in batch:
-            log = paths().work / f"{EXPERIMENT}-{name}.out"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            print(f"pretrain-ablations: {name} ({threads} thread(s), {minutes} min), "
-                  f"output in {log}", flush=True)
-            procs[name] = subprocess.Popen(command(name, minutes, checkpoint), env=env,
-                                           stdout=open(log, "w"), stderr=subprocess.STDOUT)
-        for name, proc in procs.items():
-            if proc.wait() != 0:
-                failed.append(name)
-    if failed:
-        print(f"pretrain-ablations: failed: {', '.join(failed)} (see their .out files)")
-        return 1
-    return 0
+    grid = [parallel.Job(name, command(name, minutes, checkpoint),
+                         paths().work / f"{EXPERIMENT}-{name}.out") for name in todo]
+    results = parallel.run_parallel(grid, jobs, label="pretrain-ablations")
+    return parallel.report(results, "pretrain-ablations")
 
 
 def add_parser(sub) -> None:

@@ -18,6 +18,9 @@ import yaml
 
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
+from finetune_lab.freeze import front_matter
+
+__all__ = ["front_matter"]  # one parser, in freeze.py; re-exported for the book's tests
 
 INLINE_RE = re.compile(r"`\{python\}\s+([^`]+)`")
 LABEL_OPTION_RE = re.compile(r"^#\|\s*label:\s*(\S+)\s*$", re.M)
@@ -59,17 +62,6 @@ def book_chapters(root: Path = PROJECT_ROOT) -> list[Path]:
         book.get("appendices", [])
     )
     return [root / rel for rel in listed]
-
-
-def front_matter(path: Path) -> dict:
-    """The YAML front matter of a ``.qmd`` (empty when there is none)."""
-    text = path.read_text(encoding="utf-8")
-    if not text.startswith("---\n"):
-        return {}
-    end = text.find("\n---", 4)
-    if end < 0:
-        raise UserError(f"{path}: front matter opened with '---' is never closed")
-    return yaml.safe_load(text[4:end]) or {}
 
 
 def prose(text: str) -> str:

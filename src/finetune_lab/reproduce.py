@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from finetune_lab.argtypes import positive_int
 from finetune_lab.errors import UserError
 
 
@@ -43,7 +44,7 @@ def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path) -> boo
 
 
 def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
-         pretrain_minutes: float | None) -> list[list[str]]:
+         pretrain_minutes: float | None, jobs: int = 1) -> list[list[str]]:
     """The commands, in order (``[["adopt-tokenizer"], ...]`` marks the in-process step)."""
     from finetune_lab import lora_cls
 
@@ -54,7 +55,8 @@ def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
     if pretrain:
         budget = ["--minutes", str(pretrain_minutes)] if pretrain_minutes else []
         steps += [["prepare-pretrain"], ["pretrain", "--overwrite", *budget]]
-    steps.append(["finetune", "fairseq", "--init", "pretrained", "random", "--seeds", "0", "1", "2"])
+    steps.append(["finetune", "fairseq", "--init", "pretrained", "random", "--seeds", "0", "1", "2",
+                  *(["--jobs", str(jobs)] if jobs > 1 else [])])
     hf_inits = ["pretrained", "random"] if gpu else ["pretrained"]
     steps.append(["finetune", "transformers", "--init", *hf_inits, "--seeds", "0", "1", "2"])
     # the LoRA table's full fine-tuning row is the Transformers pretrained runs above
@@ -65,7 +67,7 @@ def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
 
 
 def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = None,
-              dry_run: bool = False) -> int:
+              dry_run: bool = False, jobs: int = 1) -> int:
     import torch
 
     from finetune_lab import checkpoints, tokenizer
@@ -74,7 +76,7 @@ def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = No
     ckpt = checkpoints.packaged_dir()
     steps = plan(from_scratch=from_scratch, gpu=torch.cuda.is_available(),
                  have_checkpoint=(ckpt / checkpoints.MODEL_FILE).is_file(),
-                 pretrain_minutes=pretrain_minutes)
+                 pretrain_minutes=pretrain_minutes, jobs=jobs)
     for step in steps:
         print(f"reproduce: finetune-lab {' '.join(step)}", flush=True)
         if dry_run:
@@ -98,6 +100,8 @@ def add_parser(sub) -> None:
     p.add_argument("--pretrain-minutes", type=float,
                    help="pretraining budget (default: 8 on a GPU, 120 on a CPU)")
     p.add_argument("--dry-run", action="store_true", help="print the steps only")
+    p.add_argument("--jobs", type=positive_int, default=1,
+                   help="fairseq grid runs side by side (`finetune fairseq --jobs`)")
     p.set_defaults(func=lambda a: reproduce(from_scratch=a.from_scratch,
                                             pretrain_minutes=a.pretrain_minutes,
-                                            dry_run=a.dry_run))
+                                            dry_run=a.dry_run, jobs=a.jobs))
