@@ -13,5 +13,10 @@ render: Quarto is not installed (the `quarto` command is not on PATH).
 MSG
   exit 127
 fi
-quarto render "$@"
-echo "render: done; open _site/index.html (PDF: _site/*.pdf)"
+# Quarto's own output is kept as _site/render.log: tests/test_render.py fails on its warnings.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+quarto render "$@" 2>&1 | tee "$log"
+mkdir -p _site && cp "$log" _site/render.log
+echo "render: done; open _site/index.html (PDF: _site/*.pdf); check it with"
+echo "  $venv/bin/python -m pytest tests/test_render.py"

@@ -85,3 +85,14 @@ def test_a_fairseq_grid_of_two_at_once_reports_the_one_that_failed(tiny_pipeline
     manifest = json.loads((done / "manifest.json").read_text())
     assert manifest["device"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
     assert not (runs / "grid" / "pretrained-seed0" / "manifest.json").exists()
+
+
+def test_a_deadline_stops_the_running_and_never_starts_the_waiting(tmp_path):
+    grid = [_job(tmp_path, "quick", sleep=0.1), _job(tmp_path, "slow", sleep=30),
+            _job(tmp_path, "late")]
+    start = time.time()
+    results = jobs.run_parallel(grid, 1, gpus=0, deadline=time.time() + 3)
+    assert time.time() - start < 20
+    assert [(r.name, r.exit_code) for r in results] == [("quick", 0), ("slow", None),
+                                                        ("late", None)]
+    assert not (tmp_path / "slow").exists()  # stopped before it could record its end

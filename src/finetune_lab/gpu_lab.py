@@ -88,6 +88,9 @@ class Plan:
     pretrain_minutes: float = 9.0
     pretrain_tokens: int = 0
     """Tokens of the corpus slice carried (0: none)."""
+    runs_until_s: float = 510.0
+    """Seconds after the call starts when unfinished runs are stopped (marked interrupted), so
+    that packing ends inside the device's 10 minutes and what finished comes back."""
 
     def experiment(self, base: str) -> str:
         return f"{base}-gpu{SUFFIX_TINY if self.tiny else ''}"
@@ -228,7 +231,7 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
            python: str = GPU_PYTHON, corpus: Path | None = None) -> dict[str, Any]:
     """Fill ``out`` (default ``.gpu/``) with what one device call needs; refuse, naming the sizes,
     when it would not fit the call's 64 MiB with the working tree."""
-    from finetune_lab import binarize, checkpoints, cls_books, tokenizer
+    from finetune_lab import checkpoints, cls_books, tokenizer
     from finetune_lab._files import atomic_dir
 
     plan = plan or Plan()
@@ -238,7 +241,6 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                             ("tokenizer", tok_dir, "finetune-lab train-tokenizer")):
         if not path.is_dir():
             raise UserError(f"{path} ({what}) does not exist: run `{fix}` first")
-    del binarize  # the machine binarizes; only the texts travel
     with atomic_dir(out) as tmp:
         with tempfile.TemporaryDirectory() as dl:
             _pip("download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
@@ -267,10 +269,11 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
         carried = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
         tree = tree_bytes()
         ckpt = checkpoints.packaged_dir() / checkpoints.MODEL_FILE
+        held = f"{ckpt.stat().st_size / 2**20:.1f} MiB" if ckpt.is_file() else "not there"
         if tree + carried > TRANSFER_LIMIT:
             raise UserError(
                 f"{out} ({carried / 2**20:.1f} MiB) and the working tree ({tree / 2**20:.1f} MiB, "
-                f"of which {ckpt.name} {ckpt.stat().st_size / 2**20:.1f} MiB) exceed the device "
+                f"of which {ckpt.name} {held}) exceed the device "
                 f"call's {TRANSFER_LIMIT / 2**20:.0f} MiB: carry a smaller corpus slice "
                 "(--pretrain-tokens), or move the checkpoint out of the tree for a pretraining call")
     return {"bundle": str(out), "carried_bytes": carried, "tree_bytes": tree, "plan": asdict(plan)}
@@ -335,14 +338,14 @@ def pretrain_jobs(plan: Plan, python: str = sys.executable) -> list[Job]:
 
 
 def run_jobs(todo: Sequence[Job], logs: Path, *, env: dict[str, str],
-             parallel: int | None = None) -> list[dict[str, Any]]:
+             parallel: int | None = None, deadline: float | None = None) -> list[dict[str, Any]]:
     """Run the jobs side by side (:func:`finetune_lab.jobs.run_parallel`); each one's exit
     code, time and log, for ``gpu-lab.json``."""
     from finetune_lab import jobs as parallel_jobs
 
     results = parallel_jobs.run_parallel(
         [parallel_jobs.Job(j.name, j.argv, logs / f"{j.name}.log") for j in todo],
-        parallel or len(todo), env=env, label="gpu-lab")
+        parallel or len(todo), env=env, label="gpu-lab", deadline=deadline)
     return [{"job": r.name, "exit_code": r.exit_code, "seconds": r.seconds,
              "log": f"{logs.name}/{r.name}.log"} for r in results]
 
@@ -423,7 +426,9 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     if "lab" in plan.steps:
         jobs += lab_jobs(plan)
     t0 = time.time()
-    results += run_jobs(jobs, work / "logs", env=env, parallel=parallel)
+    # The call is killed at 10 minutes with nothing sent back: stop the runs in time to pack.
+    results += run_jobs(jobs, work / "logs", env=env, parallel=parallel,
+                        deadline=started + plan.runs_until_s)
     step("runs", t0)
     runs = paths().runs
     products = [runs / plan.experiment(base) for base in ("fairseq", "transformers", "lora",

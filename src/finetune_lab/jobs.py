@@ -62,10 +62,28 @@ def _eta(done: list[JobResult], left: int, running: int, parallel: int) -> str:
     return f"ETA {rounds * mean / 60:.0f} min"
 
 
+def _stop(running: dict, done: list[JobResult]) -> None:
+    """SIGTERM every running job (each marks its run interrupted and stops its trainer), wait,
+    and record them as ended without an exit code."""
+    for _job, proc, _slot, _start in running.values():
+        proc.send_signal(signal.SIGTERM)
+    for job, proc, _slot, start in running.values():
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        done.append(JobResult(job.name, None, round(time.time() - start, 1), job.log))
+    running.clear()
+
+
 def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | None = None,
                  cwd: Path = PROJECT_ROOT, label: str = "jobs", gpus: int | None = None,
+                 deadline: float | None = None,
                  say: Callable[[str], None] = lambda s: print(s, flush=True)) -> list[JobResult]:
-    """Run ``jobs``, at most ``parallel`` at once; return every job's result, in job order."""
+    """Run ``jobs``, at most ``parallel`` at once; return every job's result, in job order.
+    ``deadline`` (a ``time.time()``): then the running jobs are stopped and the waiting ones
+    never start (exit code None), so that what did finish can still be saved."""
     parallel = max(1, min(parallel, len(jobs) or 1))
     threads = max(1, (os.cpu_count() or 1) // parallel)
     gpus = gpu_count() if gpus is None else gpus
@@ -78,6 +96,13 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
         + (f", one of {gpus} GPUs each" if gpus > 1 else ""))
     try:
         while pending or running:
+            if deadline is not None and time.time() > deadline:
+                say(f"{label}: time is up; stopping {len(running)} job(s), "
+                    f"{len(pending)} not started")
+                _stop(running, done)
+                done += [JobResult(j.name, None, 0.0, j.log) for j in pending]
+                pending.clear()
+                break
             while pending and free:
                 job, slot = pending.pop(0), free.pop(0)
                 job.log.parent.mkdir(parents=True, exist_ok=True)
@@ -102,15 +127,7 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
                     f"{_eta(done, len(pending), len(running), parallel)}")
     except KeyboardInterrupt:
         say(f"{label}: interrupted; stopping {len(running)} running job(s)")
-        for _job, proc, _slot, _start in running.values():
-            proc.send_signal(signal.SIGTERM)  # each marks its run interrupted, stops its trainer
-        for job, proc, _slot, start in running.values():
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            done.append(JobResult(job.name, None, round(time.time() - start, 1), job.log))
+        _stop(running, done)
         raise
     order = {j.name: i for i, j in enumerate(jobs)}
     return sorted(done, key=lambda r: order[r.name])
