@@ -315,3 +315,59 @@ def test_weights_only_state_stores_the_tied_pair_once():
     state["model"][head] = emb.clone() + 1
     model = checkpoints.weights_only_state(state)["model"]
     assert model[head] is not model[embed]
+
+
+def _train_losses(run_dir) -> list[float]:
+    from finetune_lab.registry import validate_run
+    from finetune_lab.tblogs import run_scalars
+
+    df = run_scalars(validate_run(run_dir))
+    inner = df[(df["subset"] == "train_inner") & (df["tag"] == "loss")]
+    return inner.sort_values("step")["value"].tolist()
+
+
+def test_spread_keeps_the_tokens_per_update():
+    r = pretrain.PretrainRecipe(batch_size=128, update_freq=2)
+    assert pretrain.spread(r, 2).update_freq == 1 and pretrain.spread(r, 2).batch_size == 128
+    r = pretrain.PretrainRecipe(batch_size=16, update_freq=1)
+    assert pretrain.spread(r, 2).batch_size == 8
+    with pytest.raises(UserError, match="divisible by 3"):
+        pretrain.spread(r, 3)
+
+
+@pytest.mark.slow
+def test_two_processes_over_gloo_train_as_one_process_with_the_same_batch(
+        tiny_pipeline, tmp_path, monkeypatch):
+    """fairseq's data-parallel training through torchrun, on a CPU: two processes, each one
+    step of 4 sequences per update, log the same losses, update for update, as one process
+    accumulating two such steps (the same effective batch, the same batches), and write one
+    checkpoint; the manifest records the world size."""
+    import socket
+
+    from conftest import TINY_ARCH
+
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    recipe = pretrain.PretrainRecipe(tokens_per_sample=64, batch_size=4, update_freq=2,
+                                     max_update=4, validate_every=4, log_interval=1, lr=1e-3,
+                                     arch=TINY_ARCH, dropout=0.0, attention_dropout=0.0)
+    common = dict(max_update=4, seed=3, data_dir=tiny_pipeline["corpus"],
+                  tokenizer_dir=tiny_pipeline["tok"], recipe=recipe, package=False, quiet=True,
+                  precision="fp32")
+    one = pretrain.pretrain(run="one-process", **common)
+    with socket.socket() as s:  # a free port for torchrun's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    two = pretrain.pretrain(run="two-processes", launch=pretrain.Launch(nproc_per_node=2,
+                                                                         master_port=port),
+                            **common)
+    m = read_manifest(two)
+    assert m["status"] == "complete" and m["hyperparameters"]["world_size"] == 2
+    assert m["hyperparameters"]["batch_size"] == 4 and m["hyperparameters"]["update_freq"] == 1
+    assert m["hyperparameters"]["tokens_per_update"] == 64 * 8
+    assert "torch.distributed.run" in m["command"] and "gloo" in m["command"]
+    single, pair = _train_losses(one), _train_losses(two)
+    assert len(single) == len(pair) == 4
+    assert pair == pytest.approx(single, abs=2e-3)
+    saved = list((tmp_path / "work" / "pretrain-checkpoints" / "two-processes").glob("*.pt"))
+    assert {p.name for p in saved} >= {"checkpoint_best.pt", "checkpoint_last.pt"}

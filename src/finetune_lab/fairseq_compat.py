@@ -88,3 +88,40 @@ def install_bf16_without_tpu() -> None:
 
     call_main._bf16_without_tpu = True  # type: ignore[attr-defined]
     dist_utils.call_main = call_main
+
+
+TORCHRUN_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+
+
+def install_torchrun_on_cpu() -> None:
+    """Let ``torchrun ... -m fairseq_cli.train --cpu`` train data-parallel over gloo.
+
+    fairseq 0.12 reads torchrun's environment in ``_infer_torch_distributed_launch_init``, which
+    sets ``device_id = rank % torch.cuda.device_count()``: a division by zero without a GPU.
+    Without CUDA the same settings are made here, with device 0, before fairseq infers them;
+    on a GPU fairseq's own inference runs unchanged.
+    """
+    import os
+
+    import torch
+    from fairseq.distributed import utils as dist_utils
+    from omegaconf import open_dict
+
+    if getattr(dist_utils.call_main, "_torchrun_on_cpu", False):
+        return
+    original = dist_utils.call_main
+
+    def call_main(cfg, main, **kwargs):
+        dt = cfg.distributed_training
+        if (dt.distributed_init_method is None and not torch.cuda.is_available()
+                and all(k in os.environ for k in TORCHRUN_ENV)):
+            with open_dict(dt):
+                dt.distributed_init_method = "env://"
+                dt.distributed_world_size = int(os.environ["WORLD_SIZE"])
+                dt.distributed_rank = int(os.environ["RANK"])
+                dt.device_id = 0
+                dt.distributed_no_spawn = True
+        return original(cfg, main, **kwargs)
+
+    call_main._torchrun_on_cpu = True  # type: ignore[attr-defined]
+    dist_utils.call_main = call_main

@@ -79,7 +79,8 @@ class PretrainRecipe:
 
 VARYING = ("batch_size", "update_freq", "tokens_per_update", "max_update", "warmup_updates",
            "validate_every", "max_valid_steps", "log_interval", "precision", "budget_minutes", "lr", "arch",
-           "dropout", "attention_dropout", "budget_tokens", "tapt_fraction", "phases")
+           "dropout", "attention_dropout", "budget_tokens", "tapt_fraction", "phases",
+           "world_size")
 """Hyperparameters that legitimately differ between pretraining runs (device, budget, and what
 the recipe ablations vary); the MLM recipe itself (masking, optimizer, sample length) must not."""
 
@@ -91,6 +92,55 @@ def experiment_config(recipe: PretrainRecipe) -> dict[str, Any]:
 
 
 PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The processes of one pretraining run: one ``fairseq-train``, or ``world_size`` of them
+    started by torchrun for fairseq's own data-parallel training (NCCL on GPUs, gloo on CPUs;
+    fairseq's ``legacy_ddp`` on CPUs, where torch's DDP wants no device ids)."""
+
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def launcher(self) -> list[str] | None:
+        """torchrun's command line (``python -m torch.distributed.run``), or None for one."""
+        if self.world_size == 1:
+            return None
+        return [sys.executable, "-m", "torch.distributed.run",
+                f"--nproc-per-node={self.nproc_per_node}", f"--nnodes={self.nnodes}",
+                f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}",
+                f"--master-port={self.master_port}"]
+
+    def fairseq_flags(self, device: str) -> list[str]:
+        if self.world_size == 1:
+            return []
+        return ["--distributed-world-size", str(self.world_size),
+                "--distributed-backend", "gloo" if device == "cpu" else "nccl",
+                "--ddp-backend", "legacy_ddp" if device == "cpu" else "pytorch_ddp"]
+
+
+def spread(recipe: PretrainRecipe, world_size: int) -> PretrainRecipe:
+    """The recipe for ``world_size`` processes with the same tokens per update: the update
+    frequency is divided first, then the batch size; a recipe that divides by neither is
+    refused (say which to change)."""
+    if world_size == 1:
+        return recipe
+    if recipe.update_freq % world_size == 0:
+        return replace(recipe, update_freq=recipe.update_freq // world_size)
+    if recipe.batch_size % world_size == 0:
+        return replace(recipe, batch_size=recipe.batch_size // world_size)
+    raise UserError(
+        f"{world_size} processes cannot share updates of {recipe.batch_size} sequences x "
+        f"{recipe.update_freq} steps: choose --batch-size or --update-freq divisible by "
+        f"{world_size}")
 
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
@@ -372,8 +422,12 @@ def pretrain(
     continue_from: Path | None = None,
     precision: str | None = None,
     experiment: str = EXPERIMENT,
+    launch: Launch = Launch(),
 ) -> Path:
     """Run one pretraining job into the run cache and (optionally) package its best checkpoint.
+
+    ``launch`` spreads it over several processes (fairseq's data-parallel training), with the
+    recipe's tokens per update kept (:func:`spread`); the manifest records the world size.
 
     ``continue_from`` (a packaged checkpoint folder) starts from its weights instead of a random
     initialisation, with a fresh warm-up and decay: on a CPU, sessions can add up this way. The
@@ -419,9 +473,14 @@ def pretrain(
     init_copy = save_dir / "init_model.pt" if parent is not None else None
     if init_copy is not None:
         shutil.copyfile(parent["path"], init_copy)
-    args = fairseq_args(bin_dir, save_dir, recipe, seed=seed, device=device, precision=precision,
-                        stop_minutes=budget, init_from=init_copy)
+    per_process = spread(recipe, launch.world_size)
+    args = fairseq_args(bin_dir, save_dir, per_process, seed=seed, device=device,
+                        precision=precision, stop_minutes=budget,
+                        init_from=init_copy) + launch.fairseq_flags(device)
     hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget}
+    if launch.world_size > 1:
+        hyper.update(world_size=launch.world_size, batch_size=per_process.batch_size,
+                     update_freq=per_process.update_freq)
     env = {checkpoints.TRUSTED_DIRS_ENV: str(save_dir)}
     from finetune_lab.manifest import write_json_atomic
     from finetune_lab.registry import EXPERIMENT_CONFIG
@@ -436,7 +495,7 @@ def pretrain(
                     hyperparameters=hyper, data=[bin_dir], runs_root=runs_root,
                     overwrite=overwrite, extra=extra) as handle:
         with echoing(handle.run_dir / "train.log", None if quiet else fairseq_progress):
-            run_fairseq_train(handle, args, env=env)
+            run_fairseq_train(handle, args, env=env, launcher=launch.launcher())
         best = save_dir / "checkpoint_best.pt"
         if not best.is_file():
             raise UserError(f"fairseq finished without writing {best}; see {handle.log_path}")
@@ -539,6 +598,14 @@ def add_parser(sub) -> None:
     p.add_argument("--experiment", default=EXPERIMENT,
                    help="run-cache folder (default: pretrain; the ablations use "
                         "pretrain-ablation)")
+    dist = p.add_argument_group(
+        "data-parallel training (fairseq's own, through torchrun; see the README's Scaling out)")
+    dist.add_argument("--nproc-per-node", type=positive_int, default=1,
+                      help="processes on this machine (one per GPU; gloo on CPUs)")
+    dist.add_argument("--nnodes", type=positive_int, default=1, help="machines")
+    dist.add_argument("--node-rank", type=non_negative_int, default=0, help="this machine's rank")
+    dist.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address")
+    dist.add_argument("--master-port", type=positive_int, default=29500)
     p.add_argument("--continue-from", type=Path, metavar="CHECKPOINT_DIR",
                    help="continue pretraining from a packaged checkpoint folder (e.g. "
                         "data/checkpoints/roberta-small-fr) with a fresh warm-up and decay, so "
@@ -559,6 +626,9 @@ def _run(args: argparse.Namespace) -> int:
     d = device_defaults()
     recipe = default_recipe(batch_size=args.batch_size, update_freq=args.update_freq,
                             lr=args.lr, dropout=args.dropout, attention_dropout=args.dropout)
+    launch = Launch(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                    node_rank=args.node_rank, master_addr=args.master_addr,
+                    master_port=args.master_port)
     if args.tokens is not None:
         from finetune_lab.pretrain_long import pretrain_long
 
@@ -567,7 +637,8 @@ def _run(args: argparse.Namespace) -> int:
                                 data_dir=args.data, tapt_fraction=args.tapt_fraction,
                                 recipe=replace(recipe, validate_every=250),
                                 precision=args.precision, segment_minutes=args.segment_minutes,
-                                package=not args.no_package, package_to=args.package_to)
+                                package=not args.no_package, package_to=args.package_to,
+                                launch=launch)
         print(f"pretrain: run recorded in {run_dir}")
         return 0
     run_dir = pretrain(max_update=args.max_update, minutes=args.minutes or args.stop_minutes,
@@ -576,7 +647,7 @@ def _run(args: argparse.Namespace) -> int:
                        package=not args.no_package, package_to=args.package_to,
                        overwrite=args.overwrite,
                        continue_from=args.continue_from, precision=args.precision,
-                       experiment=args.experiment)
+                       experiment=args.experiment, launch=launch)
     print(f"pretrain: run recorded in {run_dir}")
     return 0
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
-from finetune_lab.pretrain import (EXPERIMENT, PretrainRecipe, cpu_has_bf16, default_recipe,
-                                   device_defaults, echoing, experiment_config, fairseq_args,
-                                   fairseq_progress, require_corpus,
+from finetune_lab.pretrain import (EXPERIMENT, Launch, PretrainRecipe, cpu_has_bf16,
+                                   default_recipe, device_defaults, echoing, experiment_config,
+                                   fairseq_args, fairseq_progress, require_corpus, spread,
                                    state_dir)
 
 LAST = "checkpoint_last.pt"
@@ -107,6 +107,7 @@ def pretrain_long(
     package: bool = True,
     package_to: Path | None = None,
     quiet: bool = False,
+    launch: Launch = Launch(),
 ) -> Path:
     """Run (or resume) the long run ``run`` until its budget is spent or this segment's time is.
 
@@ -146,7 +147,10 @@ def pretrain_long(
     save_dir = state_dir(run)
     save_dir.mkdir(parents=True, exist_ok=True)
     point = resume_point(save_dir)
+    per_process = spread(recipe, launch.world_size)
     hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": None,
+             **({"world_size": launch.world_size, "batch_size": per_process.batch_size,
+                 "update_freq": per_process.update_freq} if launch.world_size > 1 else {}),
              "budget_tokens": int(tokens), "tapt_fraction": tapt_fraction,
              "phases": [{"name": p.name, "until_update": p.until} for p in phases]}
     root = Path(runs_root) if runs_root is not None else paths().runs
@@ -199,10 +203,10 @@ def pretrain_long(
                 if done >= first + segment_updates:
                     break
                 until = min(until, first + segment_updates)
-            args = fairseq_args(phase.data, save_dir, recipe, seed=seed, device=device,
+            args = fairseq_args(phase.data, save_dir, per_process, seed=seed, device=device,
                                 precision=precision, stop_minutes=stop_minutes,
                                 init_from=init_copy if point is None and parent else None,
-                                stop_update=until)
+                                stop_update=until) + launch.fairseq_flags(device)
             if point is not None and done == phase.start and phase.start > 0:
                 args.append("--reset-dataloader")  # the phase's corpus, from its start
             print(f"pretrain: {run}, phase {phase.name}: updates {done} to {until} of "
@@ -211,7 +215,7 @@ def pretrain_long(
                              total_updates=total)
             with echoing(handle.run_dir / "train.log",
                          None if quiet else lambda line: tokens(line) or fairseq_progress(line)):
-                run_fairseq_train(handle, args, env=env)
+                run_fairseq_train(handle, args, env=env, launcher=launch.launcher())
         point = resume_point(save_dir)
         done = point["updates"] if point else 0
         segment["updates_to"] = done

@@ -377,16 +377,20 @@ def resumable_manifest(run_dir: Path, *, seed: int, init: str,
     return previous
 
 
-def fairseq_train_command(args: Sequence[str], run_dir: Path | str) -> list[str]:
-    """``python -m fairseq_cli.train ARGS --tensorboard-logdir RUN_DIR`` with this interpreter.
+def fairseq_train_command(args: Sequence[str], run_dir: Path | str,
+                          launcher: Sequence[str] | None = None) -> list[str]:
+    """``python -m fairseq_cli.train ARGS --tensorboard-logdir RUN_DIR`` with this interpreter,
+    or under ``launcher`` (torchrun's command line: ``LAUNCHER -m fairseq_cli.train ARGS``).
 
     fairseq's ``--tensorboard-logdir`` makes one sub-folder per subset (train, train_inner,
-    valid, test), which the loaders keep apart. The recipe (``args``) is the caller's.
+    valid, test), which the loaders keep apart; in data-parallel training only rank 0 writes.
+    The recipe (``args``) is the caller's.
     """
     args = [str(a) for a in args]
     if any(a == "--tensorboard-logdir" or a.startswith("--tensorboard-logdir=") for a in args):
         raise UserError("pass no --tensorboard-logdir: the run folder is the log folder")
-    return [sys.executable, "-m", "fairseq_cli.train", *args, "--tensorboard-logdir", str(run_dir)]
+    head = [*launcher, "-m"] if launcher else [sys.executable, "-m"]
+    return [*head, "fairseq_cli.train", *args, "--tensorboard-logdir", str(run_dir)]
 
 
 def run_fairseq_train(
@@ -395,6 +399,7 @@ def run_fairseq_train(
     *,
     env: Mapping[str, str] | None = None,
     check: bool = True,
+    launcher: Sequence[str] | None = None,
 ) -> int:
     """Run ``fairseq-train ARGS`` inside a :func:`record_run` block, logging to its folder.
 
@@ -402,4 +407,5 @@ def run_fairseq_train(
     the manifest's ``checkpoints`` when the run ends, which is what lets
     :mod:`finetune_lab.checkpoints` trust them later.
     """
-    return handle.run(fairseq_train_command(args, handle.run_dir), env=env, check=check)
+    return handle.run(fairseq_train_command(args, handle.run_dir, launcher), env=env,
+                      check=check)

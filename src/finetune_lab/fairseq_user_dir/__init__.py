@@ -41,8 +41,12 @@ if ARCH not in ARCH_MODEL_REGISTRY:
 # fairseq-train --restore-file and from_pretrained load checkpoints with torch's safe loader,
 # with one exception (argparse.Namespace) granted to checkpoints listed in a project manifest.
 from finetune_lab.checkpoints import install_fairseq_loader  # noqa: E402
-from finetune_lab.fairseq_compat import install_bf16_without_tpu  # noqa: E402
+from finetune_lab.fairseq_compat import (  # noqa: E402
+    install_bf16_without_tpu,
+    install_torchrun_on_cpu,
+)
 
 install_fairseq_loader()
 # fairseq 0.12's --bf16 means "TPU"; on a GPU or a CPU it means bf16 here (fairseq_compat)
 install_bf16_without_tpu()
+install_torchrun_on_cpu()
