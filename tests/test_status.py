@@ -25,3 +25,18 @@ def test_broken_run_is_counted_as_excluded(tmp_path):
 def test_unwritten_chapter_is_said(tmp_path):
     df = lab_status(root=tmp_path, runs_root=tmp_path / "runs")
     assert set(df["chapter"]) == {"not written yet"}
+
+
+def test_results_at_a_glance_without_runs_say_so(tmp_path, monkeypatch):
+    """On an empty run cache the front page still renders: Q1's counts (computed, not run) and
+    "not run yet" for every fine-tuning result."""
+    from finetune_lab import params
+    from finetune_lab.glance import glance_table
+
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path))
+    table = glance_table()
+    q1 = table[table["question"].str.startswith("Q1")]
+    assert set(q1["result"]) == {f"{n:,}" for n in params.WRITEUP_ANSWERS}
+    rest = table[~table["question"].str.startswith("Q1")]
+    assert list(rest["result"]) == ["not run yet"] * 3
+    assert rest["chapter"].str.contains(r"\(chapters/\w+\.qmd\)").all()
