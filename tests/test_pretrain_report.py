@@ -170,7 +170,7 @@ def test_the_committed_long_run_is_one_curve_over_its_launches():
     """`pretrain/cpu-long` ran in several launches, killed in between: the chapter reads it as
     one run with one learning-rate schedule (one warm-up) and each update once."""
     runs = pr.load_pretrain_runs()
-    (rec,) = pr.long_runs(runs)
+    rec = {r.name: r for r in pr.long_runs(runs)}["cpu-long"]
     assert rec.valid, rec.reason
     launches = pr.segments_table(rec)
     assert len(launches) >= 2 and launches["ended"].iloc[-1] == "complete"
