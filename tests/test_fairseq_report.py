@@ -193,8 +193,9 @@ def test_chapter_executes_on_the_grid(grid, monkeypatch):
     outputs = [o["data"].get("text/markdown", "") for c in nb.cells if c.cell_type == "code"
                for o in c.get("outputs", []) if "data" in o]
     md = "\n".join(outputs)
-    text = "\n".join(str(o["data"].get("text/plain", "")) for c in nb.cells
-                     if c.cell_type == "code" for o in c.get("outputs", []) if "data" in o)
+    # inline values are display data; paragraphs are printed Markdown (`output: asis`)
+    text = "\n".join(str(o["data"].get("text/plain", "")) if "data" in o else o.get("text", "")
+                     for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "--total-num-update 24" in md and "--encoder-layers 1" in md
     best = next(out for out in outputs if "best update" in out)
     assert len([ln for ln in best.splitlines() if ln.startswith("|")]) == 2 + 4  # header + 4 runs
