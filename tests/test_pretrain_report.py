@@ -84,8 +84,12 @@ def test_candidate_text_packages_only_weights_that_beat_random():
             "read 9.03 bits, against the 8.93 its weights started from; the rest of the run had "
             "to win that back") in pr.candidate_text(bumped)
     assert "first valid" not in pr.candidate_display(bumped).columns
-    better = pr.candidate_text(_table(0.5))
-    assert "beats random by a margin the seeds show" in better
+    better = pr.candidate_text(_table(0.5))  # +1.0 points, interval above 0
+    assert "beats random by a margin the seeds show, but by less than the 5 points" in better
+    assert "more pretraining comes first" in better and "is the next step" not in better
+    winner = _table(0.5)
+    winner.loc[1, "minus random (points)"] = 6.0
+    assert "and by at least 5 points: packaging it" in pr.candidate_text(winner)
     assert "not been fine-tuned yet" in pr.candidate_text(_table(None, n=0))
     assert "no other weights" in pr.candidate_text(_table(0.5).iloc[0:0])
     shown = pr.candidate_display(_table(-2.0)).set_index("weights")
