@@ -63,7 +63,7 @@ def smoke_call(tmp_path_factory):
     gpu_lab.tiny_cls(full[0] if isinstance(full, tuple) else full, work / "cls.books")
     pretrain_corpus.prepare_pretrain(tokenizer_dir=work / "tokenizer", out=work / "pretrain-bin",
                                      with_reviews=False, max_novels=2, workers=1)
-    made = _cli(home, "gpu-bundle", "--tiny", "--steps", "pretrain", "lab",
+    made = _cli(home, "gpu-bundle", "--tiny", "--steps", "pretrain", "lab", "--then-finetune",
                 "--python", f"{sys.version_info.major}.{sys.version_info.minor}")
     if made.returncode != 0 and any(s in made.stderr for s in OFFLINE):
         pytest.skip(f"PyPI is unreachable, so no bundle: {made.stderr.strip()[-300:]}")
@@ -105,13 +105,16 @@ def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
     done = _cli(home, "gpu-unpack", str(smoke_call["out"]))
     assert done.returncode == 0, done.stderr
     runs = home / "data" / "runs"
-    expected = ["fairseq-gpu-smoke/pretrained-seed0", "fairseq-gpu-smoke/random-seed0",
+    # --then-finetune: the fairseq pretrained seed starts from the weights the call just made
+    expected = ["fairseq-candidate-gpu-smoke/pretrained-seed0", "fairseq-gpu-smoke/random-seed0",
                 "transformers-gpu-smoke/pretrained-seed0", "lora-gpu-smoke/lora-qv-seed0",
                 "lora-gpu-smoke/qlora-qv-seed0", "pretrain-gpu-smoke/gpu-smoke"]
     for rel in expected:
         assert f"data/runs/{rel}: valid" in done.stdout, done.stdout
     assert "data/work/candidates/gpu-smoke: model.pt matches its manifest" in done.stdout
-    man = json.loads((runs / "fairseq-gpu-smoke" / "pretrained-seed0" / "manifest.json").read_text())
+    man = json.loads((runs / "fairseq-candidate-gpu-smoke" / "pretrained-seed0" /
+                      "manifest.json").read_text())
+    assert man["inputs"]["checkpoint"]["path"] == "data/work/candidates/gpu-smoke/model.pt"
     # checked against home's own binarization (relative path), not skipped as absent
     assert man["inputs"]["data"][0]["path"] == "data/work/cls-books-bin"
     assert "not on this machine" not in done.stdout
@@ -175,3 +178,65 @@ def test_slim_bitsandbytes_keeps_one_cuda_build_and_a_consistent_record(tmp_path
     assert "cuda118" not in record and "rocm" not in record and gpu_lab.CUDA_LIB in record
     with pytest.raises(UserError, match="has no libbitsandbytes_cuda999.so"):
         gpu_lab.slim_bitsandbytes(wheel, keep="libbitsandbytes_cuda999.so")
+
+
+def _dataset(prefix: Path, items: list[list[int]]) -> None:
+    import numpy as np
+    from fairseq.data import indexed_dataset
+
+    builder = indexed_dataset.MMapIndexedDatasetBuilder(str(prefix) + ".bin", dtype=np.uint16)
+    for item in items:
+        builder.add_item(torch.tensor(item, dtype=torch.int64))
+    builder.finalize(str(prefix) + ".idx")
+
+
+def test_corpus_slice_draws_whole_chunks_keeps_order_and_appends_the_other_corpus(tmp_path,
+                                                                                   monkeypatch):
+    from fairseq.data import indexed_dataset
+
+    monkeypatch.setattr(gpu_lab, "SLICE_CHUNK", 10)
+    src, tapt = tmp_path / "bin", tmp_path / "tapt"
+    src.mkdir(), tapt.mkdir()
+    (src / "dict.txt").write_text("a 1\n")
+    _dataset(src / "train", [[i, i + 1] for i in range(1000)])  # item i holds the tokens i, i+1
+    _dataset(src / "valid", [[7, 7, 7]])
+    _dataset(tapt / "train", [[999, 998, 997]])
+    kept = gpu_lab.corpus_slice(src, tmp_path / "out", 600, also=tapt, seed=0)
+    out = indexed_dataset.MMapIndexedDataset(str(tmp_path / "out" / "train"))
+    firsts = [int(out[i][0]) for i in range(len(out) - 1)]
+    assert kept == 2 * (len(out) - 1) + 3 and out[len(out) - 1].tolist() == [999, 998, 997]
+    assert 150 <= len(firsts) <= 450  # a coin of 0.3 per chunk of 10, over 100 chunks
+    assert firsts == sorted(firsts) and all(f % 10 == 0 for f in firsts[::10])  # whole chunks
+    assert firsts[-1] > 500  # not the head of the corpus only
+    assert indexed_dataset.MMapIndexedDataset(str(tmp_path / "out" / "valid"))[0].tolist() == [7] * 3
+    again = gpu_lab.corpus_slice(src, tmp_path / "again", 600, also=tapt, seed=0)
+    assert again == kept  # seeded: the same slice here as on the machine's copy
+    head = gpu_lab.corpus_slice(src, tmp_path / "head", 600)
+    assert head == 600  # no seed: the first items
+
+
+def test_pretrain_budget_is_what_the_deadline_leaves_and_refuses_too_little():
+    plan = gpu_lab.Plan(steps=["pretrain"], runs_until_s=530.0)
+    assert gpu_lab.pretrain_budget(plan, started=1000.0, now=1050.0) == pytest.approx(
+        (530 - 50 - gpu_lab.PRETRAIN_TAIL_S) / 60)
+    with pytest.raises(UserError, match="only 30 s are left"):
+        gpu_lab.pretrain_budget(plan, started=1000.0, now=1000.0 + 530 - gpu_lab.PRETRAIN_TAIL_S - 30)
+    assert gpu_lab.pretrain_budget(gpu_lab.Plan(pretrain_minutes=3.0), started=0.0) == 3.0
+    job, = gpu_lab.pretrain_jobs(gpu_lab.Plan(pretrain_lr=7e-4, pretrain_batch_size=128),
+                                 minutes=6.25)
+    assert job.argv[job.argv.index("--minutes") + 1] == "6.25"
+    assert job.argv[job.argv.index("--lr") + 1] == "0.0007"
+    assert job.argv[job.argv.index("--batch-size") + 1] == "128"
+    assert "--update-freq" not in job.argv
+
+
+def test_lab_jobs_send_a_carried_candidate_to_its_own_experiment():
+    plan = gpu_lab.Plan(lab_parts=["fairseq"], seeds=[0, 1], checkpoint="data/work/candidates/gpu",
+                        candidate_experiment="fairseq-candidate-5")
+    jobs = {j.name: j.argv for j in gpu_lab.lab_jobs(plan)}
+    assert sorted(jobs) == ["fairseq-pretrained-seed0", "fairseq-pretrained-seed1",
+                            "fairseq-random-seed0", "fairseq-random-seed1"]
+    pre, rnd = jobs["fairseq-pretrained-seed1"], jobs["fairseq-random-seed1"]
+    assert pre[pre.index("--checkpoint") + 1] == "data/work/candidates/gpu"
+    assert pre[pre.index("--experiment") + 1] == "fairseq-candidate-5"
+    assert "--checkpoint" not in rnd and rnd[rnd.index("--experiment") + 1] == "fairseq-gpu"

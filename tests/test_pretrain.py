@@ -93,6 +93,15 @@ def test_log_rates_skip_the_start_up_interval():
     assert fairseq_logs.log_rates(log) == {"updates_per_s": 2.1, "tokens_per_s": 1100.0}
 
 
+def test_log_rates_read_the_exponent_fairseq_writes_past_a_million():
+    # the H100 run's log: read as 1.34 tokens/s before the exponent was parsed
+    log = "\n".join(
+        f"x | INFO | train_inner | epoch 007: {i} / 9 loss=3, wps={w}, ups={u}, wpb=65536"
+        for i, (w, u) in enumerate([("9e+05", "10"), ("1.34007e+06", "20.45"),
+                                    ("1.32958e+06", "20.29"), ("1.4213e+06", "21.69")]))
+    assert fairseq_logs.log_rates(log) == {"updates_per_s": 20.45, "tokens_per_s": 1340070.0}
+
+
 def test_mfu_uses_the_gpu_peak():
     recipe = pretrain.PretrainRecipe()
     log = "\n".join("| train_inner | wps 1000000 | ups 10" for _ in range(3))

@@ -316,3 +316,30 @@ def test_sigterm_stops_the_trainer_and_the_manifest_says_so(tmp_path: Path) -> N
         mf.manifest_problems(man)[0]
     time.sleep(0.5)
     assert not _alive(trainer_pid)
+
+
+def test_a_trainer_that_logged_done_but_hangs_is_ended_and_the_run_counts(tmp_path: Path) -> None:
+    """fairseq on the H100 logged "done training" and then did not exit (issue 18): the launcher
+    ends it and its children after a grace period and records that it did."""
+    from finetune_lab.recording import FAIRSEQ_DONE, record_run
+
+    runs_root, child_pid = tmp_path / "runs", tmp_path / "child.pid"
+    trainer = ("import subprocess, sys, time\n"
+               "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+               f"open({str(child_pid)!r}, 'w').write(str(c.pid))\n"
+               f"print('| INFO | fairseq_cli.train | {FAIRSEQ_DONE} 3.0 seconds', flush=True)\n"
+               "time.sleep(120)\n")
+    started = time.monotonic()
+    with record_run(EXPERIMENT, "hung", framework="fairseq", init="random", seed=1,
+                    hyperparameters={"lr": 1e-3}, runs_root=runs_root) as h:
+        code = h.run([sys.executable, "-c", trainer], done_marker=FAIRSEQ_DONE, exit_grace_s=2)
+    assert code == 0 and time.monotonic() - started < 60
+    man = mf.read_manifest(runs_root / EXPERIMENT / "hung")
+    assert man["status"] == "complete" and "but had not exited 2 s later" in man["exit_forced"]
+    time.sleep(0.5)
+    assert not _alive(int(child_pid.read_text()))
+    # without the marker nothing is ended early, and no note is written
+    with record_run(EXPERIMENT, "quick", framework="fairseq", init="random", seed=1,
+                    hyperparameters={"lr": 1e-3}, runs_root=runs_root) as h:
+        assert h.run([sys.executable, "-c", "print('working')"], done_marker=FAIRSEQ_DONE) == 0
+    assert "exit_forced" not in mf.read_manifest(runs_root / EXPERIMENT / "quick")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 
 # fairseq's "simple" log writes "wps=123.4, ups=5.6" to files and "| wps 123.4 | ups 5.6" to ttys.
-_UPS_RE = re.compile(r"\bups[=\s]+([0-9.]+)")
-_WPS_RE = re.compile(r"\bwps[=\s]+([0-9.]+)")
+_NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"  # fairseq writes 1.34e+06 past a million
+_UPS_RE = re.compile(r"\bups[=\s]+" + _NUMBER)
+_WPS_RE = re.compile(r"\bwps[=\s]+" + _NUMBER)
 
 
 def log_rates(log_text: str) -> dict[str, float]:

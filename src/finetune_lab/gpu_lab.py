@@ -34,7 +34,7 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,13 @@ SUFFIX_TINY = "-smoke"
 """Experiments of a tiny-budget call are named apart, so they never mix with real runs."""
 TINY_SIZES = {"train": 16, "valid": 8, "test": 8}
 TINY_VALID_TOKENS = 4096
+LAB_PARTS = ("fairseq", "transformers", "lora")
+PRETRAIN_TAIL_S = 120.0
+"""Seconds a pretraining job spends outside its time budget (which covers the calibration run):
+fairseq's start, the last validation and saving, an exit that hangs (``recording.EXIT_GRACE_S``),
+packaging the weights. 100 s, with the calibration outside the budget, lost a run."""
+SLICE_CHUNK = 1000
+"""Consecutive paragraphs kept or dropped together by :func:`corpus_slice`."""
 GPU_CORPUS = "pretrain-gpu-bin"
 """The corpus slice a pretraining call carries (under the work dir, here and there)."""
 
@@ -85,10 +92,31 @@ class Plan:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     epochs: int = 5
     lora_methods: list[str] = field(default_factory=lambda: ["lora-qv", "qlora-qv"])
-    pretrain_minutes: float = 9.0
+    lab_parts: list[str] = field(default_factory=lambda: list(LAB_PARTS))
+    checkpoint: str | None = None
+    """Repo-relative folder of packaged weights (carried) that the fairseq pretrained runs start
+    from instead of the committed checkpoint; their runs then go to ``candidate_experiment``."""
+    candidate_experiment: str | None = None
+    pretrain_minutes: float = 0.0
+    """0: as long as the call's deadline leaves (see :func:`pretrain_budget`)."""
     pretrain_tokens: int = 0
     """Tokens of the corpus slice carried (0: none)."""
-    runs_until_s: float = 510.0
+    pretrain_lr: float | None = None
+    pretrain_batch_size: int | None = None
+    pretrain_update_freq: int | None = None
+    pretrain_max_update: int | None = None
+    """Updates of the pretraining schedule, when a run on this machine measured the rate: no
+    calibration run, and the time budget only as fairseq's stop."""
+    pretrain_run: str = "gpu"
+    """The pretraining run's name, and its candidate's folder under ``data/work/candidates``."""
+    tapt: bool = False
+    """Mix the CLS-Books training texts (``prepare-pretrain --tapt``) into the corpus slice."""
+    then_finetune: bool = False
+    """With both steps: fine-tune the weights the pretraining step packages, after it in the same
+    call (its fairseq pretrained seeds go to ``candidate_experiment``); the pretraining leaves
+    ``finetune_reserve_s`` of the call for that."""
+    finetune_reserve_s: float = 240.0
+    runs_until_s: float = 530.0
     """Seconds after the call starts when unfinished runs are stopped (marked interrupted), so
     that packing ends inside the device's 10 minutes and what finished comes back."""
 
@@ -185,35 +213,58 @@ def tiny_cls(src: Path, dst: Path) -> None:
                                             encoding="utf-8")
 
 
-def corpus_slice(bin_dir: Path, out: Path, tokens: int, valid_tokens: int | None = None) -> int:
-    """The first documents of the binarized pretraining corpus up to ``tokens`` (its validation
-    sets whole, or up to ``valid_tokens``), as fairseq's own indexed-dataset files, with its
-    dictionary. Returns the training tokens kept."""
+def corpus_slice(bin_dir: Path, out: Path, tokens: int, valid_tokens: int | None = None,
+                 *, also: Path | None = None, seed: int | None = None) -> int:
+    """About ``tokens`` of the binarized pretraining corpus's training side, as fairseq's own
+    indexed-dataset files with its dictionary: runs of :data:`SLICE_CHUNK` consecutive
+    paragraphs drawn with a seeded coin, so that novels and reviews keep their shares (the corpus
+    lists novels first) and a paragraph keeps its neighbours. The validation sets go whole (or up
+    to ``valid_tokens``); without ``seed``, the first paragraphs; ``also`` (another corpus's ``bin/``, the task-adaptive one) is appended
+    whole. Returns the training tokens kept."""
     out.mkdir(parents=True)
     shutil.copy2(bin_dir / "dict.txt", out / "dict.txt")
     for name in ("valid", "valid1"):
         if (bin_dir / f"{name}.idx").is_file():
             _slice(bin_dir / name, out / name, valid_tokens)
-    return _slice(bin_dir / "train", out / "train", tokens)
+    extra = [also / "train"] if also is not None else []
+    return _slice(bin_dir / "train", out / "train", tokens, seed=seed, extra=extra)
 
 
-def _slice(src_prefix: Path, dst_prefix: Path, tokens: int | None) -> int:
+def _slice(src_prefix: Path, dst_prefix: Path, tokens: int | None, *, seed: int | None = None,
+           extra: Sequence[Path] = ()) -> int:
+    """``tokens`` of a dataset (None: all of it): its first items, or with ``seed`` chunks drawn
+    at random; then every item of each ``extra`` dataset."""
+    import random
+
     from fairseq.data import indexed_dataset
 
-    if tokens is None:
+    if tokens is None and not extra:
         for ext in (".bin", ".idx"):
             shutil.copy2(src_prefix.with_suffix(ext), dst_prefix.with_suffix(ext))
         return 0
     src = indexed_dataset.MMapIndexedDataset(str(src_prefix))
     builder = indexed_dataset.MMapIndexedDatasetBuilder(str(dst_prefix.with_suffix(".bin")),
                                                         dtype=src._index.dtype)
+    sizes = src.sizes
+    total = int(sizes.sum())
+    if tokens is None or tokens >= total:
+        keep = range(len(src))
+    elif seed is None:
+        keep = range(int((sizes.cumsum() <= tokens).sum()) or 1)
+    else:
+        coin = random.Random(seed)
+        share = tokens / total
+        keep = [i for start in range(0, len(src), SLICE_CHUNK) if coin.random() < share
+                for i in range(start, min(start + SLICE_CHUNK, len(src)))]
     kept = 0
-    for i in range(len(src)):
-        item = src[i]
-        if kept + len(item) > tokens and kept:
-            break
-        builder.add_item(item)
-        kept += len(item)
+    for i in keep:
+        builder.add_item(src[i])
+        kept += int(sizes[i])
+    for prefix in extra:
+        more = indexed_dataset.MMapIndexedDataset(str(prefix))
+        for i in range(len(more)):
+            builder.add_item(more[i])
+            kept += int(more.sizes[i])
     builder.finalize(str(dst_prefix.with_suffix(".idx")))
     return kept
 
@@ -241,6 +292,7 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                             ("tokenizer", tok_dir, "finetune-lab train-tokenizer")):
         if not path.is_dir():
             raise UserError(f"{path} ({what}) does not exist: run `{fix}` first")
+    tree = tree_bytes()  # before the bundle's half-made folder, which git does not ignore
     with atomic_dir(out) as tmp:
         with tempfile.TemporaryDirectory() as dl:
             _pip("download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
@@ -258,16 +310,28 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
             if "pretrain" in plan.steps:
                 # Kept here too, so that the pretraining run's data hashes check here later.
                 src = Path(corpus) if corpus else _default_corpus()
+                also = None
+                if plan.tapt:
+                    also = _tapt_corpus()
+                    if not (also / "train.idx").is_file():
+                        raise UserError(f"{also} has no train.idx: run `finetune-lab "
+                                        "prepare-pretrain --tapt` first, or drop --tapt")
                 with atomic_dir(paths().work / GPU_CORPUS) as sliced:
                     plan.pretrain_tokens = corpus_slice(
                         src, sliced / "bin", plan.pretrain_tokens or 10**12,
-                        valid_tokens=TINY_VALID_TOKENS if plan.tiny else None)
+                        valid_tokens=TINY_VALID_TOKENS if plan.tiny else None, also=also,
+                        seed=None if plan.tiny else 0)
                 shutil.copytree(paths().work / GPU_CORPUS, data / GPU_CORPUS)
+            if plan.checkpoint:
+                ckpt_dir = PROJECT_ROOT / plan.checkpoint
+                if not (ckpt_dir / checkpoints.MODEL_FILE).is_file():
+                    raise UserError(f"{ckpt_dir} holds no {checkpoints.MODEL_FILE}: pass a "
+                                    "packaged checkpoint folder to --checkpoint")
+                shutil.copytree(ckpt_dir, Path(stage) / plan.checkpoint)
             with tarfile.open(tmp / "data.tar.xz", "w:xz") as tar:
-                tar.add(Path(stage) / "data", arcname="data")
+                tar.add(Path(stage) / "data", arcname="data")  # the checkpoint lies under data/ too
         (tmp / PLAN_FILE).write_text(json.dumps(asdict(plan), indent=1) + "\n", encoding="utf-8")
         carried = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
-        tree = tree_bytes()
         ckpt = checkpoints.packaged_dir() / checkpoints.MODEL_FILE
         held = f"{ckpt.stat().st_size / 2**20:.1f} MiB" if ckpt.is_file() else "not there"
         if tree + carried > TRANSFER_LIMIT:
@@ -283,6 +347,12 @@ def _default_corpus() -> Path:
     from finetune_lab import pretrain_corpus
 
     return pretrain_corpus.default_output() / "bin"
+
+
+def _tapt_corpus() -> Path:
+    from finetune_lab import pretrain_corpus
+
+    return pretrain_corpus.tapt_output() / "bin"
 
 
 # ------------------------------------------------------------------------------ there: remote
@@ -308,29 +378,66 @@ def build_fairseq(src: Path) -> None:
 
 
 def lab_jobs(plan: Plan, python: str = sys.executable) -> list[Job]:
-    """One process per run: 6 fairseq, the Transformers pretrained seeds, the LoRA methods."""
+    """One process per run: the fairseq grid, the Transformers pretrained seeds, the LoRA
+    methods (those of ``plan.lab_parts``)."""
     cli = [python, "-m", "finetune_lab.cli", "finetune"]
     seeds = [str(s) for s in plan.seeds]
     epochs = ["--epochs", str(plan.epochs)]
-    jobs = [Job(f"fairseq-{init}-seed{s}",
-                [*cli, "fairseq", "--init", init, "--seeds", s, *epochs,
-                 "--experiment", plan.experiment("fairseq")])
-            for init in ("pretrained", "random") for s in seeds]
-    jobs += [Job(f"transformers-pretrained-seed{s}",
-                 [*cli, "transformers", "--init", "pretrained", "--seeds", s, *epochs,
-                  "--experiment", plan.experiment("transformers")]) for s in seeds]
-    jobs += [Job(f"lora-{m}-seed{s}",
-                 [*cli, "lora", "--methods", m, "--seeds", s, *epochs,
-                  "--experiment", plan.experiment("lora"),
-                  *(["--force-4bit"] if m.startswith("qlora") and plan.tiny else [])])
-             for m in plan.lora_methods for s in seeds]
+    jobs: list[Job] = []
+    if "fairseq" in plan.lab_parts:
+        for init in ("pretrained", "random"):
+            where = ["--experiment", plan.experiment("fairseq")]
+            if init == "pretrained" and plan.checkpoint:
+                where = ["--checkpoint", plan.checkpoint, "--experiment",
+                         plan.candidate_experiment or plan.experiment("fairseq-candidate")]
+            jobs += [Job(f"fairseq-{init}-seed{s}",
+                         [*cli, "fairseq", "--init", init, "--seeds", s, *epochs, *where])
+                     for s in seeds]
+    if "transformers" in plan.lab_parts:
+        jobs += [Job(f"transformers-pretrained-seed{s}",
+                     [*cli, "transformers", "--init", "pretrained", "--seeds", s, *epochs,
+                      "--experiment", plan.experiment("transformers")]) for s in seeds]
+    if "lora" in plan.lab_parts:
+        jobs += [Job(f"lora-{m}-seed{s}",
+                     [*cli, "lora", "--methods", m, "--seeds", s, *epochs,
+                      "--experiment", plan.experiment("lora"),
+                      *(["--force-4bit"] if m.startswith("qlora") and plan.tiny else [])])
+                 for m in plan.lora_methods for s in seeds]
     return jobs
 
 
-def pretrain_jobs(plan: Plan, python: str = sys.executable) -> list[Job]:
+def pretrain_deadline(plan: Plan, started: float) -> float:
+    """When the pretraining job must have ended: the call's run deadline, less the fine-tuning
+    reserve when the same call fine-tunes its weights."""
+    reserve = plan.finetune_reserve_s if plan.then_finetune and "lab" in plan.steps else 0.0
+    return started + plan.runs_until_s - reserve
+
+
+def pretrain_budget(plan: Plan, started: float, now: float | None = None) -> float:
+    """Minutes of training for the pretraining job: the plan's, or (0) what is left before the
+    call's deadline once :data:`PRETRAIN_TAIL_S` is set aside."""
+    if plan.pretrain_minutes > 0:
+        return plan.pretrain_minutes
+    left = pretrain_deadline(plan, started) - (time.time() if now is None else now) \
+        - PRETRAIN_TAIL_S
+    if left < 60:
+        raise UserError(f"only {left:.0f} s are left for pretraining before the call's deadline: "
+                        "raise runs_until_s or carry less")
+    return left / 60
+
+
+def pretrain_jobs(plan: Plan, python: str = sys.executable,
+                  minutes: float | None = None) -> list[Job]:
     budget = (["--max-update", "4"] if plan.tiny else
-              ["--minutes", f"{plan.pretrain_minutes:g}"])
-    name = "gpu-smoke" if plan.tiny else "gpu"
+              ["--minutes", f"{minutes or plan.pretrain_minutes:.2f}"])
+    if plan.pretrain_max_update and not plan.tiny:
+        budget = ["--max-update", str(plan.pretrain_max_update),
+                  "--stop-minutes", f"{minutes or plan.pretrain_minutes:.2f}"]
+    for flag, value in (("--lr", plan.pretrain_lr), ("--batch-size", plan.pretrain_batch_size),
+                        ("--update-freq", plan.pretrain_update_freq)):
+        if value is not None:
+            budget += [flag, f"{value:g}"]
+    name = f"{plan.pretrain_run}{SUFFIX_TINY}" if plan.tiny else plan.pretrain_run
     return [Job("pretrain", [python, "-m", "finetune_lab.cli", "pretrain", *budget,
                              "--data", f"data/work/{GPU_CORPUS}/bin", "--run", name,
                              "--experiment", plan.experiment("pretrain"),
@@ -413,8 +520,10 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(site), str(src), str(PROJECT_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     cli = [sys.executable, "-m", "finetune_lab.cli"]
-    prep = [Job("binarize-cls", [*cli, "binarize-cls"])]
+    prep = []
     if "lab" in plan.steps:
+        prep.append(Job("binarize-cls", [*cli, "binarize-cls"]))
+    if "lab" in plan.steps and "transformers" in plan.lab_parts:
         prep.append(Job("convert-hf", [*cli, "convert-hf"]))
     results = []
     for job in prep:  # the runs share these, so they come first, one at a time
@@ -422,19 +531,35 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     step("data", t0)
     jobs: list[Job] = []
     if "pretrain" in plan.steps:
-        jobs += pretrain_jobs(plan)
+        jobs += pretrain_jobs(plan, minutes=pretrain_budget(plan, started))
+    t0 = time.time()
+    if plan.then_finetune and "lab" in plan.steps:  # pretraining first, then its weights
+        results += run_jobs(jobs, work / "logs", env=env, parallel=1,
+                            deadline=pretrain_deadline(plan, started))
+        step("pretraining", t0)
+        fresh = paths().work / "candidates" / (f"{plan.pretrain_run}{SUFFIX_TINY}" if plan.tiny
+                                               else plan.pretrain_run)
+        if (fresh / "model.pt").is_file():
+            plan = replace(plan, checkpoint=fresh.relative_to(PROJECT_ROOT).as_posix())
+        else:
+            print("gpu-lab: the pretraining packaged no weights: the lab's pretrained runs use "
+                  "the committed checkpoint", flush=True)
+        jobs = []
     if "lab" in plan.steps:
         jobs += lab_jobs(plan)
-    t0 = time.time()
     # The call is killed at 10 minutes with nothing sent back: stop the runs in time to pack.
     results += run_jobs(jobs, work / "logs", env=env, parallel=parallel,
                         deadline=started + plan.runs_until_s)
     step("runs", t0)
     runs = paths().runs
-    products = [runs / plan.experiment(base) for base in ("fairseq", "transformers", "lora",
-                                                         "pretrain")
-                if (runs / plan.experiment(base)).is_dir()]
-    products += sorted((paths().work / "candidates").glob("gpu*"))
+    experiments = [plan.experiment(base) for base in ("fairseq", "transformers", "lora",
+                                                      "pretrain")]
+    if plan.checkpoint:
+        experiments.append(plan.candidate_experiment or plan.experiment("fairseq-candidate"))
+    products = [runs / name for name in experiments if (runs / name).is_dir()]
+    if "pretrain" in plan.steps:  # never a carried --checkpoint back
+        name = f"{plan.pretrain_run}{SUFFIX_TINY}" if plan.tiny else plan.pretrain_run
+        products += [p for p in [paths().work / "candidates" / name] if p.is_dir()]
     logs = paths().work / "gpu-lab-logs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
     shutil.copytree(work / "logs", logs, dirs_exist_ok=True)
     products.append(logs)
@@ -505,9 +630,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", nargs="+", choices=("pretrain", "lab"), default=["lab"])
     p.add_argument("--tiny", action="store_true",
                    help="a smoke test: a few reviews, 1 epoch, 1 seed (experiments *-gpu-smoke)")
-    p.add_argument("--pretrain-tokens", type=positive_int, default=40_000_000,
+    p.add_argument("--pretrain-tokens", type=positive_int, default=70_000_000,
                    help="tokens of the pretraining corpus carried for --steps pretrain")
-    p.add_argument("--pretrain-minutes", type=float, default=9.0)
+    p.add_argument("--pretrain-minutes", type=float, default=0.0,
+                   help="minutes of pretraining (default: what the call's deadline leaves)")
+    p.add_argument("--pretrain-lr", type=float, default=None)
+    p.add_argument("--pretrain-batch-size", type=positive_int, default=None)
+    p.add_argument("--pretrain-update-freq", type=positive_int, default=None)
+    p.add_argument("--pretrain-run", default="gpu",
+                   help="the pretraining run's name (pretrain-gpu/NAME, candidates/NAME)")
+    p.add_argument("--tapt", action="store_true",
+                   help="mix the CLS-Books training texts (prepare-pretrain --tapt) into the slice")
+    p.add_argument("--then-finetune", action="store_true",
+                   help="with --steps pretrain lab: fine-tune the new weights in the same call")
+    p.add_argument("--lab-parts", nargs="+", choices=LAB_PARTS, default=list(LAB_PARTS))
+    p.add_argument("--seeds", nargs="+", type=int, default=None)
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="packaged weights under data/ (a candidate) for the fairseq pretrained "
+                        "runs; they go to the next fairseq-candidate experiment")
     p.add_argument("--python", default=GPU_PYTHON, help="the device's Python, for the wheels")
     p.add_argument("--out", type=Path, default=None)
     p.set_defaults(func=_bundle)
@@ -517,11 +657,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _bundle(args: argparse.Namespace) -> int:
+    from finetune_lab.finetune_fairseq import next_candidate_experiment
+
     plan = Plan(steps=list(args.steps), tiny=args.tiny,
                 pretrain_minutes=args.pretrain_minutes,
-                pretrain_tokens=args.pretrain_tokens if "pretrain" in args.steps else 0)
+                pretrain_tokens=args.pretrain_tokens if "pretrain" in args.steps else 0,
+                pretrain_lr=args.pretrain_lr, pretrain_batch_size=args.pretrain_batch_size,
+                pretrain_update_freq=args.pretrain_update_freq, tapt=args.tapt,
+                pretrain_run=args.pretrain_run,
+                lab_parts=list(args.lab_parts))
+    if args.checkpoint is not None:
+        ckpt = args.checkpoint.resolve()
+        if not ckpt.is_relative_to(PROJECT_ROOT / "data"):
+            raise UserError(f"--checkpoint {args.checkpoint}: pass a folder under "
+                            f"{PROJECT_ROOT / 'data'} (e.g. data/work/candidates/NAME)")
+        plan.checkpoint = ckpt.relative_to(PROJECT_ROOT).as_posix()
+        plan.candidate_experiment = plan.experiment(next_candidate_experiment()) if args.tiny \
+            else next_candidate_experiment()
+    if args.then_finetune:
+        if set(args.steps) != {"pretrain", "lab"}:
+            raise UserError("--then-finetune needs --steps pretrain lab")
+        if args.checkpoint is not None:
+            raise UserError("--then-finetune fine-tunes the call's own weights: drop --checkpoint")
+        plan.then_finetune = True
+        plan.candidate_experiment = plan.experiment(next_candidate_experiment()) if args.tiny \
+            else next_candidate_experiment()
+    if args.seeds:
+        plan.seeds = list(args.seeds)
     if args.tiny:
-        plan.seeds, plan.epochs = [0], 1
+        plan.seeds, plan.epochs = plan.seeds[:1] if args.seeds else [0], 1
         plan.pretrain_tokens = min(plan.pretrain_tokens, 20_000) if plan.pretrain_tokens else 0
     info = bundle(args.out, plan=plan, python=args.python)
     print(f"gpu-bundle: {info['bundle']} {info['carried_bytes'] / 2**20:.1f} MiB + working tree "

@@ -144,6 +144,12 @@ def run_dir_for(experiment: str, run: str, runs_root: Path | str | None = None) 
     return root / experiment / run
 
 
+EXIT_GRACE_S = 30.0
+"""How long a training process may take to exit after it logged that its work is done: on the
+H100, fairseq with ten data-loading workers logged "done training" (checkpoint saved) and then
+did not exit for over 90 s, until the call's deadline killed it and the weights were lost."""
+
+
 @dataclass
 class RunHandle:
     """What the body of :func:`record_run` gets: the run folder and a way to launch training."""
@@ -162,12 +168,16 @@ class RunHandle:
         env: Mapping[str, str] | None = None,
         cwd: Path | str | None = None,
         check: bool = True,
+        done_marker: str | None = None,
+        exit_grace_s: float = EXIT_GRACE_S,
     ) -> int:
         """Run the training process, logging its output to ``train.log`` in the run folder.
 
         The command line is stored in the manifest (rewritten atomically) before it starts.
         With ``check`` a non-zero exit raises :class:`TrainingFailedError` (the manifest then
-        ends ``failed``); either way the exit code decides the final status.
+        ends ``failed``); either way the exit code decides the final status. A process that
+        logged ``done_marker`` (its work saved) but has not exited ``exit_grace_s`` later is
+        killed and counted as done; the manifest says so (``exit_forced``).
         """
         command = [str(c) for c in command]
         self.manifest["command"] = command
@@ -175,18 +185,77 @@ class RunHandle:
         self.log_path = self.run_dir / TRAIN_LOG
         full_env = {**os.environ, **(env or {})}
         with open(self.log_path, "ab") as log:
-            proc = subprocess.run(
-                command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd, check=False,
+            start = log.tell()
+            proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
-        self.exit_code = proc.returncode
-        if check and proc.returncode != 0:
+            try:
+                returncode = _wait_or_end_after(proc, self.log_path, start, done_marker,
+                                                exit_grace_s)
+            except BaseException:  # an interrupt: the trainer goes too (as subprocess.run does)
+                proc.kill()
+                proc.wait()
+                raise
+        if returncode is None:
+            self.manifest["exit_forced"] = (
+                f"logged {done_marker!r} but had not exited {exit_grace_s:g} s later: killed")
+            returncode = 0
+        self.exit_code = returncode
+        if check and returncode != 0:
             raise TrainingFailedError(
-                f"training exited with code {proc.returncode}; see {self.log_path} "
+                f"training exited with code {returncode}; see {self.log_path} "
                 f"(command: {' '.join(command)})\nlast lines of the log:\n"
                 f"{log_tail(self.log_path)}"
             )
-        return proc.returncode
+        return returncode
+
+
+def _wait_or_end_after(proc: subprocess.Popen, log_path: Path, start: int,
+                       done_marker: str | None, grace_s: float, poll_s: float = 1.0) -> int | None:
+    """``proc``'s exit code; None when it logged ``done_marker`` and was killed ``grace_s``
+    later for not exiting (it and its children: data-loading workers)."""
+    if done_marker is None:
+        return proc.wait()
+    marker, seen_at, offset, tail = done_marker.encode(), None, start, b""
+    while True:
+        try:
+            return proc.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            pass
+        if seen_at is None:
+            with open(log_path, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+            offset += len(chunk)
+            if marker in tail + chunk:
+                seen_at = time.monotonic()
+            tail = (tail + chunk)[-len(marker):]
+        elif time.monotonic() - seen_at > grace_s:
+            _kill_tree(proc.pid)
+            proc.wait()
+            return None
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants (read from /proc; elsewhere ``pid`` alone)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, found = [pid], []
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    for p in found:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 @contextmanager
@@ -377,6 +446,10 @@ def resumable_manifest(run_dir: Path, *, seed: int, init: str,
     return previous
 
 
+FAIRSEQ_DONE = "done training in"
+"""What fairseq-train logs once the last checkpoint is saved."""
+
+
 def fairseq_train_command(args: Sequence[str], run_dir: Path | str,
                           launcher: Sequence[str] | None = None) -> list[str]:
     """``python -m fairseq_cli.train ARGS --tensorboard-logdir RUN_DIR`` with this interpreter,
@@ -408,4 +481,4 @@ def run_fairseq_train(
     :mod:`finetune_lab.checkpoints` trust them later.
     """
     return handle.run(fairseq_train_command(args, handle.run_dir, launcher), env=env,
-                      check=check)
+                      check=check, done_marker=FAIRSEQ_DONE)
