@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
+import pytest
+
 from finetune_lab import pretrain_report as pr
 
 LINEAGE = [{"run": "data/runs/pretrain/cpu-seed1", "updates": 1600, "tokens": 6_553_600},
@@ -206,3 +209,48 @@ def test_accuracy_against_tokens_draws_every_fine_tuned_weights():
     mean, std, n = pr.random_accuracy()
     assert n == 3 and 60 < mean < 80 and std > 0
     assert "yes: saw the CLS-Books training texts" in table["task-adaptive"].tolist()
+
+
+def _tb_run(root, experiment, name, losses, manifest, reviews=None):
+    """A run folder with real TensorBoard files, as fairseq writes them (one folder a subset)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from finetune_lab.registry import RunRecord
+
+    path = root / experiment / name
+    for subset, values in (("valid", losses), ("valid1", reviews or {})):
+        if values:
+            with SummaryWriter(str(path / subset)) as w:
+                for step, value in values.items():
+                    w.add_scalar("loss", value, step)
+    problems = [] if manifest["status"] == "complete" else [f"status is {manifest['status']!r}"]
+    return RunRecord(path, experiment, name, manifest, problems)
+
+
+def test_plateau_table_puts_tokens_over_the_lineage_and_finds_the_escape(tmp_path):
+    cpu = _tb_run(tmp_path, "pretrain", "cpu-c1", {250: 9.0, 500: 8.9},
+                  {"status": "complete", "hyperparameters": {"tokens_per_update": 4096, "lr": 5e-4},
+                   "extra": {"continued_from": {"lineage": LINEAGE}}},
+                  reviews={250: 9.5, 500: 9.4})
+    gpu = _tb_run(tmp_path, "pretrain-gpu", "gpu2", {1000: 8.7, 2000: 5.3, 3000: 4.1},
+                  {"status": "failed", "error": "interrupted (signal 15)",
+                   "hyperparameters": {"tokens_per_update": 65536, "num_workers": 10}})
+    running = _tb_run(tmp_path, "pretrain", "long", {250: 9.2},
+                      {"status": "running", "hyperparameters": {"tokens_per_update": 4096}})
+    curves = pr.token_curves([cpu, gpu])
+    mine = curves[curves["run"] == "pretrain/cpu-c1"]
+    assert mine["tokens"].tolist() == [8_192_000 + 250 * 4096, 8_192_000 + 500 * 4096]
+    table = pr.plateau_table([cpu, gpu, running], unigram=10.0).set_index("run")
+    assert table.loc["`pretrain/cpu-c1`", "weights"] == "kept"
+    assert pd.isna(table.loc["`pretrain/cpu-c1`", "left the plateau at (M tokens)"])
+    assert table.loc["`pretrain/cpu-c1`", "reviews (bits)"] == pytest.approx(9.4)
+    # 5.3 is the first loss 3 bits under the unigram entropy: at update 2000
+    assert table.loc["`pretrain-gpu/gpu2`", "left the plateau at (M tokens)"] == pytest.approx(
+        2000 * 65536 / 1e6)
+    assert table.loc["`pretrain-gpu/gpu2`", "weights"] == "lost"
+    assert table.loc["`pretrain-gpu/gpu2`", "status"] == "failed: interrupted (signal 15)"
+    assert table.loc["`pretrain-gpu/gpu2`", "loaders"] == 10
+    assert table.loc["`pretrain/long`", "weights"] == "in progress"
+    shown = pr.plateau_display(table.reset_index()).set_index("run")
+    assert shown.loc["`pretrain/cpu-c1`", "left the plateau at (M tokens)"] == "not yet"
+    assert shown.loc["`pretrain-gpu/gpu2`", "left the plateau at (M tokens)"] == "131"

@@ -394,11 +394,10 @@ def finetuning_verdict(runs_root=None) -> str:
     g = fr.gap(res)
     text = fr.gap_verdict(g)
     if g is not None and g.ci_low <= 0:
-        text += (" Until a longer pretraining replaces it (on a GPU: `finetune-lab pretrain "
-                 "--minutes 8 --overwrite`; on a CPU, more time through `finetune-lab pretrain "
-                 "--continue-from data/checkpoints/roberta-small-fr`, in long runs rather than "
-                 "short ones, since each run warms up to the peak learning rate again; then the "
-                 "pretrained fine-tuning runs again), every "
+        text += (" Until weights past the masked-LM plateau replace it (@sec-pretrain-plateau: "
+                 "on a GPU, `finetune-lab gpu-bundle --steps pretrain lab --then-finetune`, see "
+                 "the README; on a CPU, a long run of `finetune-lab pretrain --tokens N`, resumed "
+                 "over sessions; then the pretrained fine-tuning runs again), every "
                  "pretrained-vs-random comparison in this book measures this weak checkpoint, "
                  "not the value of pretraining.")
     return text
@@ -847,3 +846,128 @@ def long_run_markdown(runs: PretrainRuns) -> str:
                "was killed, and the next launch resumed from its last saved update). "
                "{#tbl-long-run-launches}")
     return "\n\n".join(out)
+
+
+# --- the plateau: every pretraining run's held-out loss against the tokens behind it ----------
+
+GPU_EXPERIMENT = "pretrain-gpu"
+"""Where runs made on a lent GPU go (``gpu-bundle --steps pretrain``)."""
+ESCAPE_BITS = 3.0
+"""A run has left the plateau once its held-out loss is this far under the unigram entropy: the
+plateau lies 1 to 1.5 bits under it (what token frequencies and positions alone are worth), and
+the H100 runs fell from there to 5 bits and below within a few hundred updates."""
+
+
+def all_pretraining_runs(runs_root=None) -> list:
+    """Every pretraining run folder, valid or not (a run the GPU call's deadline killed keeps its
+    logs, though its weights are lost)."""
+    from finetune_lab.registry import discover_runs
+
+    return discover_runs(runs_root, [EXPERIMENT, GPU_EXPERIMENT], check_inputs=False)
+
+
+def token_curves(records: list, subset: str = "valid") -> pd.DataFrame:
+    """Held-out loss (bits) of every run against the tokens behind the weights at that point:
+    the run's own updates times its tokens per update, plus every run it continues."""
+    from finetune_lab.tblogs import event_scalars
+
+    frames = []
+    for rec in records:
+        man = rec.manifest or {}
+        hp = man.get("hyperparameters") or {}
+        per_update = int(hp.get("tokens_per_update") or 0)
+        if not per_update:
+            continue
+        df = event_scalars(rec.path)
+        df = df[(df["subset"] == subset) & (df["tag"] == "loss")]
+        if df.empty:
+            continue
+        lineage = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+        before = sum(int(step.get("tokens") or 0) for step in lineage)
+        frames.append(pd.DataFrame({
+            "run": f"{rec.experiment}/{rec.name}", "status": man.get("status"),
+            "device": "GPU" if rec.experiment == GPU_EXPERIMENT else "CPU",
+            "tokens": before + df["step"].astype(int) * per_update,
+            "bits": df["value"].astype(float)}).sort_values("tokens"))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["run", "status", "device", "tokens", "bits"])
+
+
+def plateau_table(records: list, unigram: float | None) -> pd.DataFrame:
+    """One row per run: device, batch, learning rate, loaders, throughput, tokens behind the
+    weights, last held-out losses, and the tokens at which the novels' loss first fell
+    :data:`ESCAPE_BITS` under the unigram entropy (none: still on the plateau)."""
+    from finetune_lab.fairseq_logs import log_rates
+
+    novels, reviews = token_curves(records), token_curves(records, "valid1")
+    rows = []
+    for rec in records:
+        name = f"{rec.experiment}/{rec.name}"
+        mine = novels[novels["run"] == name]
+        if mine.empty:
+            continue
+        man = rec.manifest or {}
+        hp = man.get("hyperparameters") or {}
+        log = rec.path / "train.log"
+        rate = log_rates(log.read_text(encoding="utf-8", errors="replace")) if log.is_file() else {}
+        below = mine[mine["bits"] < unigram - ESCAPE_BITS] if unigram is not None else mine[:0]
+        theirs = reviews[reviews["run"] == name]
+        rows.append({
+            "run": f"`{name}`",
+            "status": (f"{man.get('status')}: {man['error']}" if man.get("error")
+                       else str(man.get("status"))),
+            "weights": ("kept" if rec.valid else "in progress"
+                        if man.get("status") in ("running", "paused") else "lost"),
+            "device": "GPU" if rec.experiment == GPU_EXPERIMENT else "CPU",
+            "tokens per update": int(hp.get("tokens_per_update") or 0),
+            "lr": hp.get("lr"), "loaders": hp.get("num_workers", 1),
+            "tokens/s": rate.get("tokens_per_s"),
+            "tokens behind (M)": float(mine["tokens"].iloc[-1]) / 1e6,
+            "novels (bits)": float(mine["bits"].iloc[-1]),
+            "reviews (bits)": float(theirs["bits"].iloc[-1]) if len(theirs) else None,
+            "left the plateau at (M tokens)": (float(below["tokens"].iloc[0]) / 1e6
+                                               if len(below) else None)})
+    return pd.DataFrame(rows)
+
+
+def plot_plateau(records: list, unigram: float | None):
+    """Held-out novels' loss of every run against the tokens behind its weights (log scale);
+    runs whose weights were lost drawn dashed."""
+    import matplotlib.pyplot as plt
+
+    df = token_curves(records)
+    fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+    if df.empty:
+        ax.text(0.5, 0.5, "no pretraining run recorded yet", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    for run, part in df.groupby("run", sort=False):
+        lost = part["status"].iloc[0] not in ("complete", "running", "paused")
+        ax.plot(part["tokens"] / 1e6, part["bits"], marker="o", ms=2.5,
+                ls="--" if lost else "-", lw=1.2,
+                label=f"{run} ({part['device'].iloc[0]}{', weights lost' if lost else ''})")
+    if unigram is not None:
+        ax.axhline(unigram, color="grey", ls=":", lw=1.2,
+                   label=f"no context (unigram entropy, {unigram:.2f} bits)")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens behind the weights (millions, log scale)")
+    ax.set_ylabel("held-out novels, MLM loss (bits)")
+    ax.legend(frameon=False, fontsize="x-small", loc="lower left")
+    return fig
+
+
+def plateau_display(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`plateau_table` formatted for the chapter."""
+    if table.empty:
+        return table
+
+    def num(fmt: str):
+        return lambda v: "n/a" if v is None or pd.isna(v) else format(v, fmt)
+
+    out = table.copy()
+    for col, fmt in (("tokens/s", ",.0f"), ("tokens behind (M)", ".1f"), ("novels (bits)", ".2f"),
+                     ("reviews (bits)", ".2f"), ("tokens per update", ",d"), ("lr", "g")):
+        out[col] = out[col].map(num(fmt))
+    out["left the plateau at (M tokens)"] = out["left the plateau at (M tokens)"].map(
+        lambda v: "not yet" if v is None or pd.isna(v) else f"{v:.0f}")
+    return out

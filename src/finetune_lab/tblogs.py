@@ -74,6 +74,14 @@ def _transformers_frame(raw: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def event_scalars(run_dir: Path) -> pd.DataFrame:
+    """Every scalar of a run folder's event files (``step``, ``tag``, ``value``, ``subset``),
+    valid run or not: for showing what a failed run logged, labelled as such by the caller."""
+    raw = _read_scalars(Path(run_dir))
+    raw["subset"] = raw["dir_name"].astype(str).str.split("/").str[0]
+    return raw.drop(columns="dir_name")
+
+
 def run_scalars(record: RunRecord) -> pd.DataFrame:
     """All scalars of one *valid* run, in the tidy layout (raises for an invalid run)."""
     if not record.valid:
