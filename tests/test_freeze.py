@@ -155,3 +155,37 @@ def test_changed_run_file_invalidates_exactly_its_chapter(tiny_grid, tmp_path: P
     assert main(["freeze", "pre-render", "--project", str(root)]) == 0
     assert not fz.is_frozen(root, "chapters/results.qmd")
     assert fz.is_frozen(root, "index.qmd")  # declares no inputs: left to Quarto
+
+
+def test_code_inputs_are_the_import_closure_and_an_indirect_edit_makes_the_chapter_stale(
+        tmp_path: Path, capsys) -> None:
+    """pretraining.qmd once declared 5 package modules and imported 31: a change to one it
+    imported only indirectly left a stale page that check-freeze called current (issue 15)."""
+    root = tmp_path
+    pkg = root / "src" / "finetune_lab"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "report.py").write_text("from finetune_lab.stats import mean\n\n"
+                                   "def table():\n    from . import tables\n    return tables.X\n")
+    (pkg / "stats.py").write_text("def mean(x):\n    return sum(x) / len(x)\n")
+    (pkg / "tables.py").write_text("X = 1\n")
+    (pkg / "unused.py").write_text("Y = 2\n")
+    (root / "chapters").mkdir()
+    (root / "chapters" / "c.qmd").write_text(
+        "---\ninputs:\n  - data/x.csv\n---\n\n```{python}\n#| echo: false\n"
+        "from finetune_lab import report\n```\n\nSome `{python} report.table()` text.\n")
+    assert fz.chapter_inputs(root, "chapters/c.qmd") == [
+        "data/x.csv", "src/finetune_lab/__init__.py", "src/finetune_lab/report.py",
+        "src/finetune_lab/stats.py", "src/finetune_lab/tables.py"]
+    fz.pre_render(root, {}, log=lambda *_: None)
+    _execute(root, "chapters/c.qmd")
+    fz.post_render(root, log=lambda *_: None)
+    assert fz.check_freeze(root) == []
+    (pkg / "unused.py").write_text("Y = 3\n")  # not imported: nothing goes stale
+    assert fz.check_freeze(root) == []
+    (pkg / "tables.py").write_text("X = 2\n")  # imported lazily, by a module it imports
+    (stale,) = fz.check_freeze(root)
+    assert stale.chapter == "chapters/c.qmd"
+    assert "src/finetune_lab/tables.py (changed)" in stale.describe()
+    assert main(["check-freeze", "--project", str(root)]) == 1
+    assert "tables.py" in capsys.readouterr().err

@@ -34,7 +34,8 @@ def test_footer_lists_runs_hashes_devices_and_inputs(tiny_grid, tmp_path: Path, 
     assert f"torch {man['environment']['packages']['torch']}" in text
     assert "Executed " in text and "from Quarto's freeze" in text
     n_files = sum(1 for p in (runs_root / EXPERIMENT).rglob("*") if p.is_file())
-    assert f"Declared inputs of `chapters/r.qmd`: {n_files} files" in text
+    assert f"Inputs of `chapters/r.qmd` (its declared data, and the package modules its code " \
+        f"imports, directly or not): {n_files} files" in text
     md = provenance_footer(records, chapter="chapters/r.qmd", project=tmp_path)
     assert md._repr_markdown_().startswith("## Provenance")
 
@@ -42,7 +43,7 @@ def test_footer_lists_runs_hashes_devices_and_inputs(tiny_grid, tmp_path: Path, 
     monkeypatch.setenv("QUARTO_DOCUMENT_FILE", "r.qmd")
     assert current_chapter(tmp_path) == "chapters/r.qmd"
     shutil.rmtree(runs_root)
-    assert "declares no `inputs:`" in provenance_markdown(
+    assert "declares no `inputs:` and imports no package module" in provenance_markdown(
         [], chapter="index.qmd", project=_with_index(tmp_path))
 
 

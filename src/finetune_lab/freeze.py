@@ -28,7 +28,9 @@ frozen chapter with its record and fails, naming the changed files, when one is 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterable
@@ -89,6 +91,90 @@ def declared_inputs(qmd: Path) -> list[str] | None:
         if Path(pattern).is_absolute() or ".." in Path(pattern).parts:
             raise FreezeError(f"{qmd}: input {pattern!r} must be relative to the project root")
     return inputs
+
+
+PACKAGE = "finetune_lab"
+_CELL = re.compile(r"^```\{python[^}]*\}[ \t]*\n(.*?)^```", re.S | re.M)
+
+
+def _package_imports(tree: ast.AST, module: str = "") -> set[str]:
+    """Dotted names under :data:`PACKAGE` that ``tree`` imports, at any depth (the package
+    imports lazily, inside functions). ``from finetune_lab import x`` yields ``finetune_lab.x``,
+    which may be a module or a name; :func:`module_file` tells them apart."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == PACKAGE}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the importing module's package
+                parent = module.split(".")[:-node.level] if module else []
+                base = ".".join([*parent, *([base] if base else [])])
+            if base.split(".")[0] == PACKAGE:
+                found.add(base)
+                found |= {f"{base}.{a.name}" for a in node.names}
+    return found
+
+
+def module_file(project: Path, name: str) -> Path | None:
+    """The source file of a dotted module name under ``src/`` (None: not a module there)."""
+    base = project / "src" / Path(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def chapter_imports(qmd: Path) -> set[str]:
+    """The package names a chapter's Python cells import."""
+    found: set[str] = set()
+    for cell in _CELL.findall(qmd.read_text(encoding="utf-8")):
+        try:
+            found |= _package_imports(ast.parse(cell))
+        except SyntaxError:  # IPython syntax: read the import lines alone
+            lines = [ln.strip() for ln in cell.splitlines()
+                     if ln.strip().startswith(("import ", "from "))]
+            for line in lines:
+                try:
+                    found |= _package_imports(ast.parse(line))
+                except SyntaxError:
+                    continue
+    return found
+
+
+def import_closure(project: Path, names: Iterable[str]) -> list[str]:
+    """Source files (relative POSIX paths) of the package modules ``names`` import, directly or
+    through each other, with the package's ``__init__``: the code a chapter's output depends
+    on."""
+    todo = [n for n in names if n.split(".")[0] == PACKAGE]
+    if not todo:
+        return []
+    todo.append(PACKAGE)
+    seen: dict[str, Path] = {}
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = module_file(project, name)
+        if path is None:
+            continue
+        seen[name] = path
+        parents = name.split(".")
+        todo += [".".join(parents[:i]) for i in range(1, len(parents))]
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        todo += sorted(_package_imports(tree, module=f"{package}.__init__"
+                                        if path.name == "__init__.py" else name))
+    return sorted({p.relative_to(project).as_posix() for p in seen.values()})
+
+
+def chapter_inputs(project: Path, chapter: str) -> list[str] | None:
+    """What a chapter's output depends on: its declared ``inputs:`` (data, as globs) and the
+    import closure of its code. None when it has neither."""
+    declared = declared_inputs(project / chapter) or []
+    code = import_closure(project, chapter_imports(project / chapter))
+    inputs = declared + [c for c in code if c not in declared]
+    return inputs or None
 
 
 def chapters(project: Path) -> list[str]:
@@ -214,7 +300,7 @@ def stale_chapter(project: Path, chapter: str) -> StaleChapter | None:
     """
     if not is_frozen(project, chapter) or not (project / chapter).is_file():
         return None
-    patterns = declared_inputs(project / chapter)
+    patterns = chapter_inputs(project, chapter)
     if patterns is None:
         return None
     record = read_record(record_path(project, chapter))
@@ -223,7 +309,7 @@ def stale_chapter(project: Path, chapter: str) -> StaleChapter | None:
     current = hash_inputs(project, patterns)
     if record.get("inputs") != patterns:
         changed = diff_files(record["files"], current)
-        return StaleChapter(chapter, "its declared inputs: list changed", changed)
+        return StaleChapter(chapter, "its inputs (declared, or imported) changed", changed)
     changed = diff_files(record["files"], current)
     return StaleChapter(chapter, "inputs changed since it was executed", changed) if changed else None
 
@@ -269,7 +355,7 @@ def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = No
     for chapter in rendered_chapters(project, environ):
         if not (project / chapter).is_file():
             continue
-        patterns = declared_inputs(project / chapter)
+        patterns = chapter_inputs(project, chapter)
         if patterns is None:
             continue
         stale = stale_chapter(project, chapter)

@@ -54,8 +54,8 @@ BLOOM_LINEARS: dict[str, tuple[int, int]] = {
 
 TARGET_SETS: dict[str, list[str]] = {
     "query_key_value (the lab)": ["query_key_value"],
-    "+ attention output (dense)": ["query_key_value", "dense"],
-    "+ MLP (dense_h_to_4h, dense_4h_to_h)": ["query_key_value", "dense", "dense_h_to_4h",
+    "and the attention output (dense)": ["query_key_value", "dense"],
+    "and the MLP (dense_h_to_4h, dense_4h_to_h)": ["query_key_value", "dense", "dense_h_to_4h",
                                              "dense_4h_to_h"],
 }
 RANKS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab.config import PROJECT_ROOT
-from finetune_lab.freeze import MISSING, declared_inputs, hash_inputs
+from finetune_lab.freeze import MISSING, chapter_inputs, hash_inputs
 from finetune_lab.manifest import MANIFEST_NAME, digest_of, git_commit, package_versions, sha256_file, utc_now
 from finetune_lab.registry import RunRecord
 from finetune_lab.runspeed import device_name
@@ -101,17 +101,19 @@ def provenance_markdown(
         "`finetune-lab check-freeze` fails if any input hashed below has changed since, and the "
         "pre-render script then makes Quarto execute the page again.",
     ]
-    patterns = declared_inputs(project / chapter) if chapter and (project / chapter).is_file() else None
+    patterns = chapter_inputs(project, chapter) if chapter and (project / chapter).is_file() else None
     if patterns is not None:
         files = hash_inputs(project, patterns)
-        parts += ["", f"Declared inputs of `{chapter}`: {len(files)} files, digest "
+        parts += ["", f"Inputs of `{chapter}` (its declared data, and the package modules its "
+                      f"code imports, directly or not): {len(files)} files, digest "
                       f"{_short(digest_of(files), 16)}."]
         shown = list(files.items())[:max_files]
         parts += ["", _md_table([{"input": f"`{k}`", "sha256": _short(v)} for k, v in shown])]
         if len(files) > max_files:
             parts.append(f"\n(and {len(files) - max_files} more files in the digest)")
     elif chapter:
-        parts += ["", f"`{chapter}` declares no `inputs:`; its freeze follows its text only."]
+        parts += ["", f"`{chapter}` declares no `inputs:` and imports no package module; its "
+                      "freeze follows its text only."]
     if runs:
         used = [r for r in runs if r.valid]
         excluded = [r for r in runs if not r.valid]

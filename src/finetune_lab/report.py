@@ -25,11 +25,31 @@ def markdown_table(
     formatters: Mapping[str, Callable[[object], str]] | None = None,
     index: bool = False,
 ) -> str:
-    """Render ``df`` as a GitHub-style Markdown table, formatting the named columns."""
+    """Render ``df`` as a GitHub-style Markdown table, formatting the named columns.
+
+    Pandoc sizes the columns of a pipe table that does not fit a line from the dashes under its
+    header; tabulate draws as many as the widest cell, so one column of long help texts took
+    nearly the whole PDF page and printed the others on top of each other. The dashes are
+    capped at :data:`MAX_COLUMN_WEIGHT`, which bounds how much wider one column gets than
+    another."""
     shown = df.copy()
     for column, fn in (formatters or {}).items():
         shown[column] = shown[column].map(fn)
-    return shown.to_markdown(index=index, disable_numparse=True)
+    text = shown.to_markdown(index=index, disable_numparse=True)
+    lines = text.split("\n")
+    if len(lines) > 1:
+        lines[1] = "|" + "|".join(_capped(cell) for cell in lines[1].strip("|").split("|")) + "|"
+    return "\n".join(lines)
+
+
+MAX_COLUMN_WEIGHT = 40
+"""Dashes at most under one column header (see :func:`markdown_table`)."""
+
+
+def _capped(separator: str) -> str:
+    left, right = separator.startswith(":"), separator.endswith(":")
+    dashes = min(MAX_COLUMN_WEIGHT, max(3, len(separator) - left - right))
+    return (":" if left else "") + "-" * dashes + (":" if right else "")
 
 
 def show_table(
