@@ -16,7 +16,7 @@ check-freeze: setup
 	$(VENV)/bin/finetune-lab check-freeze
 
 clean:
-	rm -rf _site _freeze .quarto
+	rm -rf _site .quarto  # not _freeze/: it is committed (see README, Quarto)
 
 # Re-run every experiment (resumable; on a GPU when one is available). See README.
 experiments: setup

@@ -114,7 +114,7 @@ def test_a_full_disk_is_one_line_naming_the_file(monkeypatch, capsys):
 
     parser = cli.build_parser()
     args = parser.parse_args(["user-dir"])
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "build_parser", lambda *_: parser)
     monkeypatch.setattr(parser, "parse_args", lambda argv=None: (setattr(args, "func", full), args)[1])
     assert cli.main([]) == 2
     err = capsys.readouterr().err

@@ -189,3 +189,15 @@ def test_code_inputs_are_the_import_closure_and_an_indirect_edit_makes_the_chapt
     assert "src/finetune_lab/tables.py (changed)" in stale.describe()
     assert main(["check-freeze", "--project", str(root)]) == 1
     assert "tables.py" in capsys.readouterr().err
+
+
+def test_hidden_files_are_not_inputs(tmp_path: Path) -> None:
+    """A run's lock file (present only while it is written) and .superseded/ are never
+    committed: a freeze that hashed them would be stale on every clean clone."""
+    runs = tmp_path / "data" / "runs" / "x"
+    (runs / "r1").mkdir(parents=True)
+    (runs / "r1" / "manifest.json").write_text("{}")
+    (runs / ".r2.lock").write_text("")
+    (tmp_path / "data" / "runs" / ".superseded" / "x").mkdir(parents=True)
+    (tmp_path / "data" / "runs" / ".superseded" / "x" / "old.json").write_text("{}")
+    assert list(fz.hash_inputs(tmp_path, ["data/runs/**"])) == ["data/runs/x/r1/manifest.json"]

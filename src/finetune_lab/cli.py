@@ -36,7 +36,12 @@ COMMAND_MODULES: list[str] = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+LIGHT_COMMANDS = {"freeze": "finetune_lab.freeze", "check-freeze": "finetune_lab.freeze"}
+"""Commands a publishing job runs with Quarto, Python and PyYAML alone (no torch, no pandas):
+Quarto's pre- and post-render scripts over a committed freeze."""
+
+
+def build_parser(modules: Sequence[str] = tuple(COMMAND_MODULES)) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="finetune-lab",
         description="Re-run and report the NLP-frameworks lab (see README).",
@@ -44,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     user_dir = sub.add_parser("user-dir", help="print the fairseq --user-dir path of roberta_small")
     user_dir.set_defaults(func=_print_user_dir)
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).add_parser(sub)
     return parser
 
@@ -74,7 +79,9 @@ OS_FAULTS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    light = LIGHT_COMMANDS.get(words[0]) if words else None
+    parser = build_parser([light] if light else COMMAND_MODULES)
     args = parser.parse_args(argv)
     try:
         code = int(args.func(args) or 0)

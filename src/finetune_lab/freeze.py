@@ -94,7 +94,7 @@ def declared_inputs(qmd: Path) -> list[str] | None:
 
 
 PACKAGE = "finetune_lab"
-_CELL = re.compile(r"^```\{python[^}]*\}[ \t]*\n(.*?)^```", re.S | re.M)
+_CELL = re.compile(r"^```\{python[^}]*\}[ \t]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
 def _package_imports(tree: ast.AST, module: str = "") -> set[str]:
@@ -193,7 +193,10 @@ def chapters(project: Path) -> list[str]:
 
 
 def _is_ignored(path: Path) -> bool:
-    return "__pycache__" in path.parts or path.suffix in {".pyc", ".pyo"}
+    """Bytecode, and hidden files (a run's ``.lock`` while it is written, ``.superseded/``):
+    none of them is committed, so a freeze that hashed them would be stale on a clean clone."""
+    return ("__pycache__" in path.parts or path.suffix in {".pyc", ".pyo"}
+            or any(part.startswith(".") for part in path.parts))
 
 
 def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
@@ -220,7 +223,7 @@ def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
                 hashes[pattern] = MISSING
                 continue
         for p in matches:
-            if not _is_ignored(p):
+            if not _is_ignored(p.relative_to(project)):
                 rel = p.relative_to(project).as_posix()
                 if rel not in hashes:
                     hashes[rel] = sha256_file(p)
@@ -272,8 +275,10 @@ class StaleChapter:
     reason: str
     changed: list[str] = field(default_factory=list)
 
-    def describe(self) -> str:
-        files = f": {', '.join(self.changed)}" if self.changed else ""
+    def describe(self, most: int = 8) -> str:
+        shown = self.changed[:most] + ([f"and {len(self.changed) - most} more"]
+                                       if len(self.changed) > most else [])
+        files = f": {', '.join(shown)}" if shown else ""
         return f"{self.chapter} is stale ({self.reason}){files}"
 
 

@@ -321,15 +321,20 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                         src, sliced / "bin", plan.pretrain_tokens or 10**12,
                         valid_tokens=TINY_VALID_TOKENS if plan.tiny else None, also=also,
                         seed=None if plan.tiny else 0)
-                shutil.copytree(paths().work / GPU_CORPUS, data / GPU_CORPUS)
+            # what lies here already goes into the archive as it is, under its path there
+            extra: list[tuple[Path, str]] = []
+            if "pretrain" in plan.steps:
+                extra.append((paths().work / GPU_CORPUS, f"data/work/{GPU_CORPUS}"))
             if plan.checkpoint:
                 ckpt_dir = PROJECT_ROOT / plan.checkpoint
                 if not (ckpt_dir / checkpoints.MODEL_FILE).is_file():
                     raise UserError(f"{ckpt_dir} holds no {checkpoints.MODEL_FILE}: pass a "
                                     "packaged checkpoint folder to --checkpoint")
-                shutil.copytree(ckpt_dir, Path(stage) / plan.checkpoint)
+                extra.append((ckpt_dir, plan.checkpoint))
             with tarfile.open(tmp / "data.tar.xz", "w:xz") as tar:
-                tar.add(Path(stage) / "data", arcname="data")  # the checkpoint lies under data/ too
+                tar.add(Path(stage) / "data", arcname="data")
+                for path, arcname in extra:
+                    tar.add(path, arcname=arcname)
         (tmp / PLAN_FILE).write_text(json.dumps(asdict(plan), indent=1) + "\n", encoding="utf-8")
         carried = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
         ckpt = checkpoints.packaged_dir() / checkpoints.MODEL_FILE

@@ -124,6 +124,14 @@ class Launch:
                 f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}",
                 f"--master-port={self.master_port}"]
 
+    def hyperparameters(self, per_process: PretrainRecipe) -> dict[str, Any]:
+        """What a manifest records of the launch: with several processes, their number and
+        each one's batch and update frequency (:func:`spread`); nothing for one."""
+        if self.world_size == 1:
+            return {}
+        return {"world_size": self.world_size, "batch_size": per_process.batch_size,
+                "update_freq": per_process.update_freq}
+
     def fairseq_flags(self, device: str) -> list[str]:
         if self.world_size == 1:
             return []
@@ -496,10 +504,8 @@ def pretrain(
     args = fairseq_args(bin_dir, save_dir, per_process, seed=seed, device=device,
                         precision=precision, stop_minutes=budget,
                         init_from=init_copy) + launch.fairseq_flags(device)
-    hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget}
-    if launch.world_size > 1:
-        hyper.update(world_size=launch.world_size, batch_size=per_process.batch_size,
-                     update_freq=per_process.update_freq)
+    hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget,
+             **launch.hyperparameters(per_process)}
     env = {checkpoints.TRUSTED_DIRS_ENV: str(save_dir)}
     from finetune_lab.manifest import write_json_atomic
     from finetune_lab.registry import EXPERIMENT_CONFIG

@@ -149,8 +149,7 @@ def pretrain_long(
     point = resume_point(save_dir)
     per_process = spread(recipe, launch.world_size)
     hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": None,
-             **({"world_size": launch.world_size, "batch_size": per_process.batch_size,
-                 "update_freq": per_process.update_freq} if launch.world_size > 1 else {}),
+             **launch.hyperparameters(per_process),
              "budget_tokens": int(tokens), "tapt_fraction": tapt_fraction,
              "phases": [{"name": p.name, "until_update": p.until} for p in phases]}
     root = Path(runs_root) if runs_root is not None else paths().runs
