@@ -201,3 +201,30 @@ def test_hidden_files_are_not_inputs(tmp_path: Path) -> None:
     (tmp_path / "data" / "runs" / ".superseded" / "x").mkdir(parents=True)
     (tmp_path / "data" / "runs" / ".superseded" / "x" / "old.json").write_text("{}")
     assert list(fz.hash_inputs(tmp_path, ["data/runs/**"])) == ["data/runs/x/r1/manifest.json"]
+
+
+def test_machine_local_inputs_gone_on_a_clean_clone_are_no_change(tmp_path: Path) -> None:
+    """A chapter reads data/work (git-ignored) where it exists: a clean clone lacks it, and
+    CI's check-freeze must not call the committed freeze stale for that; an edit still counts."""
+    import subprocess
+
+    root = tmp_path
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".gitignore").write_text("/data/work\n")
+    (root / "chapters").mkdir()
+    (root / "chapters" / "d.qmd").write_text("---\ninputs:\n  - data/work/*/manifest.json\n"
+                                             "  - data/summary.json\n---\n")
+    (root / "data" / "work" / "tok").mkdir(parents=True)
+    (root / "data" / "work" / "tok" / "manifest.json").write_text("{}")
+    (root / "data" / "summary.json").write_text("{}")
+    fz.pre_render(root, {}, log=lambda *_: None)
+    _execute(root, "chapters/d.qmd")
+    fz.post_render(root, log=lambda *_: None)
+    (root / "data" / "work" / "tok" / "manifest.json").write_text('{"a": 1}')
+    (stale,) = fz.check_freeze(root)
+    assert "data/work/tok/manifest.json (changed)" in stale.describe()
+    shutil.rmtree(root / "data" / "work")  # as on a clean clone
+    assert fz.check_freeze(root) == []
+    (root / "data" / "summary.json").unlink()  # a tracked-side input gone still counts
+    (stale,) = fz.check_freeze(root)
+    assert "data/summary.json (removed)" in stale.describe()

@@ -282,12 +282,34 @@ class StaleChapter:
         return f"{self.chapter} is stale ({self.reason}){files}"
 
 
-def diff_files(recorded: dict[str, str], current: dict[str, str]) -> list[str]:
-    """Human-readable list of what changed between two ``{path: sha256}`` maps."""
+def git_ignored(project: Path, paths: Iterable[str]) -> set[str]:
+    """Which of ``paths`` git ignores in ``project`` (none where it is no git checkout)."""
+    import subprocess
+
+    paths = list(paths)
+    if not paths:
+        return set()
+    try:
+        proc = subprocess.run(["git", "-C", str(project), "check-ignore", "-z", "--stdin"],
+                              input="\0".join(paths).encode(), capture_output=True, check=False)
+    except OSError:
+        return set()
+    return {p for p in proc.stdout.decode().split("\0") if p} if proc.returncode == 0 else set()
+
+
+def diff_files(recorded: dict[str, str], current: dict[str, str],
+               project: Path | None = None) -> list[str]:
+    """Human-readable list of what changed between two ``{path: sha256}`` maps.
+
+    With ``project``, a recorded file that is gone and that git ignores there (the machine-local
+    ``data/work/``, which a chapter reads where it exists) is no change: a clean clone never has
+    it, and its frozen page is the one to publish. Its edits, where it exists, still count."""
+    gone = [p for p in recorded if recorded[p] != MISSING and current.get(p) in (None, MISSING)]
+    local = git_ignored(project, gone) if project is not None else set()
     out = []
     for path in sorted(set(recorded) | set(current)):
         old, new = recorded.get(path), current.get(path)
-        if old == new:
+        if old == new or path in local:
             continue
         if old is None or old == MISSING:
             out.append(f"{path} (new)")
@@ -313,9 +335,9 @@ def stale_chapter(project: Path, chapter: str) -> StaleChapter | None:
         return StaleChapter(chapter, "frozen without a record of its inputs' hashes")
     current = hash_inputs(project, patterns)
     if record.get("inputs") != patterns:
-        changed = diff_files(record["files"], current)
+        changed = diff_files(record["files"], current, project)
         return StaleChapter(chapter, "its inputs (declared, or imported) changed", changed)
-    changed = diff_files(record["files"], current)
+    changed = diff_files(record["files"], current, project)
     return StaleChapter(chapter, "inputs changed since it was executed", changed) if changed else None
 
 
