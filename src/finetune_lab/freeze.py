@@ -320,14 +320,15 @@ def diff_files(recorded: dict[str, str], current: dict[str, str],
     return out
 
 
-def stale_chapter(project: Path, chapter: str) -> StaleChapter | None:
+def stale_chapter(project: Path, chapter: str,
+                  patterns: list[str] | None = None) -> StaleChapter | None:
     """Why the frozen results of ``chapter`` no longer match its inputs (``None``: they do).
 
     Chapters without frozen results or without declared ``inputs:`` are never stale here.
     """
     if not is_frozen(project, chapter) or not (project / chapter).is_file():
         return None
-    patterns = chapter_inputs(project, chapter)
+    patterns = patterns if patterns is not None else chapter_inputs(project, chapter)
     if patterns is None:
         return None
     record = read_record(record_path(project, chapter))
@@ -385,7 +386,7 @@ def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = No
         patterns = chapter_inputs(project, chapter)
         if patterns is None:
             continue
-        stale = stale_chapter(project, chapter)
+        stale = stale_chapter(project, chapter, patterns)
         if stale is not None:
             shutil.rmtree(freeze_entry(project, chapter), ignore_errors=True)
             # a half-finished earlier render can leave thawable results beside the chapter

@@ -123,6 +123,16 @@ class Plan:
     def experiment(self, base: str) -> str:
         return f"{base}-gpu{SUFFIX_TINY if self.tiny else ''}"
 
+    @property
+    def pretrain_name(self) -> str:
+        """The pretraining run's name there, and its candidate folder's."""
+        return f"{self.pretrain_run}{SUFFIX_TINY}" if self.tiny else self.pretrain_run
+
+    def candidate(self, name: str) -> str:
+        """Where fine-tuning runs of other weights go: the next candidate experiment here (a
+        tiny call's kept apart)."""
+        return self.experiment(name) if self.tiny else name
+
 
 @dataclass(frozen=True)
 class Job:
@@ -442,7 +452,7 @@ def pretrain_jobs(plan: Plan, python: str = sys.executable,
                         ("--update-freq", plan.pretrain_update_freq)):
         if value is not None:
             budget += [flag, f"{value:g}"]
-    name = f"{plan.pretrain_run}{SUFFIX_TINY}" if plan.tiny else plan.pretrain_run
+    name = plan.pretrain_name
     return [Job("pretrain", [python, "-m", "finetune_lab.cli", "pretrain", *budget,
                              "--data", f"data/work/{GPU_CORPUS}/bin", "--run", name,
                              "--experiment", plan.experiment("pretrain"),
@@ -542,8 +552,7 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
         results += run_jobs(jobs, work / "logs", env=env, parallel=1,
                             deadline=pretrain_deadline(plan, started))
         step("pretraining", t0)
-        fresh = paths().work / "candidates" / (f"{plan.pretrain_run}{SUFFIX_TINY}" if plan.tiny
-                                               else plan.pretrain_run)
+        fresh = paths().work / "candidates" / plan.pretrain_name
         if (fresh / "model.pt").is_file():
             plan = replace(plan, checkpoint=fresh.relative_to(PROJECT_ROOT).as_posix())
         else:
@@ -563,8 +572,7 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
         experiments.append(plan.candidate_experiment or plan.experiment("fairseq-candidate"))
     products = [runs / name for name in experiments if (runs / name).is_dir()]
     if "pretrain" in plan.steps:  # never a carried --checkpoint back
-        name = f"{plan.pretrain_run}{SUFFIX_TINY}" if plan.tiny else plan.pretrain_run
-        products += [p for p in [paths().work / "candidates" / name] if p.is_dir()]
+        products += [p for p in [paths().work / "candidates" / plan.pretrain_name] if p.is_dir()]
     logs = paths().work / "gpu-lab-logs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
     shutil.copytree(work / "logs", logs, dirs_exist_ok=True)
     products.append(logs)
@@ -677,16 +685,14 @@ def _bundle(args: argparse.Namespace) -> int:
             raise UserError(f"--checkpoint {args.checkpoint}: pass a folder under "
                             f"{PROJECT_ROOT / 'data'} (e.g. data/work/candidates/NAME)")
         plan.checkpoint = ckpt.relative_to(PROJECT_ROOT).as_posix()
-        plan.candidate_experiment = plan.experiment(next_candidate_experiment()) if args.tiny \
-            else next_candidate_experiment()
+        plan.candidate_experiment = plan.candidate(next_candidate_experiment())
     if args.then_finetune:
         if set(args.steps) != {"pretrain", "lab"}:
             raise UserError("--then-finetune needs --steps pretrain lab")
         if args.checkpoint is not None:
             raise UserError("--then-finetune fine-tunes the call's own weights: drop --checkpoint")
         plan.then_finetune = True
-        plan.candidate_experiment = plan.experiment(next_candidate_experiment()) if args.tiny \
-            else next_candidate_experiment()
+        plan.candidate_experiment = plan.candidate(next_candidate_experiment())
     if args.seeds:
         plan.seeds = list(args.seeds)
     if args.tiny:

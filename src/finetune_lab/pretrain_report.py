@@ -866,9 +866,10 @@ def all_pretraining_runs(runs_root=None) -> list:
     return discover_runs(runs_root, [EXPERIMENT, GPU_EXPERIMENT], check_inputs=False)
 
 
-def token_curves(records: list, subset: str = "valid") -> pd.DataFrame:
-    """Held-out loss (bits) of every run against the tokens behind the weights at that point:
-    the run's own updates times its tokens per update, plus every run it continues."""
+def token_curves(records: list, subsets: tuple[str, ...] = ("valid",)) -> pd.DataFrame:
+    """Held-out loss (bits) of every run on ``subsets`` against the tokens behind the weights at
+    that point: the run's own updates times its tokens per update, plus every run it
+    continues. Each run's event files are read once."""
     from finetune_lab.tblogs import event_scalars
 
     frames = []
@@ -879,7 +880,7 @@ def token_curves(records: list, subset: str = "valid") -> pd.DataFrame:
         if not per_update:
             continue
         df = event_scalars(rec.path)
-        df = df[(df["subset"] == subset) & (df["tag"] == "loss")]
+        df = df[df["subset"].isin(subsets) & (df["tag"] == "loss")]
         if df.empty:
             continue
         lineage = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
@@ -887,10 +888,11 @@ def token_curves(records: list, subset: str = "valid") -> pd.DataFrame:
         frames.append(pd.DataFrame({
             "run": f"{rec.experiment}/{rec.name}", "status": man.get("status"),
             "device": "GPU" if rec.experiment == GPU_EXPERIMENT else "CPU",
+            "subset": df["subset"].to_numpy(),
             "tokens": before + df["step"].astype(int) * per_update,
             "bits": df["value"].astype(float)}).sort_values("tokens"))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["run", "status", "device", "tokens", "bits"])
+        columns=["run", "status", "device", "subset", "tokens", "bits"])
 
 
 def plateau_table(records: list, unigram: float | None) -> pd.DataFrame:
@@ -899,7 +901,8 @@ def plateau_table(records: list, unigram: float | None) -> pd.DataFrame:
     :data:`ESCAPE_BITS` under the unigram entropy (none: still on the plateau)."""
     from finetune_lab.fairseq_logs import log_rates
 
-    novels, reviews = token_curves(records), token_curves(records, "valid1")
+    both = token_curves(records, ("valid", "valid1"))
+    novels, reviews = both[both["subset"] == "valid"], both[both["subset"] == "valid1"]
     rows = []
     for rec in records:
         name = f"{rec.experiment}/{rec.name}"
