@@ -31,7 +31,9 @@ needs_data_root = pytest.mark.skipif(
 def tiny_pipeline(tmp_path_factory):
     """Tokenizer (400 pieces, 3 novels), corpus, a 30-update pretraining run, packaged checkpoint,
     and CLS-Books sliced to 64/16/32 reviews and binarized: real files through the real code."""
-    from finetune_lab import binarize, cls_books, pretrain, pretrain_corpus, tokenizer
+    from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
+    from finetune_lab.train import pretrain
+    from finetune_lab.train.pretrain_recipe import PretrainRecipe
 
     root = tmp_path_factory.mktemp("pipeline")
     mp = pytest.MonkeyPatch()
@@ -41,8 +43,8 @@ def tiny_pipeline(tmp_path_factory):
                                     with_reviews=False)
     corpus, _ = pretrain_corpus.prepare_pretrain(tokenizer_dir=tok, out=root / "corpus",
                                                  with_reviews=False, max_novels=3, workers=1)
-    recipe = pretrain.PretrainRecipe(tokens_per_sample=64, batch_size=8, max_update=30,
-                                     validate_every=15, log_interval=5, lr=1e-3, arch=TINY_ARCH)
+    recipe = PretrainRecipe(tokens_per_sample=64, batch_size=8, max_update=30,
+                            validate_every=15, log_interval=5, lr=1e-3, arch=TINY_ARCH)
     run_dir = pretrain.pretrain(max_update=30, run="tiny", data_dir=corpus, tokenizer_dir=tok,
                                 recipe=recipe, package_to=root / "packaged", quiet=True,
                                 precision="fp32")  # the continued run below tries bf16
@@ -70,8 +72,8 @@ def make_tiny_cls(root, items, vocab_size: int):
     """
     import sentencepiece as spm
 
-    from finetune_lab import tokenizer as T
-    from finetune_lab.cls_books import Review, write_split
+    from finetune_lab.data import tokenizer as T
+    from finetune_lab.data.cls_books import Review, write_split
 
     tok_dir = root / "tok"
     tok_dir.mkdir()
@@ -86,3 +88,15 @@ def make_tiny_cls(root, items, vocab_size: int):
     write_split(cls_dir, "valid", reviews[32:40])
     write_split(cls_dir, "test", reviews[40:48])
     return tok_dir, cls_dir
+
+
+# --- real tiny fairseq runs for the run-cache tests (registry, loaders, freeze, provenance) ---
+
+
+@pytest.fixture(scope="session")
+def tiny_grid(tmp_path_factory):
+    """The grid of ``runfixtures.py`` (2 inits × 2 seeds, ~60 s), built once per test session and
+    shared by every module that asks for it: copy a run (``runfixtures.copy_run``) to damage it."""
+    from runfixtures import build_grid
+
+    return build_grid(tmp_path_factory.mktemp("tiny-grid"))

@@ -40,7 +40,7 @@ def _scratch() -> Path:
 @functools.cache
 def cls_dir() -> Path:
     """``cls.books`` built from the real XML with the default seed."""
-    from finetune_lab.cls_books import prepare_cls
+    from finetune_lab.data.cls_books import prepare_cls
 
     return prepare_cls(data_root(), _scratch() / "work" / "cls.books")
 
@@ -48,7 +48,7 @@ def cls_dir() -> Path:
 @functools.cache
 def tiny_tokenizer() -> Path:
     """A 1000-piece tokenizer trained on a slice of the real corpus (a few novels)."""
-    from finetune_lab.tokenizer import train_tokenizer
+    from finetune_lab.data.tokenizer import train_tokenizer
 
     return train_tokenizer(data_root(), _scratch() / "work" / "tokenizer", vocab_size=TINY_VOCAB,
                            sample_size=5000, max_novels=TINY_NOVELS)
@@ -56,7 +56,7 @@ def tiny_tokenizer() -> Path:
 
 @functools.cache
 def cls_bin() -> Path:
-    from finetune_lab.binarize import binarize_cls
+    from finetune_lab.data.binarize import binarize_cls
 
     out, _ = binarize_cls(cls_dir(), tiny_tokenizer(), _scratch() / "work" / "cls-books-bin")
     return out
@@ -64,7 +64,7 @@ def cls_bin() -> Path:
 
 @functools.cache
 def pretrain_bin() -> Path:
-    from finetune_lab.pretrain_corpus import prepare_pretrain
+    from finetune_lab.data.pretrain_corpus import prepare_pretrain
 
     out, _ = prepare_pretrain(data_root(), tiny_tokenizer(), _scratch() / "work" / "pretrain-bin",
                               max_novels=TINY_NOVELS, with_reviews=False)

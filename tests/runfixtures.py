@@ -1,4 +1,7 @@
-"""Real tiny fairseq runs for the run-cache tests (built once per test session, ~50 s on 2 idle CPUs).
+"""Real tiny fairseq runs for the run-cache tests (~60 s on 2 idle CPUs).
+
+``conftest.py`` builds the grid once per test session (the ``tiny_grid`` fixture) and every test
+module that asks for it shares it.
 
 The grid: 2 inits × 2 seeds of a 1-layer, width-16 ``roberta_small`` fine-tuned for 3 epochs on
 a synthetic two-class sentence_prediction task binarized with ``fairseq-preprocess``, validated
@@ -21,10 +24,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from finetune_lab.config import RUNS_DIR_ENV, paths
-from finetune_lab.recording import TrainingFailedError, record_run, run_fairseq_train
+from finetune_lab.runs.recording import TrainingFailedError, record_run, run_fairseq_train
 
 EXPERIMENT = "tiny-grid"
 SEEDS = (1, 2)
@@ -108,7 +109,7 @@ def make_pretrained_checkpoint(root: Path, data_bin: Path) -> Path:
     """Train the tiny model once, as a recorded run that saves its best checkpoint.
 
     The run's manifest lists the checkpoint's sha256 (``checkpoints``), which is what
-    :mod:`finetune_lab.checkpoints` requires before fairseq may unpickle it under safe loading;
+    :mod:`finetune_lab.models.checkpoints` requires before fairseq may unpickle it under safe loading;
     fine-tuning runs therefore see this runs root through ``FINETUNE_LAB_RUNS_DIR``.
     """
     runs_root = root / "pretrain-runs"
@@ -192,18 +193,6 @@ def build_grid(root: Path) -> TinyGrid:
     if errors:
         raise errors[0]
     return TinyGrid(root=root, runs_root=runs_root, data_bin=data_bin, checkpoint=checkpoint)
-
-
-_GRID: TinyGrid | None = None
-
-
-@pytest.fixture(scope="session")
-def tiny_grid(tmp_path_factory: pytest.TempPathFactory) -> TinyGrid:
-    """The shared grid, built once however many test modules import this fixture."""
-    global _GRID
-    if _GRID is None:
-        _GRID = build_grid(tmp_path_factory.mktemp("tiny-grid"))
-    return _GRID
 
 
 def copy_run(grid: TinyGrid, run: str, runs_root: Path, experiment: str = EXPERIMENT) -> Path:

@@ -8,10 +8,10 @@ import pytest
 from data_fixtures import cls_bin, cls_dir, tiny_tokenizer
 from fairseq.data import Dictionary, data_utils
 
-from finetune_lab import tokenizer as tk
+from finetune_lab.data import tokenizer as tk
 from finetune_lab._files import read_json, sha256_tree
-from finetune_lab.binarize import binarize_cls, up_to_date
-from finetune_lab.cls_books import ClsDataError, read_split
+from finetune_lab.data.binarize import binarize_cls, up_to_date
+from finetune_lab.data.cls_books import ClsDataError, read_split
 from finetune_lab.errors import UserError
 
 
@@ -57,7 +57,7 @@ def test_manifest_and_commands():
 def test_the_same_data_built_at_another_path_gives_the_same_run_inputs(tmp_path):
     """fairseq-preprocess writes the dictionary's absolute path into its log: a checkout at
     another path must still see the committed runs' data as unchanged (issue 19)."""
-    from finetune_lab.manifest import input_record
+    from finetune_lab.runs.manifest import input_record
 
     elsewhere = tmp_path / "another" / "checkout"
     shutil.copytree(tiny_tokenizer(), elsewhere / "tokenizer")

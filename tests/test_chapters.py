@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from finetune_lab.config import PROJECT_ROOT
-from finetune_lab.qmd import book_chapters, execute_chapter, to_notebook
+from finetune_lab.book.qmd import book_chapters, execute_chapter, inline_problems, to_notebook
 
 CHAPTERS = [p for p in book_chapters() if p.suffix == ".qmd"]
 
@@ -14,18 +14,35 @@ CHAPTERS = [p for p in book_chapters() if p.suffix == ".qmd"]
 def test_chapter_executes(chapter, monkeypatch):
     for var in ("FINETUNE_LAB_RUNS_DIR", "FINETUNE_LAB_WORK_DIR"):
         monkeypatch.delenv(var, raising=False)  # the book reads the real run cache
-    nb = execute_chapter(chapter)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors
+    nb = execute_chapter(chapter)  # raises on the first cell that fails
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    unexecuted = [c.source[:60] for c in code if c.get("execution_count") is None]
+    assert not unexecuted, f"cells the kernel never ran: {unexecuted}"
+    # every inline value reaches the page as plain text: present, non-empty, no Markdown
+    assert inline_problems(nb) == []
 
 
 def test_inline_expressions_become_cells(tmp_path):
     qmd = tmp_path / "x.qmd"
-    qmd.write_text("# T\n\n```{python}\nx = 2\n```\n\nTwice is `{python} x * 2` here.\n")
+    qmd.write_text("# T\n\n```{python}\nx = 2\n```\n\nTwice is `{python} x * 2` and "
+                   "thrice `{python} x * 3` here.\n")
     nb = to_notebook(qmd)
     inline = [c for c in nb.cells if c.metadata.get("inline")]
-    assert [c.source for c in inline] == ["str(x * 2)"]
+    assert [c.source for c in inline] == ["str(x * 2)", "str(x * 3)"]
+
+
+def test_bad_inline_values_are_named(tmp_path):
+    qmd = tmp_path / "inline.qmd"
+    qmd.write_text("# T\n\n```{python}\nn = 3\nname = '`cpu-long3`'\nempty = ''\n```\n\n"
+                   "Fine `{python} n`, code `{python} name`, bold `{python} '**b**'`, "
+                   "nothing `{python} empty`, link `{python} '[a](b)'`.\n")
+    nb = execute_chapter(qmd)
+    assert inline_problems(nb) == [
+        "`name` holds Markdown, shown literally: '`cpu-long3`'",
+        "`'**b**'` holds Markdown, shown literally: '**b**'",
+        "`empty` is an empty string",
+        "`'[a](b)'` holds Markdown, shown literally: '[a](b)'",
+    ]
 
 
 def test_a_failing_cell_fails_the_harness(tmp_path):
@@ -62,7 +79,7 @@ def test_a_figure_cell_must_show_its_figure(tmp_path):
     from finetune_lab.errors import UserError
 
     draw = ("import matplotlib.pyplot as plt\n"
-            "from finetune_lab import plots\n"  # the package's plotting module, imported
+            "from finetune_lab.book import plots\n"  # the package's plotting module, imported
             "plt.subplots()[1].plot([0, 1]);\n")
     good = tmp_path / "good.qmd"
     good.write_text(f"# Good\n\n```{{python}}\n#| label: fig-line\n{draw}```\n")

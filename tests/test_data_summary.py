@@ -7,14 +7,16 @@ import json
 import pytest
 from data_fixtures import cls_dir, work_dir
 
-from finetune_lab import data_summary as ds
-from finetune_lab.cls_books import read_split
+from finetune_lab.book import data_summary as ds
+from finetune_lab.book import data_tables as dt
+from finetune_lab.data.cls_books import read_split
+from finetune_lab.data.cls_splits import SUMMARY_NAME, train_size
 from finetune_lab.config import PROJECT_ROOT, WORK_DIR_ENV
 from finetune_lab.errors import UserError
-from finetune_lab.qmd import execute_chapter
+from finetune_lab.book.qmd import execute_chapter
 
 CHAPTER = PROJECT_ROOT / "chapters" / "data.qmd"
-COMMITTED = PROJECT_ROOT / "data" / "summaries" / ds.SUMMARY_NAME
+COMMITTED = PROJECT_ROOT / "data" / "summaries" / SUMMARY_NAME
 
 
 @pytest.fixture(scope="module")
@@ -23,22 +25,31 @@ def summary():
 
 
 def test_splits_and_balance(summary):
-    table = ds.split_table(summary).set_index("split")
+    table = dt.split_table(summary).set_index("split")
     assert table["reviews"].to_dict() == {"train": 1800, "valid": 200, "test": 2000}
     assert (table["positive"] == table["negative"]).all()
     assert (table["positive share"] == 0.5).all()
 
 
-def test_pretrain_reviews_text_follows_the_recorded_parameters():
-    def text(params, valid1=None):
+def test_corpus_reviews_follow_the_recorded_parameters():
+    def reviews(params, valid1=None):
         counts = {"valid1": {"paragraphs": valid1}} if valid1 else {}
-        return ds.pretrain_reviews_text({"pretrain": {"parameters": params, "counts": counts}})
+        return dt.corpus_reviews({"pretrain": {"parameters": params, "counts": counts}})
 
-    assert "written 20 times" in text({"with_reviews": True, "review_repeat": 20,
-                                       "review_valid": 400}, valid1=400)
-    assert "400 of them" in text({"with_reviews": True, "review_repeat": 20}, valid1=400)
-    assert "training reviews" in text({"with_reviews": True})  # summaries before upweighting
-    assert "left out" in text({"with_reviews": False})
+    upweighted = reviews({"with_reviews": True, "review_repeat": 20, "review_valid": 400},
+                         valid1=400)
+    assert (upweighted.included, upweighted.repeat, upweighted.held_out) == (True, 20, 400)
+    assert upweighted.domains == ("dvd", "music")
+    once = reviews({"with_reviews": True})  # summaries before upweighting
+    assert (once.included, once.repeat, once.held_out) == (True, 0, 0)
+    assert not reviews({"with_reviews": False}).included
+
+
+def test_unknown_spans_become_code_that_shows_them():
+    summary = {"cls": {"unknown_surfaces": [["€", 8], ["a`b", 2], ["\x85", 1]]}}
+    assert dt.unknown_spans(summary, top=2) == [("€", 8), ("a`b", 2)]
+    assert [dt.code_span(t) for t, _ in dt.unknown_spans(summary)] == [
+        "`€`", "`` a`b ``", "U+0085"]
 
 
 def test_length_histogram_and_truncation_agree(summary):
@@ -49,18 +60,18 @@ def test_length_histogram_and_truncation_agree(summary):
         assert sum(hist) == {"train": 1800, "valid": 200, "test": 2000}[split]
         assert sum(hist[first_truncated_bin:]) == stats["truncated"]
         assert stats["median"] <= stats["p90"] <= stats["max"]
-    assert 0 < ds.truncated_share(summary) < 1
+    assert 0 < dt.truncated_share(summary) < 1
     assert ds.length_histogram([1, 16, 17, 256, 257, 5000]) == (
         [2, 1] + [0] * 13 + [1, 1] + [0] * 47 + [1])
 
 
 def test_tokenization_rates(summary):
-    table = ds.tokenization_table(summary)
+    table = dt.tokenization_table(summary)
     assert set(table["corpus"]) == {"CLS-Books", "pretraining corpus"}
     assert (table["tokens per word"] > 1).all()
     assert ((table["<unk> rate"] >= 0) & (table["<unk> rate"] < 0.05)).all()
-    assert ds.rate(summary, "cls", "tokens per word") > 1
-    examples = ds.examples_table(summary)
+    assert dt.rate(summary, "cls", "tokens per word") > 1
+    examples = dt.examples_table(summary)
     assert list(examples["sentence"]) == list(ds.EXAMPLES)
 
 
@@ -120,9 +131,8 @@ def test_cli_writes_the_summary(tmp_path, capsys):
 
 
 def test_train_size_reads_the_committed_summary(tmp_path):
-    committed = PROJECT_ROOT / "data" / "summaries" / ds.SUMMARY_NAME
-    splits = json.loads(committed.read_text(encoding="utf-8"))["cls"]["splits"]
-    assert ds.train_size(committed) == 1800 == next(
+    splits = json.loads(COMMITTED.read_text(encoding="utf-8"))["cls"]["splits"]
+    assert train_size(COMMITTED) == train_size() == 1800 == next(
         s["reviews"] for s in splits if s["split"] == "train")
     with pytest.raises(UserError, match="finetune-lab data-summary"):
-        ds.train_size(tmp_path / "absent.json")
+        train_size(tmp_path / "absent.json")

@@ -1,4 +1,6 @@
-"""The fairseq chapter's code on a real tiny grid (2 seeds x 2 inits) and with no runs at all."""
+"""The fairseq chapter's code on a real tiny grid (2 seeds x 2 inits) and with no runs at all:
+its results (fairseq_report), command and schedule (fairseq_command), figure (fairseq_figure),
+pretraining budget (pretrain_budget) and the course's reference figures (course_reference)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,14 @@ import pandas as pd
 import pytest
 
 from conftest import TINY_ARCH, needs_data_root
-from finetune_lab import fairseq_report as fr
-from finetune_lab import finetune_fairseq as ff
-from finetune_lab.manifest import read_manifest
-from finetune_lab.recipe import LAB_RECIPE
+from finetune_lab.book import course_reference as cr
+from finetune_lab.book import fairseq_command as fc
+from finetune_lab.book import fairseq_report as fr
+from finetune_lab.book.fairseq_figure import plot_curves
+from finetune_lab.book.pretrain_budget import budget_markdown, budget_table, pretrain_budget
+from finetune_lab.train import finetune_fairseq as ff
+from finetune_lab.runs.manifest import read_manifest
+from finetune_lab.train.recipe import LAB_RECIPE
 
 # 64 training reviews, batch 8, 3 epochs: 24 updates, train_inner logged at 10 and 20. A high
 # learning rate so that the seeds do not all end where they started.
@@ -26,7 +32,7 @@ SEEDS = (0, 1)
 def grid(tiny_pipeline):
     """The tiny grid in its own runs root, with a copy of the tiny pretraining run beside it."""
     root = tiny_pipeline["root"] / "report-runs"
-    ff.finetune_grid(fr.INITS, SEEDS, bin_dir=tiny_pipeline["cls_bin"],
+    ff.finetune_grid(fc.INITS, SEEDS, bin_dir=tiny_pipeline["cls_bin"],
                      checkpoint_dir=tiny_pipeline["packaged"], recipe=RECIPE, arch=TINY_ARCH,
                      runs_root=root, log=False)
     pre = tiny_pipeline["pretrain_run"]
@@ -82,7 +88,7 @@ def test_test_accuracy_per_epoch_is_mean_and_std_over_seeds(grid):
     res = grid["res"]
     num = fr.test_by_epoch(res)
     assert sorted(num["epoch"].unique()) == [1, 2, 3]
-    for init in fr.INITS:
+    for init in fc.INITS:
         per_seed = [sorted(_raw(grid["report_runs"] / "fairseq" / ff.run_name(init, s),
                                 "test").items()) for s in SEEDS]
         for epoch in (1, 2, 3):
@@ -109,12 +115,16 @@ def test_gap_is_welch_on_the_best_epoch_test_accuracies(grid):
     b = best.loc[best["init"] == "random", "test acc (%) at that epoch"].to_numpy()
     assert (g.n_a, g.n_b) == (2, 2)
     assert g.diff == pytest.approx(a.mean() - b.mean())
-    if np.std(a) + np.std(b) > 0:
-        assert g.p_value == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    # no spread in either init: no test (NaN), as scipy's own answer would be
+    spread = np.ptp(a) > 0 or np.ptp(b) > 0
+    welch_p = stats.ttest_ind(a, b, equal_var=False).pvalue if spread else float("nan")
+    assert g.p_value == pytest.approx(welch_p, nan_ok=True)
     gap_row = fr.comparison_table(res).iloc[-1]
     assert gap_row["this project"].startswith(f"{g.diff:.2f} (95 % Welch CI")
-    assert gap_row.iloc[2] == fr.course_gap().text()
-    assert "Welch" in fr.gap_sentence(res)
+    assert gap_row.iloc[2] == cr.course_gap().text()
+    assert "Welch t" in fr.gap_markdown(res) and "n = 2 and 2 seeds" in fr.gap_markdown(res)
+    results = fr.results_markdown(res)
+    assert results.startswith("The 2 pretrained runs reach ") and fr.gap_verdict(g) in results
 
 
 @needs_data_root
@@ -123,9 +133,11 @@ def test_figure_draws_every_run_and_a_band_per_init(grid):
     import matplotlib.pyplot as plt
 
     res = grid["res"]
-    p = fr.plan(res)
-    assert (p.n_train, p.recipe, p.arch) == (64, RECIPE, TINY_ARCH)
-    fig = fr.plot_curves(res, p)
+    p = fc.plan(res.loaded.used)
+    assert (p.n_train, p.source, p.recipe, p.arch) == (64, None, RECIPE, TINY_ARCH)
+    differences = fc.recipe_differences(p)
+    assert "lr = 0.001 (the lab: 1e-05)" in differences and "epochs = 3 (the lab: 5)" in differences
+    fig = plot_curves(res, p)
     axes = fig.axes
     assert [ax.get_ylabel() for ax in axes] == [
         "validation accuracy (%)", "test accuracy (%)", "train loss (bits, per log interval)",
@@ -136,7 +148,7 @@ def test_figure_draws_every_run_and_a_band_per_init(grid):
         assert len(ax.collections) == 2  # one mean ± std band per init
     # the thin valid-accuracy lines are the logged values at the logged updates
     raw = [_raw(grid["report_runs"] / "fairseq" / ff.run_name(i, s), "valid")
-           for i in fr.INITS for s in SEEDS]
+           for i in fc.INITS for s in SEEDS]
     drawn = sorted((tuple(line.get_xdata()), tuple(line.get_ydata())) for line in axes[0].lines
                    if line.get_linewidth() < 1.5)
     assert drawn == sorted((tuple(float(k) for k in r), tuple(r.values())) for r in raw)
@@ -164,21 +176,23 @@ def test_speed_table_reads_the_manifests(grid):
         assert row.device == m["device"]["name"]
         assert row.threads == m["device"]["threads"] >= 1
         assert row.updates == 24
-    assert "4 runs" in fr.speed_sentence(grid["res"])
+    assert fr.speed_markdown(grid["res"]).startswith("The 4 runs took ")
 
 
 @needs_data_root
 @pytest.mark.slow
 def test_pretraining_budget_comes_from_the_pretraining_manifest(grid):
-    budget = fr.pretrain_budget(checkpoint_dir=grid["packaged"])
+    budget = pretrain_budget(checkpoint_dir=grid["packaged"])
     m = read_manifest(grid["pretrain_run"])
     assert budget.updates == m["hyperparameters"]["max_update"] == 30
     assert budget.tokens_seen == 30 * m["hyperparameters"]["tokens_per_update"]
     assert budget.wall_time_s == m["wall_time_s"]
     # without a packaged checkpoint, the last complete run of the runs root is used
-    assert fr.pretrain_budget(grid["report_runs"], checkpoint_dir=grid["root"] / "none").updates == 30
-    table = fr.budget_table(budget)
+    assert pretrain_budget(grid["report_runs"], checkpoint_dir=grid["root"] / "none").updates == 30
+    table = budget_table(budget)
     assert f"{budget.tokens_seen:,}" in set(table["this project's stand-in"])
+    assert budget_markdown(budget).startswith(f"Our stand-in saw {budget.tokens_seen:,} tokens")
+    assert budget_markdown(None).startswith("No complete pretraining run")
 
 
 @needs_data_root
@@ -186,7 +200,7 @@ def test_pretraining_budget_comes_from_the_pretraining_manifest(grid):
 def test_chapter_executes_on_the_grid(grid, monkeypatch):
     """The chapter itself, run in Jupyter against the tiny grid: the tables are the grid's."""
     from finetune_lab.config import PROJECT_ROOT
-    from finetune_lab.qmd import execute_chapter
+    from finetune_lab.book.qmd import execute_chapter
 
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(grid["report_runs"]))
     nb = execute_chapter(PROJECT_ROOT / "chapters" / "fairseq.qmd")
@@ -218,33 +232,39 @@ def repo_paths(monkeypatch):
 def test_no_runs_state_shows_the_commands_and_schedule(tmp_path, repo_paths):
     res = fr.load_results(tmp_path)
     assert not res.ready and not res.has_gap
-    status = fr.results_status(res)
-    assert "have not been made" in status and fr.FINETUNE_COMMAND in status
-    assert fr.FINETUNE_COMMAND == "finetune-lab finetune fairseq --init pretrained random --seeds 0 1 2"
-    p = fr.plan(res)  # from the committed data summary: the lab's 1800 training reviews
-    assert (p.n_train, p.recipe) == (1800, LAB_RECIPE) and fr.recipe_note(p) == ""
-    cmd = fr.command_markdown(p).data
-    assert cmd.startswith("```bash\nfairseq-train ")
+    status = fr.status_markdown(res)
+    assert "have not been made" in status and fc.FINETUNE_COMMAND in status
+    assert fc.FINETUNE_COMMAND == "finetune-lab finetune fairseq --init pretrained random --seeds 0 1 2"
+    p = fc.plan(res.loaded.used)  # from the committed data summary: the lab's 1800 reviews
+    assert (p.n_train, p.recipe) == (1800, LAB_RECIPE) and fc.recipe_differences(p) == []
+    assert p.source is not None and p.source.name == "data.json"
+    cmd = fc.render_command(fc.train_command(p))
+    assert cmd.startswith("fairseq-train data/work/cls-books-bin \\\n    --user-dir ")
     for flags in ("--total-num-update 1125", "--warmup-updates 67", "--max-epoch 5",
                   "--restore-file data/checkpoints/roberta-small-fr/model.pt",
                   "--tensorboard-logdir data/runs/fairseq/pretrained-seed0"):
         assert flags in cmd
-    argv = fr.train_command(p, "random", 2)
+    argv = fc.train_command(p, "random", 2)
     assert "--restore-file" not in argv and argv[argv.index("--seed") + 1] == "2"
-    assert fr.init_flags(p)[0] == "--restore-file"
-    sched = dict(zip(fr.schedule_table(p)["quantity"], fr.schedule_table(p)["value"]))
-    assert sched["total updates"] == "1,125" and sched["warm-up updates"] == "67"
+    assert fc.init_flags(p) == ["--restore-file", "--reset-optimizer", "--reset-dataloader",
+                                "--reset-meters", "--reset-lr-scheduler"]
+    schedule = fc.schedule_table(p).set_index("quantity")
+    assert schedule.loc["total updates", "value"] == "1,125"
+    assert schedule.loc["warm-up updates", "value"] == "67"
+    assert schedule.loc["training reviews", "how"].endswith("`data/summaries/data.json`")
     for table in (fr.best_epoch_table(res), fr.test_by_epoch_table(res), fr.speed_table(res)):
         assert table.empty
     assert "not run yet" in set(fr.comparison_table(res)["this project"])
-    assert "not computed yet" in fr.gap_sentence(res)
+    assert "not computed yet" in fr.gap_markdown(res)
+    assert fr.results_markdown(res).startswith("No result can be discussed")
+    assert fr.speed_markdown(res) == "There is no run to time yet."
 
 
 def test_no_runs_figure_is_the_planned_schedule(tmp_path, repo_paths):
     import matplotlib.pyplot as plt
 
     res = fr.load_results(tmp_path)
-    fig = fr.plot_curves(res, fr.plan(res))
+    fig = plot_curves(res, fc.plan(res.loaded.used))
     (ax,) = fig.axes
     (line,) = ax.lines
     assert len(line.get_xdata()) == 1125 and max(line.get_ydata()) == pytest.approx(1e-5)
@@ -255,11 +275,12 @@ def test_no_runs_figure_is_the_planned_schedule(tmp_path, repo_paths):
 
 
 def test_course_figures_are_labelled_external_references():
-    assert fr.COURSE_SOURCE == "course writeups of this lab"
-    assert fr.COURSE_TEST_ACCURACY["pretrained"].text() == "79–80 %"
-    assert fr.COURSE_TEST_ACCURACY["random"].text() == "63–68 %"
-    assert fr.course_gap().text() == "11–17 points"
-    assert all(r.source == fr.COURSE_SOURCE for r in fr.COURSE_TEST_ACCURACY.values())
+    assert cr.COURSE_SOURCE == "course writeups of this lab"
+    assert cr.COURSE_COLUMN == "course writeups of this lab (external reference)"
+    assert cr.COURSE_TEST_ACCURACY["pretrained"].text() == "79–80 %"
+    assert cr.COURSE_TEST_ACCURACY["random"].text() == "63–68 %"
+    assert cr.course_gap().text() == "11–17 points"
+    assert all(r.source == cr.COURSE_SOURCE for r in cr.COURSE_TEST_ACCURACY.values())
 
 
 @pytest.mark.parametrize("pretrained, verdict", [
@@ -268,7 +289,7 @@ def test_course_figures_are_labelled_external_references():
     ([55.0, 56.0, 57.0], "does worse than random initialisation, by 11.0 points"),
 ])
 def test_gap_verdict_reads_the_welch_interval(pretrained, verdict):
-    from finetune_lab import seedstats
+    from finetune_lab.runs import seedstats
 
     best = pd.DataFrame({"init": ["pretrained"] * 3 + ["random"] * 3,
                          "test": pretrained + [66.0, 67.0, 68.0]})
@@ -280,8 +301,8 @@ def test_gap_verdict_reads_the_welch_interval(pretrained, verdict):
 @needs_data_root
 @pytest.mark.slow
 def test_pretraining_chapter_verdict_reads_the_grid(grid):
-    from finetune_lab import pretrain_report
+    from finetune_lab.book import pretrain_candidates
 
-    text = pretrain_report.finetuning_verdict(grid["report_runs"])
+    text = pretrain_candidates.finetuning_verdict(grid["report_runs"])
     assert "n = 2 and 2 seeds" in text
     assert ("beats random initialisation" in text) != ("Until weights past the masked-LM plateau" in text)

@@ -45,7 +45,8 @@ def test_a_corrupted_checkpoint_is_told_from_a_foreign_one(tmp_path):
     is what the message says (not 'in no manifest', with advice to use that same file)."""
     import shutil
 
-    from finetune_lab import checkpoints
+    from finetune_lab.models import checkpoints
+    from finetune_lab.models import trust
 
     folder = tmp_path / "roberta-small-fr"
     shutil.copytree(checkpoints.packaged_dir(), folder)
@@ -54,18 +55,18 @@ def test_a_corrupted_checkpoint_is_told_from_a_foreign_one(tmp_path):
         byte = fh.read(1)
         fh.seek(1000)
         fh.write(bytes([byte[0] ^ 0xFF]))
-    with pytest.raises(checkpoints.UntrustedCheckpointError,
+    with pytest.raises(trust.UntrustedCheckpointError,
                        match="no longer matches its own manifest"):
-        checkpoints.check_trusted(folder / "model.pt")
+        trust.check_trusted(folder / "model.pt")
     foreign = tmp_path / "model.pt"
     foreign.write_bytes(b"weights from elsewhere")
-    with pytest.raises(checkpoints.UntrustedCheckpointError, match="in no manifest"):
-        checkpoints.check_trusted(foreign)
+    with pytest.raises(trust.UntrustedCheckpointError, match="in no manifest"):
+        trust.check_trusted(foreign)
 
 
 def test_a_model_path_that_does_not_exist_is_named():
     from finetune_lab.errors import UserError
-    from finetune_lab.lora_qa import check_model_argument
+    from finetune_lab.train.lora_qa import check_model_argument
 
     with pytest.raises(UserError, match="--model /no/such/dir: no such folder"):
         check_model_argument("/no/such/dir")
@@ -127,7 +128,8 @@ def test_a_foreign_checkpoint_can_be_packaged_as_the_refusal_says(tiny_pipeline,
     """The refusal of an unlisted checkpoint names a command that accepts that very file."""
     import shutil
 
-    from finetune_lab import checkpoints
+    from finetune_lab.models import checkpoints
+    from finetune_lab.models import trust
     from finetune_lab.cli import main
 
     foreign = tmp_path / "elsewhere" / "checkpoint_best.pt"
@@ -136,12 +138,12 @@ def test_a_foreign_checkpoint_can_be_packaged_as_the_refusal_says(tiny_pipeline,
     shutil.copytree(tiny_pipeline["tok"], tmp_path / "work" / "tokenizer")
     monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
     dest = tmp_path / "packaged"
-    with pytest.raises(checkpoints.UntrustedCheckpointError) as refused:
-        checkpoints.check_trusted(foreign)
+    with pytest.raises(trust.UntrustedCheckpointError) as refused:
+        trust.check_trusted(foreign)
     assert f"package-checkpoint {foreign} --trust --dest DIR" in str(refused.value)
     assert main(["package-checkpoint", str(foreign), "--dest", str(dest)]) == 2
     assert "in no manifest" in capsys.readouterr().err and not dest.exists()
     assert main(["package-checkpoint", str(foreign), "--dest", str(dest), "--trust"]) == 0
     manifest = checkpoints.package_manifest(dest)
     assert manifest["trusted_by"].startswith("the user")
-    checkpoints.check_trusted(dest / "model.pt", [dest / "manifest.json"])  # usable downstream
+    trust.check_trusted(dest / "model.pt", [dest / "manifest.json"])  # usable downstream

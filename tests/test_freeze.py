@@ -7,11 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from runfixtures import EXPERIMENT, tiny_grid  # noqa: F401
+from runfixtures import EXPERIMENT
 
-from finetune_lab import freeze as fz
+from finetune_lab.book import chapter_inputs as ci
+from finetune_lab.book import freeze as fz
 from finetune_lab.cli import main
-from finetune_lab.manifest import sha256_file
+from finetune_lab._files import sha256_file
 
 CHAPTER_A = """---
 title: "Results"
@@ -69,22 +70,22 @@ def _render(root: Path, env: dict[str, str]) -> list[str]:
 
 def test_declared_inputs_and_hashing(tmp_path: Path) -> None:
     root = _project(tmp_path)
-    assert fz.chapters(root) == ["chapters/architecture.qmd", "chapters/results.qmd", "index.qmd"]
-    assert fz.declared_inputs(root / "index.qmd") is None
-    hashes = fz.hash_inputs(root, fz.declared_inputs(root / "chapters" / "results.qmd"))
+    assert ci.chapters(root) == ["chapters/architecture.qmd", "chapters/results.qmd", "index.qmd"]
+    assert ci.declared_inputs(root / "index.qmd") is None
+    hashes = ci.hash_inputs(root, ci.declared_inputs(root / "chapters" / "results.qmd"))
     assert hashes == {
         f"data/runs/{EXPERIMENT}/r1/manifest.json": sha256_file(
             root / "data" / "runs" / EXPERIMENT / "r1" / "manifest.json"),
         "src/finetune_lab/stats.py": sha256_file(root / "src" / "finetune_lab" / "stats.py"),
     }
-    assert fz.hash_inputs(root, ["data/not-yet-there.csv"]) == {"data/not-yet-there.csv": "MISSING"}
+    assert ci.hash_inputs(root, ["data/not-yet-there.csv"]) == {"data/not-yet-there.csv": "MISSING"}
     bad = root / "chapters" / "bad.qmd"
     bad.write_text("---\ninputs: {a: 1}\n---\n")
-    with pytest.raises(fz.FreezeError, match="bad.qmd: 'inputs:' must be a list"):
-        fz.declared_inputs(bad)
+    with pytest.raises(ci.FreezeError, match="bad.qmd: 'inputs:' must be a list"):
+        ci.declared_inputs(bad)
     bad.write_text("---\ninputs: [../outside.txt]\n---\n")
-    with pytest.raises(fz.FreezeError, match="relative to the project root"):
-        fz.declared_inputs(bad)
+    with pytest.raises(ci.FreezeError, match="relative to the project root"):
+        ci.declared_inputs(bad)
 
 
 def test_check_freeze_passes_without_freeze_dir(tmp_path: Path, capsys) -> None:
@@ -104,7 +105,7 @@ def test_rendered_chapters_from_quarto_env(tmp_path: Path) -> None:
     root = _project(tmp_path)
     env = {"QUARTO_PROJECT_INPUT_FILES": "chapters/results.qmd\nreferences.bib\n"}
     assert fz.rendered_chapters(root, env) == ["chapters/results.qmd"]
-    assert fz.rendered_chapters(root, {**env, "QUARTO_PROJECT_RENDER_ALL": "1"}) == fz.chapters(root)
+    assert fz.rendered_chapters(root, {**env, "QUARTO_PROJECT_RENDER_ALL": "1"}) == ci.chapters(root)
     listing = tmp_path / "list.txt"
     listing.write_text(f"{root / 'index.qmd'}\n")
     assert fz.rendered_chapters(root, {"QUARTO_USE_FILE_FOR_PROJECT_INPUT_FILES": str(listing),
@@ -112,7 +113,7 @@ def test_rendered_chapters_from_quarto_env(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_changed_run_file_invalidates_exactly_its_chapter(tiny_grid, tmp_path: Path,  # noqa: F811
+def test_changed_run_file_invalidates_exactly_its_chapter(tiny_grid, tmp_path: Path,
                                                           capsys) -> None:
     root = _project(tmp_path, tiny_grid)
     all_env = {"QUARTO_PROJECT_RENDER_ALL": "1"}
@@ -174,7 +175,7 @@ def test_code_inputs_are_the_import_closure_and_an_indirect_edit_makes_the_chapt
     (root / "chapters" / "c.qmd").write_text(
         "---\ninputs:\n  - data/x.csv\n---\n\n```{python}\n#| echo: false\n"
         "from finetune_lab import report\n```\n\nSome `{python} report.table()` text.\n")
-    assert fz.chapter_inputs(root, "chapters/c.qmd") == [
+    assert ci.chapter_inputs(root, "chapters/c.qmd") == [
         "data/x.csv", "src/finetune_lab/__init__.py", "src/finetune_lab/report.py",
         "src/finetune_lab/stats.py", "src/finetune_lab/tables.py"]
     fz.pre_render(root, {}, log=lambda *_: None)
@@ -200,7 +201,7 @@ def test_hidden_files_are_not_inputs(tmp_path: Path) -> None:
     (runs / ".r2.lock").write_text("")
     (tmp_path / "data" / "runs" / ".superseded" / "x").mkdir(parents=True)
     (tmp_path / "data" / "runs" / ".superseded" / "x" / "old.json").write_text("{}")
-    assert list(fz.hash_inputs(tmp_path, ["data/runs/**"])) == ["data/runs/x/r1/manifest.json"]
+    assert list(ci.hash_inputs(tmp_path, ["data/runs/**"])) == ["data/runs/x/r1/manifest.json"]
 
 
 def test_machine_local_inputs_gone_on_a_clean_clone_are_no_change(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import needs_data_root
 
-from finetune_lab import gpu_lab
+from finetune_lab.runs import gpu_archive, gpu_bundle, gpu_plan
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
 
@@ -50,7 +50,9 @@ def _cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subproces
 
 @pytest.fixture(scope="module")
 def smoke_call(tmp_path_factory):
-    from finetune_lab import checkpoints, cls_books, pretrain_corpus, reproduce
+    from finetune_lab.models import checkpoints
+    from finetune_lab.data import cls_books, pretrain_corpus
+    from finetune_lab import reproduce
 
     base = tmp_path_factory.mktemp("gpu-lab")
     home, remote, out = base / "home", base / "remote", base / "out"
@@ -60,7 +62,7 @@ def smoke_call(tmp_path_factory):
                                          work / "tokenizer")
     # The tiny call carries a few reviews; home holds the same few, so the hashes can agree.
     full = cls_books.prepare_cls(out=base / "cls.full")
-    gpu_lab.tiny_cls(full[0] if isinstance(full, tuple) else full, work / "cls.books")
+    gpu_bundle.tiny_cls(full[0] if isinstance(full, tuple) else full, work / "cls.books")
     pretrain_corpus.prepare_pretrain(tokenizer_dir=work / "tokenizer", out=work / "pretrain-bin",
                                      with_reviews=False, max_novels=2, workers=1)
     made = _cli(home, "gpu-bundle", "--tiny", "--steps", "pretrain", "lab", "--then-finetune",
@@ -69,11 +71,11 @@ def smoke_call(tmp_path_factory):
         pytest.skip(f"PyPI is unreachable, so no bundle: {made.stderr.strip()[-300:]}")
     assert made.returncode == 0, made.stderr
     _copy_project(remote)  # what a device call sends: the tree git does not ignore ...
-    shutil.copytree(home / gpu_lab.BUNDLE_DIR, remote / gpu_lab.BUNDLE_DIR)  # ... and the carry
+    shutil.copytree(home / gpu_plan.BUNDLE_DIR, remote / gpu_plan.BUNDLE_DIR)  # ... and the carry
     env = {**os.environ, "PYTHON": sys.executable, "GPU_LAB_PARALLEL": "2",
            "FINETUNE_LAB_DATA_ROOT": str(base / "no-data-root-there"), "OUT": str(out)}
     env.pop("PYTHONPATH", None)
-    ran = subprocess.run(["bash", "scripts/gpu-lab.sh", gpu_lab.BUNDLE_DIR], cwd=remote, env=env,
+    ran = subprocess.run(["bash", "scripts/gpu-lab.sh", gpu_plan.BUNDLE_DIR], cwd=remote, env=env,
                          capture_output=True, text=True, check=False)
     # home builds its own inputs, so the runs' data hashes are compared, not skipped
     assert _cli(home, "binarize-cls").returncode == 0
@@ -86,15 +88,15 @@ def smoke_call(tmp_path_factory):
 def test_the_call_runs_every_job_and_returns_pieces_within_the_limits(smoke_call):
     ran = smoke_call["ran"]
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
-    result = json.loads((smoke_call["out"] / gpu_lab.RESULT_FILE).read_text())
+    result = json.loads((smoke_call["out"] / gpu_archive.RESULT_FILE).read_text())
     jobs = {j["job"]: j["exit_code"] for j in result["jobs"]}
     assert jobs == {name: 0 for name in (
         "binarize-cls", "convert-hf", "pretrain", "fairseq-pretrained-seed0",
         "fairseq-random-seed0", "transformers-pretrained-seed0", "lora-lora-qv-seed0",
         "lora-qlora-qv-seed0")}
     files = sorted(p.name for p in smoke_call["out"].iterdir())
-    assert len(files) <= gpu_lab.MAX_FILES_BACK
-    assert all((smoke_call["out"] / f).stat().st_size <= gpu_lab.PIECE_BYTES for f in files)
+    assert len(files) <= gpu_archive.MAX_FILES_BACK
+    assert all((smoke_call["out"] / f).stat().st_size <= gpu_archive.PIECE_BYTES for f in files)
     assert result["device"]["type"] == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -121,7 +123,7 @@ def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
     cand = home / "data" / "work" / "candidates" / "gpu-smoke"
     meta = json.loads((cand / "manifest.json").read_text())
     assert meta["dtype"] == "float16"
-    from finetune_lab.manifest import sha256_file
+    from finetune_lab.runs.manifest import sha256_file
     assert sha256_file(cand / "model.pt") == meta["files"]["model.pt"]["sha256"]
     # a second unpack replaces nothing
     again = _cli(home, "gpu-unpack", str(smoke_call["out"]))
@@ -134,12 +136,12 @@ def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
 def test_a_damaged_piece_is_refused_by_name(smoke_call, tmp_path):
     copy = tmp_path / "files"
     shutil.copytree(smoke_call["out"], copy)
-    piece = copy / f"{gpu_lab.ARCHIVE}.000"
+    piece = copy / f"{gpu_archive.ARCHIVE}.000"
     data = bytearray(piece.read_bytes())
     data[100] ^= 1
     piece.write_bytes(bytes(data))
     with pytest.raises(UserError, match=r"gpu-lab\.tar\.000 does not match its sha256"):
-        gpu_lab.unpack(copy, root=tmp_path)
+        gpu_archive.unpack(copy, root=tmp_path)
 
 
 def test_pieces_reassemble_and_a_missing_one_is_named(tmp_path):
@@ -149,35 +151,35 @@ def test_pieces_reassemble_and_a_missing_one_is_named(tmp_path):
     payload = os.urandom(300_000)  # incompressible, so it spans several pieces
     (run / "blob").write_bytes(payload)
     (root / "data" / "runs" / "x-gpu" / ".r-seed0.lock").write_text("")
-    meta = gpu_lab.pack([root / "data" / "runs" / "x-gpu"], tmp_path / "out", root=root,
+    meta = gpu_archive.pack([root / "data" / "runs" / "x-gpu"], tmp_path / "out", root=root,
                         piece_bytes=100_000, extra={"products": ["data/runs/x-gpu"]})
     assert len(meta["pieces"]) == 4
     home = tmp_path / "home"
-    placed = gpu_lab.unpack(tmp_path / "out", root=home)
+    placed = gpu_archive.unpack(tmp_path / "out", root=home)
     assert placed == [home / "data" / "runs" / "x-gpu" / "r-seed0"]  # never the lock file
     assert (placed[0] / "blob").read_bytes() == payload
-    (tmp_path / "out" / f"{gpu_lab.ARCHIVE}.002").unlink()
+    (tmp_path / "out" / f"{gpu_archive.ARCHIVE}.002").unlink()
     with pytest.raises(UserError, match=r"gpu-lab\.tar\.002 is missing"):
-        gpu_lab.unpack(tmp_path / "out", root=tmp_path / "home2")
+        gpu_archive.unpack(tmp_path / "out", root=tmp_path / "home2")
 
 
 def test_slim_bitsandbytes_keeps_one_cuda_build_and_a_consistent_record(tmp_path):
     wheel = tmp_path / "bitsandbytes-0.0-py3-none-any.whl"
-    libs = ["libbitsandbytes_cpu.so", gpu_lab.CUDA_LIB, "libbitsandbytes_cuda118.so",
+    libs = ["libbitsandbytes_cpu.so", gpu_bundle.CUDA_LIB, "libbitsandbytes_cuda118.so",
             "libbitsandbytes_rocm71.so"]
     with zipfile.ZipFile(wheel, "w") as z:
         for name in [*libs, "__init__.py"]:
             z.writestr(f"bitsandbytes/{name}", b"x" * 1000)
         z.writestr("bitsandbytes-0.0.dist-info/RECORD",
                    "".join(f"bitsandbytes/{n},sha256=x,1000\n" for n in [*libs, "__init__.py"]))
-    gpu_lab.slim_bitsandbytes(wheel)
+    gpu_bundle.slim_bitsandbytes(wheel)
     with zipfile.ZipFile(wheel) as z:
         names = sorted(Path(n).name for n in z.namelist())
         record = z.read("bitsandbytes-0.0.dist-info/RECORD").decode()
-    assert names == sorted(["RECORD", "__init__.py", "libbitsandbytes_cpu.so", gpu_lab.CUDA_LIB])
-    assert "cuda118" not in record and "rocm" not in record and gpu_lab.CUDA_LIB in record
+    assert names == sorted(["RECORD", "__init__.py", "libbitsandbytes_cpu.so", gpu_bundle.CUDA_LIB])
+    assert "cuda118" not in record and "rocm" not in record and gpu_bundle.CUDA_LIB in record
     with pytest.raises(UserError, match="has no libbitsandbytes_cuda999.so"):
-        gpu_lab.slim_bitsandbytes(wheel, keep="libbitsandbytes_cuda999.so")
+        gpu_bundle.slim_bitsandbytes(wheel, keep="libbitsandbytes_cuda999.so")
 
 
 def _dataset(prefix: Path, items: list[list[int]]) -> None:
@@ -194,14 +196,14 @@ def test_corpus_slice_draws_whole_chunks_keeps_order_and_appends_the_other_corpu
                                                                                    monkeypatch):
     from fairseq.data import indexed_dataset
 
-    monkeypatch.setattr(gpu_lab, "SLICE_CHUNK", 10)
+    monkeypatch.setattr(gpu_bundle, "SLICE_CHUNK", 10)
     src, tapt = tmp_path / "bin", tmp_path / "tapt"
     src.mkdir(), tapt.mkdir()
     (src / "dict.txt").write_text("a 1\n")
     _dataset(src / "train", [[i, i + 1] for i in range(1000)])  # item i holds the tokens i, i+1
     _dataset(src / "valid", [[7, 7, 7]])
     _dataset(tapt / "train", [[999, 998, 997]])
-    kept = gpu_lab.corpus_slice(src, tmp_path / "out", 600, also=tapt, seed=0)
+    kept = gpu_bundle.corpus_slice(src, tmp_path / "out", 600, also=tapt, seed=0)
     out = indexed_dataset.MMapIndexedDataset(str(tmp_path / "out" / "train"))
     firsts = [int(out[i][0]) for i in range(len(out) - 1)]
     assert kept == 2 * (len(out) - 1) + 3 and out[len(out) - 1].tolist() == [999, 998, 997]
@@ -209,21 +211,25 @@ def test_corpus_slice_draws_whole_chunks_keeps_order_and_appends_the_other_corpu
     assert firsts == sorted(firsts) and all(f % 10 == 0 for f in firsts[::10])  # whole chunks
     assert firsts[-1] > 500  # not the head of the corpus only
     assert indexed_dataset.MMapIndexedDataset(str(tmp_path / "out" / "valid"))[0].tolist() == [7] * 3
-    again = gpu_lab.corpus_slice(src, tmp_path / "again", 600, also=tapt, seed=0)
+    again = gpu_bundle.corpus_slice(src, tmp_path / "again", 600, also=tapt, seed=0)
     assert again == kept  # seeded: the same slice here as on the machine's copy
-    head = gpu_lab.corpus_slice(src, tmp_path / "head", 600)
+    head = gpu_bundle.corpus_slice(src, tmp_path / "head", 600)
     assert head == 600  # no seed: the first items
 
 
 def test_pretrain_budget_is_what_the_deadline_leaves_and_refuses_too_little():
-    plan = gpu_lab.Plan(steps=["pretrain"], runs_until_s=530.0)
-    assert gpu_lab.pretrain_budget(plan, started=1000.0, now=1050.0) == pytest.approx(
-        (530 - 50 - gpu_lab.PRETRAIN_TAIL_S) / 60)
+    plan = gpu_plan.Plan(steps=["pretrain"], runs_until_s=530.0)
+    assert gpu_plan.pretrain_budget(plan, started=1000.0, now=1050.0) == pytest.approx(
+        (530 - 50 - gpu_plan.PRETRAIN_TAIL_S) / 60)
     with pytest.raises(UserError, match="only 30 s are left"):
-        gpu_lab.pretrain_budget(plan, started=1000.0, now=1000.0 + 530 - gpu_lab.PRETRAIN_TAIL_S - 30)
-    assert gpu_lab.pretrain_budget(gpu_lab.Plan(pretrain_minutes=3.0), started=0.0) == 3.0
-    job, = gpu_lab.pretrain_jobs(gpu_lab.Plan(pretrain_lr=7e-4, pretrain_batch_size=128),
-                                 minutes=6.25)
+        gpu_plan.pretrain_budget(plan, started=1000.0, now=1000.0 + 530 - gpu_plan.PRETRAIN_TAIL_S - 30)
+    assert gpu_plan.pretrain_budget(gpu_plan.Plan(pretrain_minutes=3.0), started=0.0) == 3.0
+    # a tiny call trains 4 updates whatever the clock says, so a slow machine does not fail it
+    tiny = gpu_plan.Plan(steps=["pretrain"], runs_until_s=530.0, tiny=True)
+    assert gpu_plan.pretrain_budget(tiny, started=1000.0, now=1000.0 + 530) == 1.0
+    job, = gpu_plan.pretrain_jobs(gpu_plan.Plan(pretrain_lr=7e-4, pretrain_batch_size=128),
+                                  Path("logs"), minutes=6.25)
+    assert job.log == Path("logs") / "pretrain.log"
     assert job.argv[job.argv.index("--minutes") + 1] == "6.25"
     assert job.argv[job.argv.index("--lr") + 1] == "0.0007"
     assert job.argv[job.argv.index("--batch-size") + 1] == "128"
@@ -231,9 +237,9 @@ def test_pretrain_budget_is_what_the_deadline_leaves_and_refuses_too_little():
 
 
 def test_lab_jobs_send_a_carried_candidate_to_its_own_experiment():
-    plan = gpu_lab.Plan(lab_parts=["fairseq"], seeds=[0, 1], checkpoint="data/work/candidates/gpu",
+    plan = gpu_plan.Plan(lab_parts=["fairseq"], seeds=[0, 1], checkpoint="data/work/candidates/gpu",
                         candidate_experiment="fairseq-candidate-5")
-    jobs = {j.name: j.argv for j in gpu_lab.lab_jobs(plan)}
+    jobs = {j.name: j.argv for j in gpu_plan.lab_jobs(plan, Path("logs"))}
     assert sorted(jobs) == ["fairseq-pretrained-seed0", "fairseq-pretrained-seed1",
                             "fairseq-random-seed0", "fairseq-random-seed1"]
     pre, rnd = jobs["fairseq-pretrained-seed1"], jobs["fairseq-random-seed1"]

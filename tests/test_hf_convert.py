@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from finetune_lab import hf_convert
-from finetune_lab.params import fairseq_model
+from finetune_lab.models import hf_convert
+from finetune_lab.models.params import fairseq_model
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_an_unknown_fairseq_tensor_is_refused(tiny):
 
 
 def test_the_course_config_matches_the_brief():
-    from finetune_lab.params import SMALL
+    from finetune_lab.models.params import SMALL
 
     cfg = hf_convert.hf_model_config(SMALL)
     assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
@@ -92,8 +92,8 @@ def test_convert_checkpoint_writes_a_loadable_folder(tmp_path, tiny, monkeypatch
     import torch
     from transformers import RobertaForMaskedLM
 
-    from finetune_lab import checkpoints
-    from finetune_lab.hf_tokenizer import FairseqIdTokenizer
+    from finetune_lab.models import trust
+    from finetune_lab.models.hf_tokenizer import FairseqIdTokenizer
 
     size, fs, state = tiny
     ckpt = tmp_path / "model.pt"
@@ -102,7 +102,7 @@ def test_convert_checkpoint_writes_a_loadable_folder(tmp_path, tiny, monkeypatch
                 "args": argparse.Namespace(encoder_attention_heads=size.heads), "cfg": None}, ckpt)
     tokdir = tmp_path / "tok"
     _tiny_tokenizer(tokdir, size.vocab)
-    monkeypatch.setenv(checkpoints.TRUSTED_DIRS_ENV, str(tmp_path))
+    monkeypatch.setenv(trust.TRUSTED_DIRS_ENV, str(tmp_path))
     out = hf_convert.convert_checkpoint(ckpt, tmp_path / "hf", tokdir)
     for name in ("config.json", "spm.model", "dict.txt", "fairseq_tokenizer.json", "conversion.json"):
         assert (out / name).is_file(), name
@@ -120,7 +120,7 @@ def _tiny_tokenizer(folder, vocab):
     """A sentencepiece model whose dict gives exactly ``vocab`` ids (specials + pieces + <mask>)."""
     import sentencepiece as spm
 
-    from finetune_lab import tokenizer as T
+    from finetune_lab.data import tokenizer as T
 
     folder.mkdir(parents=True)
     words = [f"mot{i} chose{i % 7} livre{i % 11}" for i in range(400)]
@@ -132,7 +132,7 @@ def _tiny_tokenizer(folder, vocab):
 def test_conversion_is_exact_on_the_committed_checkpoint():
     """The issue's bar: hidden states, MLM logits and the classification path of the real,
     committed RoBERTa-small-fr agree between fairseq and Transformers within 1e-4."""
-    from finetune_lab.checkpoints import MODEL_FILE, packaged_dir
+    from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 
     ckpt = packaged_dir() / MODEL_FILE
     assert ckpt.is_file(), f"{ckpt} is committed; it should be in every checkout"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_lab.hf_tokenizer import (EOS, FairseqIdTokenizer, fairseq_ids_from_text, pad_batch,
+from finetune_lab.models.hf_tokenizer import (EOS, FairseqIdTokenizer, fairseq_ids_from_text, pad_batch,
                                        read_fairseq_dict, token_id_check)
 from finetune_lab.errors import UserError
 
@@ -16,7 +16,7 @@ from data_fixtures import BOOKS, data_root
 
 @functools.cache
 def _real_reviews() -> list[str]:
-    from finetune_lab.cls_books import read_reviews
+    from finetune_lab.data.cls_books import read_reviews
 
     root = data_root()
     return [r.text for split in ("train", "test")
@@ -28,7 +28,7 @@ def review_tokenizer(tmp_path_factory) -> Path:
     """A 600-piece sentencepiece model trained here on real CLS-Books review text."""
     import sentencepiece as spm
 
-    from finetune_lab import tokenizer as T
+    from finetune_lab.data import tokenizer as T
 
     folder = tmp_path_factory.mktemp("review-tok")
     T.train_spm(_real_reviews()[::4], folder / "spm", vocab_size=600)
@@ -70,9 +70,9 @@ def test_saved_folder_reproduces_ids(review_tokenizer, tmp_path):
 
 def test_project_data_every_cls_review():
     """All 4000 reviews of the prepared cls.books with the project's own tokenizer."""
-    from finetune_lab.binarize import default_output as default_bin
-    from finetune_lab.cls_books import default_output as default_cls
-    from finetune_lab.tokenizer import default_output as default_tok
+    from finetune_lab.data.binarize import default_output as default_bin
+    from finetune_lab.data.cls_books import default_output as default_cls
+    from finetune_lab.data.tokenizer import default_output as default_tok
 
     cls_dir, tok_dir = default_cls(), default_tok()
     if not (cls_dir / "train.review").is_file() or not (tok_dir / "dict.txt").is_file():
@@ -105,7 +105,7 @@ def test_duplicate_dictionary_symbol_is_refused(tmp_path):
 
 
 def test_dictionary_ids_follow_fairseq(tmp_path):
-    from finetune_lab.fairseq_compat import quiet_import
+    from finetune_lab.models.fairseq_compat import quiet_import
 
     quiet_import()
     from fairseq.data import Dictionary

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune_lab import jobs
+from finetune_lab.runs import jobs
 
 
 def _job(tmp_path: Path, name: str, code: int = 0, sleep: float = 0.5) -> jobs.Job:
@@ -41,7 +41,7 @@ def test_the_pool_keeps_its_width_splits_threads_and_outlives_a_failure(tmp_path
 
 def test_ctrl_c_stops_every_job(tmp_path):
     code = (
-        "import sys, time; from pathlib import Path; from finetune_lab import jobs\n"
+        "import sys, time; from pathlib import Path; from finetune_lab.runs import jobs\n"
         f"tmp = Path({str(tmp_path)!r})\n"
         "grid = [jobs.Job(n, [sys.executable, '-c', "
         "f\"import os, time; open({str(tmp)!r} + '/{n}.pid', 'w').write(str(os.getpid())); "
@@ -66,7 +66,7 @@ def test_ctrl_c_stops_every_job(tmp_path):
 def test_a_fairseq_grid_of_two_at_once_reports_the_one_that_failed(tiny_pipeline, tmp_path,
                                                                    monkeypatch, capsys):
     from finetune_lab.cli import main
-    from finetune_lab.registry import validate_run
+    from finetune_lab.runs.registry import validate_run
 
     runs = tmp_path / "runs"
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(runs))

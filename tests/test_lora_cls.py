@@ -9,8 +9,10 @@ import random
 
 import pytest
 
-from finetune_lab import hf_convert, lora_cls
-from finetune_lab.recipe import LAB_RECIPE
+from finetune_lab.book import lora_cls_report, lora_cls_runs
+from finetune_lab.models import hf_convert
+from finetune_lab.train import lora_cls
+from finetune_lab.train.recipe import LAB_RECIPE
 
 EPOCHS = 2
 TINY_RECIPE = dataclasses.replace(LAB_RECIPE, epochs=EPOCHS, max_positions=64)
@@ -26,10 +28,10 @@ def _reviews(n: int) -> list[tuple[str, int]]:
 
 def test_peft_counts_equal_the_formula_for_roberta_small_and_a_tiny_model():
     for size in (None, hf_convert.tiny_size()):
-        table = lora_cls.method_table(size).set_index("method")
+        table = lora_cls_report.method_table(size).set_index("method")
         assert (table["trainable (peft)"] == table["analytic"]).all(), table
         assert table.loc["full", "trainable %"] == 100
-    table = lora_cls.method_table().set_index("method")
+    table = lora_cls_report.method_table().set_index("method")
     # RoBERTa-small-fr: d = 512, 4 layers; head 512·512 + 512 + 512·2 + 2 = 263,682
     assert table.loc["lora-qv", "trainable (peft)"] == 4 * 2 * 16 * 1024 + 263_682
     assert table.loc["lora-attn", "trainable (peft)"] == 4 * 4 * 16 * 1024 + 263_682
@@ -38,14 +40,14 @@ def test_peft_counts_equal_the_formula_for_roberta_small_and_a_tiny_model():
 
 
 def test_not_run_state_gives_the_exact_command(tmp_path):
-    assert lora_cls.cached_runs(tmp_path) is None
-    text = lora_cls.state_markdown(None)
+    assert lora_cls_runs.cached_runs(tmp_path) is None
+    text = lora_cls_report.state_markdown(None)
     assert "has not been run yet" in text
     assert "finetune-lab finetune lora --methods lora-qv lora-attn --seeds 0 1 2" in text
     assert "finetune-lab finetune transformers --init pretrained --seeds 0 1 2" in text
     assert lora_cls.GPU_COMMAND.endswith("lora-attn qlora-qv --seeds 0 1 2") and lora_cls.GPU_COMMAND in text
     # runs recorded but all excluded (e.g. made from a replaced checkpoint) are not "not run"
-    recorded = lora_cls.not_run_text(recorded=True)
+    recorded = lora_cls_report.not_run_text(recorded=True)
     assert recorded.startswith("**No usable run.**") and "not been run" not in recorded
 
 
@@ -55,7 +57,7 @@ def tiny(tmp_path_factory):
     from transformers import RobertaForMaskedLM
 
     from conftest import make_tiny_cls
-    from finetune_lab.hf_tokenizer import FairseqIdTokenizer
+    from finetune_lab.models.hf_tokenizer import FairseqIdTokenizer
 
     root = tmp_path_factory.mktemp("lora-cls")
     tok_dir, cls_dir = make_tiny_cls(root, _reviews(48), vocab_size=60)
@@ -88,7 +90,7 @@ def _base_total(size) -> int:
 
 @pytest.mark.slow
 def test_manifests_record_method_parameters_memory_and_time(tiny, tiny_runs):
-    from finetune_lab.registry import validate_run
+    from finetune_lab.runs.registry import validate_run
 
     _, dirs = tiny_runs
     size = tiny["size"]
@@ -123,7 +125,7 @@ def test_manifests_record_method_parameters_memory_and_time(tiny, tiny_runs):
 @pytest.mark.slow
 def test_valid_and_test_accuracy_are_logged_every_epoch(tiny_runs):
     runs_root, dirs = tiny_runs
-    loaded = lora_cls.cached_runs(runs_root)
+    loaded = lora_cls_runs.cached_runs(runs_root)
     assert len(loaded.used) == len(dirs) and not loaded.excluded
     df = loaded.scalars
     for run, one in df.groupby("run"):
@@ -136,20 +138,20 @@ def test_valid_and_test_accuracy_are_logged_every_epoch(tiny_runs):
 @pytest.mark.slow
 def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs):
     runs_root, dirs = tiny_runs
-    loaded = lora_cls.cached_runs(runs_root)
-    summ = lora_cls.summary(loaded)
+    loaded = lora_cls_runs.cached_runs(runs_root)
+    summ = lora_cls_runs.summary(loaded)
     assert summ["method"].tolist() == list(SEEDS)
     assert dict(zip(summ["method"], summ["n"])) == {m: len(s) for m, s in SEEDS.items()}
-    table = lora_cls.results_table(loaded)
+    table = lora_cls_report.results_table(loaded)
     assert table["method"].tolist() == list(SEEDS)
     for method, cell in zip(table["method"], table["test acc. at best valid epoch (%)"]):
         assert cell.endswith(f"(n={len(SEEDS[method])})")
-    text = lora_cls.state_markdown(loaded)
+    text = lora_cls_report.state_markdown(loaded)
     assert f"{len(dirs)} valid runs" in text and "not been run" not in text
-    per_run = lora_cls.per_run_table(loaded)
+    per_run = lora_cls_runs.per_run_table(loaded)
     assert per_run["best_epoch"].between(1, EPOCHS).all()
     # each LoRA method against full: the mean difference of the runs' own test accuracies
-    gaps = lora_cls.gaps_to_full(loaded).set_index("method")
+    gaps = lora_cls_report.gaps_to_full(loaded).set_index("method")
     assert list(gaps.index) == ["lora-qv", "lora-attn"]
     mean = per_run.groupby("method")["test"].mean()
     trainable = per_run.groupby("method")["trainable"].max()
@@ -159,7 +161,7 @@ def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs):
         assert g["ci_low"] <= g["test gap (points)"] <= g["ci_high"]
         assert g["trainable / full"] == pytest.approx(trainable[method] / trainable["full"])
         assert 0 < g["trainable / full"] < 1
-    text = lora_cls.gaps_markdown(loaded)
+    text = lora_cls_report.gaps_markdown(loaded)
     assert text.count("`full`:") == 2 and "n = 2 and 2 seeds" in text
     assert "LoRA at 0.0005, full fine-tuning at the lab's 1e-05" in text
     # the training state LoRA drops: 12 bytes (fp32 gradient + two Adam moments) per frozen one
@@ -170,8 +172,8 @@ def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs):
 
 @pytest.mark.slow
 def test_registry_accepts_the_methods_and_flags_a_changed_recipe(tiny_runs):
-    from finetune_lab.manifest import read_manifest, write_manifest
-    from finetune_lab.registry import discover_runs
+    from finetune_lab.runs.manifest import read_manifest, write_manifest
+    from finetune_lab.runs.registry import discover_runs
 
     runs_root, dirs = tiny_runs
     config = json.loads((runs_root / "lora" / "experiment.json").read_text())
@@ -193,11 +195,11 @@ def test_registry_accepts_the_methods_and_flags_a_changed_recipe(tiny_runs):
         changed = json.loads(json.dumps(original))
         changed["hyperparameters"]["lora"]["r"] = 8
         write_manifest(run, changed)
-        loaded = lora_cls.cached_runs(runs_root)
+        loaded = lora_cls_runs.cached_runs(runs_root)
         assert [r.name for r in loaded.excluded] == ["lora-qv-seed0", "lora-qv-seed1"]
         assert all("hyperparameter 'lora'" in r.reason for r in loaded.excluded)
-        assert "lora-qv-seed1" in lora_cls.state_markdown(loaded)
-        assert lora_cls.summary(loaded)["method"].tolist() == ["lora-attn", "full"]
+        assert "lora-qv-seed1" in lora_cls_report.state_markdown(loaded)
+        assert lora_cls_runs.summary(loaded)["method"].tolist() == ["lora-attn", "full"]
     finally:
         write_manifest(run, original)
 
@@ -208,8 +210,8 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
     which must carry the measurements and this experiment's recipe."""
     import shutil
 
-    from finetune_lab import hf_finetune
-    from finetune_lab.manifest import read_manifest, write_manifest
+    from finetune_lab.train import hf_finetune
+    from finetune_lab.runs.manifest import read_manifest, write_manifest
 
     runs_root, dirs = tiny_runs
     root = tmp_path / "runs"
@@ -217,9 +219,9 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
         "pretrained", seed, cls_dir=tiny["cls_dir"], model_dir=tiny["model_dir"],
         recipe=TINY_RECIPE, logging_steps=2, runs_root=root) for seed in (0, 1)]
     # before any LoRA run: the full row alone, and the command for the missing methods
-    loaded = lora_cls.cached_runs(root)
-    assert lora_cls.summary(loaded)["method"].tolist() == ["full"]
-    text = lora_cls.state_markdown(loaded)
+    loaded = lora_cls_runs.cached_runs(root)
+    assert lora_cls_runs.summary(loaded)["method"].tolist() == ["full"]
+    text = lora_cls_report.state_markdown(loaded)
     assert "**Not run yet:** `lora-qv`, `lora-attn`" in text
     assert "finetune-lab finetune lora --methods lora-qv lora-attn --seeds 0 1 2" in text
     assert "once LoRA runs exist, each is checked" in text
@@ -229,15 +231,15 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
     for seed in SEEDS["lora-qv"]:
         shutil.copytree(dirs[("lora-qv", seed)], root / "lora" / f"lora-qv-seed{seed}")
 
-    loaded = lora_cls.cached_runs(root)
-    assert lora_cls.summary(loaded)["method"].tolist() == ["lora-qv", "full"]
-    per_run = lora_cls.per_run_table(loaded).set_index("run")
+    loaded = lora_cls_runs.cached_runs(root)
+    assert lora_cls_runs.summary(loaded)["method"].tolist() == ["lora-qv", "full"]
+    per_run = lora_cls_runs.per_run_table(loaded).set_index("run")
     assert per_run.loc["pretrained-seed0", "method"] == "full"
     assert per_run.loc["pretrained-seed1", "trainable"] == _base_total(tiny["size"])
-    text = lora_cls.state_markdown(loaded)
+    text = lora_cls_report.state_markdown(loaded)
     assert "The `full` row is the 2 Transformers runs" in text and "`pretrained-seed1`" in text
     assert "each agrees with the LoRA runs' pinned recipe" in text
-    assert lora_cls.gaps_to_full(loaded)["method"].tolist() == ["lora-qv"]
+    assert lora_cls_report.gaps_to_full(loaded)["method"].tolist() == ["lora-qv"]
     assert "**Not run yet:** `lora-attn`" in text
 
     # a run without the measurements is excluded with the reason
@@ -246,10 +248,10 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
         bare = json.loads(json.dumps(original))
         del bare["extra"]
         write_manifest(hf[1], bare)
-        loaded = lora_cls.cached_runs(root)
+        loaded = lora_cls_runs.cached_runs(root)
         assert [r.name for r in loaded.excluded] == ["pretrained-seed1"]
         assert "manifest extra lacks" in loaded.excluded[0].reason
-        assert lora_cls.summary(loaded).set_index("method").loc["full", "n"] == 1
+        assert lora_cls_runs.summary(loaded).set_index("method").loc["full", "n"] == 1
     finally:
         write_manifest(hf[1], original)
 
@@ -258,7 +260,7 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
     config = json.loads(config_path.read_text())
     config["hyperparameters"]["epochs"] = EPOCHS + 3
     config_path.write_text(json.dumps(config))
-    loaded = lora_cls.cached_runs(root)
+    loaded = lora_cls_runs.cached_runs(root)
     full = [r for r in loaded.runs if r.experiment == "transformers"]
     assert len(full) == 2 and not any(r.valid for r in full)
     assert all("['epochs'] differ from lora's experiment.json" in r.reason for r in full)
@@ -284,7 +286,7 @@ def test_cli_runs_then_skips_complete_runs(tiny, tmp_path, capsys):
 @pytest.mark.slow
 def test_qlora_runs_on_cpu_with_bitsandbytes_when_forced(tiny, tmp_path):
     from finetune_lab.errors import UserError
-    from finetune_lab.lora_counts import bitsandbytes_available
+    from finetune_lab.models.four_bit import bitsandbytes_available
 
     if not bitsandbytes_available():
         pytest.skip("bitsandbytes does not import here")

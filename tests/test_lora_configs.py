@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from finetune_lab import lora_configs as lc
+from finetune_lab.models import lora_configs as lc
 
 
 def test_lora_config_holds_the_labs_values():

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import pytest
 
-from finetune_lab import lora_counts as lc
+from finetune_lab.models import bloom, four_bit
+from finetune_lab.models import lora_counts as lc
 
-SHAPE = lc.BloomShape.of()
-needs_bnb = pytest.mark.skipif(not lc.bitsandbytes_available(), reason="bitsandbytes missing")
+SHAPE = bloom.BloomShape.of()
+needs_bnb = pytest.mark.skipif(not four_bit.bitsandbytes_available(), reason="bitsandbytes missing")
 
 
 def test_published_config_total_matches_the_built_model():
-    model = lc.meta_bloom()
+    model = bloom.meta_bloom()
     assert all(p.is_meta for p in model.parameters())
     numel = sum(p.numel() for p in model.parameters())
     assert numel == SHAPE.total == 559_214_592
+    assert SHAPE.embedding_share == 250_880 * 1024 / 559_214_592  # the tied token embedding
 
 
 def test_quantised_and_bias_counts_match_the_model():
     import torch
 
-    model = lc.meta_bloom()
+    model = bloom.meta_bloom()
     linear = sum(m.weight.numel() for n, m in model.named_modules()
                  if isinstance(m, torch.nn.Linear) and n != "lm_head")
     biases = sum(p.numel() for n, p in model.named_parameters() if "bias" in n)
@@ -90,19 +92,20 @@ def test_labs_printout_is_reproduced():
 
 
 def test_four_bit_total_analytic():
-    t = lc.four_bit_totals(measured=False)
+    t = four_bit.four_bit_totals(measured=False)
     assert t["packed numel"] == SHAPE.linear_weights // 2
     assert t["lab helper total"] == 559_214_592 - 301_989_888 // 2 + 1_572_864 == 409_792_512
     assert t["peft total"] == 560_787_456
+    assert t["measured"] is False
 
 
 @needs_bnb
 def test_four_bit_totals_measured_equal_analytic():
-    assert lc.four_bit_totals(measured=True)["lab helper total"] == \
-        lc.four_bit_totals(measured=False)["lab helper total"]
-    per = lc.params4bit_by_shape()
+    assert four_bit.four_bit_totals(measured=True)["lab helper total"] == \
+        four_bit.four_bit_totals(measured=False)["lab helper total"]
+    per = four_bit.params4bit_by_shape()
     assert (per["numel (Params4bit)"] * 2 == per["numel (full)"]).all()
-    assert per["bits per weight"].between(lc.NF4_BITS, lc.NF4_BITS + 0.01).all()
+    assert per["bits per weight"].between(four_bit.NF4_BITS, four_bit.NF4_BITS + 0.01).all()
 
 
 @needs_bnb
@@ -111,15 +114,15 @@ def test_real_4bit_load_on_cpu_matches_the_formula(tmp_path):
     import torch
     from transformers import BloomForCausalLM
 
-    from finetune_lab.lora_configs import bnb_config, lora_config
+    from finetune_lab.models.lora_configs import bnb_config, lora_config
 
-    cfg = lc.tiny_bloom_config()
+    cfg = bloom.tiny_bloom_config()
     torch.manual_seed(0)
     BloomForCausalLM(cfg).save_pretrained(tmp_path)
     q = BloomForCausalLM.from_pretrained(tmp_path, quantization_config=bnb_config(),
                                          device_map="cpu")
     model = lc._quiet_peft(q, lora_config())
-    shape = lc.BloomShape.of(cfg)
+    shape = bloom.BloomShape.of(cfg)
     lora = shape.lora(16, ["query_key_value"])
     lab = lc.lab_print_trainable_parameters(model)
     assert f"all params: {shape.total - shape.linear_weights // 2 + lora} " in lab
@@ -127,9 +130,9 @@ def test_real_4bit_load_on_cpu_matches_the_formula(tmp_path):
 
 
 def test_memory_table_totals():
-    sym = lc.memory_symbols()
+    sym = four_bit.memory_symbols()
     N, Q, P = sym["N"], sym["Q"], sym["P"]
-    rows = {r.setup: r for r in lc.memory_rows()}
+    rows = {r.setup: r for r in four_bit.memory_rows()}
     totals = {k: sum(v for _, v in (r.weights, r.adapter, r.gradients, r.optimizer))
               for k, r in rows.items()}
     assert totals["full fine-tuning, fp32, AdamW"] == 16 * N
@@ -137,16 +140,18 @@ def test_memory_table_totals():
     assert totals["LoRA, bf16 base, AdamW"] == 2 * N + 16 * P
     qlora = totals["QLoRA, NF4 base, paged 8-bit AdamW (the lab)"]
     assert qlora == pytest.approx(Q * 4.127 / 8 + 2 * (N - Q) + 10 * P, rel=1e-4)
-    table = lc.memory_table()
+    table = four_bit.memory_table()
     assert table["total (GiB)"].iloc[0] == pytest.approx(16 * N / 2**30)
 
 
 def test_nf4_codebook_properties():
-    levels = lc.nf4_codebook()
+    levels = four_bit.nf4_codebook()
     assert len(levels) == 16 and levels[0] == -1 and levels[-1] == 1 and 0.0 in levels
     assert levels == sorted(levels)
 
 
 @needs_bnb
 def test_nf4_codebook_equals_bitsandbytes():
-    assert lc.nf4_codebook() == pytest.approx(lc.bnb_nf4_codebook(), abs=1e-6)
+    assert four_bit.nf4_codebook() == pytest.approx(four_bit.bnb_nf4_codebook(), abs=1e-6)
+    assert four_bit.nf4_matches_bitsandbytes() is True
+    assert four_bit.nf4_matches_bitsandbytes(tolerance=0.0) is False  # float32 vs float64 levels

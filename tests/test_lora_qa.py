@@ -6,10 +6,12 @@ import json
 
 import pytest
 
-from finetune_lab import lora_qa
+from finetune_lab.book import lora_qa_report
+from finetune_lab.data.qa_prompts import CausalLMCollator, QAPair, encode_faq, faq_path, load_faq
 from finetune_lab.errors import UserError
-from finetune_lab.lora_counts import bitsandbytes_available
-from finetune_lab.qa_prompts import QAPair, faq_path, load_faq
+from finetune_lab.models.bloom import make_tiny_bloom
+from finetune_lab.models.four_bit import bitsandbytes_available
+from finetune_lab.train import lora_qa
 
 
 def test_plan_on_a_gpu_with_bitsandbytes_is_the_labs():
@@ -39,33 +41,41 @@ def test_plan_without_bitsandbytes_and_flags():
         lora_qa.plan_run(no_4bit=True, force_4bit=True)
 
 
+def test_report_without_runs_says_so_and_shows_the_labs_recipe(tmp_path):
+    assert lora_qa_report.cached_runs(tmp_path) is None
+    assert lora_qa_report.runs_markdown(None).startswith("**This run has not been made.**")
+    recipe = lora_qa_report.recipe_table().set_index("setting")["value"]
+    assert recipe["max_steps"] == "80" and recipe["optim"] == "paged_adamw_8bit"
+    assert recipe["generation: temperature"] == "0.7"
+
+
 def test_collator_keeps_eos_as_a_target_when_pad_is_eos():
     eos = 2
-    batch = lora_qa.CausalLMCollator(pad_id=eos)([{"input_ids": [5, 6, eos]},
-                                                   {"input_ids": [7, eos]}])
+    batch = CausalLMCollator(pad_id=eos)([{"input_ids": [5, 6, eos]},
+                                          {"input_ids": [7, eos]}])
     assert batch["labels"].tolist() == [[5, 6, eos], [7, eos, -100]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    return lora_qa.make_tiny_bloom(tmp_path_factory.mktemp("tiny-bloom"))
+    return make_tiny_bloom(tmp_path_factory.mktemp("tiny-bloom"))
 
 
 def test_encode_faq_ends_every_example_with_eos(tiny_model):
     tok = lora_qa.load_tokenizer(str(tiny_model))
     assert tok.eos_token == "</s>" and tok.eos_token_id == 2  # BLOOM's ids
     pairs = load_faq()
-    examples, truncated = lora_qa.encode_faq(tok, pairs, max_length=512)
+    examples, truncated = encode_faq(tok, pairs, max_length=512)
     assert truncated == 0 and len(examples) == 79
     assert all(e["input_ids"][-1] == 2 and 2 not in e["input_ids"][:-1] for e in examples)
-    short, truncated = lora_qa.encode_faq(tok, [QAPair("q " * 50, "a " * 50)], max_length=16)
+    short, truncated = encode_faq(tok, [QAPair("q " * 50, "a " * 50)], max_length=16)
     assert truncated == 1 and len(short[0]["input_ids"]) == 16 and short[0]["input_ids"][-1] == 2
 
 
 def _check_run(run_dir, steps, questions=2):
-    from finetune_lab.registry import validate_run
-    from finetune_lab.tblogs import run_scalars
+    from finetune_lab.runs.registry import validate_run
+    from finetune_lab.runs.tblogs import run_scalars
 
     rec = validate_run(run_dir)
     assert rec.valid, rec.problems
@@ -105,6 +115,15 @@ def test_lora_qa_runs_on_cpu_end_to_end(tiny_model, tmp_path):
     if not torch.cuda.is_available():
         assert man["hyperparameters"]["training"]["optim"] == "adamw_torch"
         assert "paged_adamw_8bit -> adamw_torch" in fallbacks
+    # what the chapter shows of it
+    loaded = lora_qa_report.cached_runs(tmp_path)
+    row = lora_qa_report.runs_summary(loaded).iloc[0]
+    assert row["run"] == "cpu-test" and row["steps"] == steps and not row["4-bit"]
+    assert row["fallbacks"] == len(man["extra"]["fallbacks"])
+    text = lora_qa_report.runs_markdown(loaded)
+    assert text.startswith("1 valid run(s)") and "- `cpu-test` (random-weight model): " in text
+    gens = lora_qa_report.generations_table(loaded.used[0])
+    assert gens["question"].tolist() == [p.question for p in load_faq()[:2]]
 
 
 @pytest.mark.slow

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from runfixtures import EXPERIMENT, HYPERPARAMETERS, INITS, SEEDS, tiny_grid  # noqa: F401
+from runfixtures import EXPERIMENT, HYPERPARAMETERS, INITS, SEEDS
 
-from finetune_lab import manifest as mf
+from finetune_lab import _files
 from finetune_lab.errors import UserError
-from finetune_lab.recording import (
+from finetune_lab.runs import manifest as mf
+from finetune_lab.runs.recording import (
     RunExistsError,
     TrainingFailedError,
     fairseq_train_command,
@@ -24,21 +25,21 @@ def test_sha256_file_and_tree(tmp_path: Path) -> None:
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / "a.txt").write_bytes(b"abc")
     (tmp_path / "d" / "sub" / "b.bin").write_bytes(b"\x00" * 10)
-    assert mf.sha256_file(tmp_path / "d" / "a.txt") == hashlib.sha256(b"abc").hexdigest()
-    tree = mf.sha256_tree(tmp_path / "d")
+    assert _files.sha256_file(tmp_path / "d" / "a.txt") == hashlib.sha256(b"abc").hexdigest()
+    tree = _files.sha256_tree(tmp_path / "d")
     assert tree == {"a.txt": hashlib.sha256(b"abc").hexdigest(),
                     "sub/b.bin": hashlib.sha256(b"\x00" * 10).hexdigest()}
-    assert mf.sha256_tree(tmp_path / "d" / "a.txt") == {".": hashlib.sha256(b"abc").hexdigest()}
-    with pytest.raises(mf.ManifestError, match="no such file"):
-        mf.sha256_tree(tmp_path / "nope")
-    assert mf.digest_of(tree) == mf.digest_of(dict(reversed(list(tree.items()))))
+    assert _files.sha256_tree(tmp_path / "d" / "a.txt") == {".": hashlib.sha256(b"abc").hexdigest()}
+    with pytest.raises(UserError, match="no such file"):
+        _files.sha256_tree(tmp_path / "nope")
+    assert _files.digest_of(tree) == _files.digest_of(dict(reversed(list(tree.items()))))
 
 
 def test_write_json_atomic_keeps_old_file_on_failure(tmp_path: Path) -> None:
     target = tmp_path / "m.json"
-    mf.write_json_atomic(target, {"a": 1})
+    _files.write_json_atomic(target, {"a": 1})
     with pytest.raises(TypeError):
-        mf.write_json_atomic(target, {"a": object()})  # not JSON-serialisable mid-write
+        _files.write_json_atomic(target, {"a": object()})  # not JSON-serialisable mid-write
     assert json.loads(target.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"]  # no temp file left behind
 
@@ -133,11 +134,11 @@ def test_read_manifest_errors(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_grid_manifests_record_everything(tiny_grid) -> None:  # noqa: F811
+def test_grid_manifests_record_everything(tiny_grid) -> None:
     runs = sorted((tiny_grid.experiment_dir).iterdir())
     assert [r.name for r in runs] == sorted(f"{i}-seed{s}" for i in INITS for s in SEEDS)
-    data_hashes = mf.sha256_tree(tiny_grid.data_bin)
-    ckpt_hash = mf.sha256_file(tiny_grid.checkpoint)
+    data_hashes = _files.sha256_tree(tiny_grid.data_bin)
+    ckpt_hash = _files.sha256_file(tiny_grid.checkpoint)
     for run_dir in runs:
         man = mf.read_manifest(run_dir)
         assert mf.manifest_problems(man) == []

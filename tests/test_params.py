@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from finetune_lab import params
+from finetune_lab.models import params
 from finetune_lab.cli import main
 
 # An odd size (f != d, small V) so that a swapped or missing term cannot hide.

@@ -9,9 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune_lab import checkpoints, fairseq_logs, pretrain
+from finetune_lab.models import checkpoints
+from finetune_lab.models import trust
+from finetune_lab.runs import fairseq_logs
+from finetune_lab.train import pretrain
+from finetune_lab.train.pretrain_fairseq import fairseq_args, require_corpus
+from finetune_lab.train.pretrain_lineage import (checkpoint_metadata, continuation_source,
+                                                 continued_run_name)
+from finetune_lab.train.pretrain_recipe import (Launch, PretrainRecipe, cpu_has_bf16,
+                                                experiment_config, spread)
+from finetune_lab.train.pretrain_throughput import (gpu_peak_flops, model_flops_per_token,
+                                                    throughput_record)
 from finetune_lab.errors import UserError
-from finetune_lab.manifest import read_manifest
+from finetune_lab.runs.manifest import read_manifest
 
 from conftest import needs_data_root
 
@@ -41,7 +51,7 @@ def test_packaged_checkpoint_is_weights_only_fp16(tiny_pretrain):
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         ["model.pt", "dict.txt", "sentencepiece.bpe.model", "manifest.json"])
     manifest = json.loads((folder / "manifest.json").read_text())
-    state = checkpoints.load_trusted(folder / "model.pt", [folder / "manifest.json"])
+    state = trust.load_trusted(folder / "model.pt", [folder / "manifest.json"])
     assert state["last_optimizer_state"] is None and "criterion" not in state
     floats = [v for v in state["model"].values() if v.is_floating_point()]
     assert floats and all(v.dtype == torch.float16 for v in floats)
@@ -56,7 +66,7 @@ def test_packaged_checkpoint_is_weights_only_fp16(tiny_pretrain):
 
 @pytest.mark.slow
 def test_packaged_checkpoint_fills_a_mask(tiny_pretrain, monkeypatch):
-    monkeypatch.setattr(checkpoints, "default_manifests",
+    monkeypatch.setattr(trust, "default_manifests",
                         lambda: [tiny_pretrain["packaged"] / "manifest.json"])
     hub = checkpoints.load_hub_model(tiny_pretrain["packaged"])
     top = hub.fill_mask("Il était une fois un <mask> dans la forêt.", topk=3)
@@ -67,8 +77,8 @@ def test_packaged_checkpoint_fills_a_mask(tiny_pretrain, monkeypatch):
 def test_unlisted_checkpoint_is_refused(tmp_path):
     ckpt = tmp_path / "model.pt"
     torch.save({"model": {"w": torch.zeros(2)}}, ckpt)
-    with pytest.raises(checkpoints.UntrustedCheckpointError, match="in no manifest"):
-        checkpoints.load_trusted(ckpt, manifests=[])
+    with pytest.raises(trust.UntrustedCheckpointError, match="in no manifest"):
+        trust.load_trusted(ckpt, manifests=[])
 
 
 @pytest.mark.slow
@@ -77,13 +87,13 @@ def test_tampered_packaged_checkpoint_is_refused(tiny_pretrain, tmp_path):
     shutil.copyfile(tiny_pretrain["packaged"] / "model.pt", copy)
     with open(copy, "ab") as fh:
         fh.write(b"\0")
-    with pytest.raises(checkpoints.UntrustedCheckpointError, match="in no manifest"):
-        checkpoints.load_trusted(copy, [tiny_pretrain["packaged"] / "manifest.json"])
+    with pytest.raises(trust.UntrustedCheckpointError, match="in no manifest"):
+        trust.load_trusted(copy, [tiny_pretrain["packaged"] / "manifest.json"])
 
 
 def test_missing_corpus_names_the_command(tmp_path):
-    with pytest.raises(pretrain.UserError, match="prepare-pretrain"):
-        pretrain.require_corpus(tmp_path)
+    with pytest.raises(UserError, match="prepare-pretrain"):
+        require_corpus(tmp_path)
 
 
 def test_log_rates_skip_the_start_up_interval():
@@ -103,14 +113,14 @@ def test_log_rates_read_the_exponent_fairseq_writes_past_a_million():
 
 
 def test_mfu_uses_the_gpu_peak():
-    recipe = pretrain.PretrainRecipe()
+    recipe = PretrainRecipe()
     log = "\n".join("| train_inner | wps 1000000 | ups 10" for _ in range(3))
-    rec = pretrain.throughput_record(log, recipe, {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1})
+    rec = throughput_record(log, recipe, {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1})
     assert rec["peak_bf16_flops"] == 989e12
     assert rec["mfu"] == pytest.approx(rec["achieved_flops"] / 989e12)
     assert rec["parameters"] == 23_124_736
-    assert pretrain.gpu_peak_flops("NVIDIA H100 PCIe") == 756e12
-    cpu = pretrain.throughput_record(log, recipe, {"type": "cpu", "name": "Xeon", "count": 1})
+    assert gpu_peak_flops("NVIDIA H100 PCIe") == 756e12
+    cpu = throughput_record(log, recipe, {"type": "cpu", "name": "Xeon", "count": 1})
     assert "mfu" not in cpu and cpu["tokens_per_s"] == 1_000_000
 
 
@@ -124,8 +134,8 @@ def test_flops_per_token_equal_torchs_count_on_the_real_model():
     from fairseq.models.roberta import RobertaModel
     from torch.utils.flop_counter import FlopCounterMode
 
-    import finetune_lab.fairseq_user_dir  # noqa: F401  (registers roberta_small)
-    from finetune_lab import params
+    import finetune_lab.models.fairseq_user_dir  # noqa: F401  (registers roberta_small)
+    from finetune_lab.models import params
 
     vocab = Dictionary()
     for i in range(params.SMALL.vocab - len(vocab)):
@@ -139,38 +149,38 @@ def test_flops_per_token_equal_torchs_count_on_the_real_model():
     with FlopCounterMode(display=False) as counter:
         logits, _ = model(tokens, masked_tokens=masked)
         logits.float().sum().backward()
-    per_token = pretrain.model_flops_per_token(params.SMALL, 256, 38 / 256)
+    per_token = model_flops_per_token(params.SMALL, 256, 38 / 256)
     assert counter.get_total_flops() / 256 == pytest.approx(per_token, rel=1e-9)
-    assert 55e6 < pretrain.model_flops_per_token(params.SMALL, 256, 0.15) < 60e6
+    assert 55e6 < model_flops_per_token(params.SMALL, 256, 0.15) < 60e6
 
 
 def test_time_budget_and_valid_prefix_reach_fairseq(tmp_path):
-    recipe = pretrain.PretrainRecipe(max_update=100, max_valid_steps=40)
-    args = pretrain.fairseq_args(tmp_path, tmp_path / "ckpt", recipe, seed=1, device="cpu",
-                                 precision="fp32", stop_minutes=90)
+    recipe = PretrainRecipe(max_update=100, max_valid_steps=40)
+    args = fairseq_args(tmp_path, tmp_path / "ckpt", recipe, seed=1, device="cpu",
+                        precision="fp32", stop_minutes=90)
     assert args[args.index("--stop-time-hours") + 1] == "1.5000"
     assert args[args.index("--max-valid-steps") + 1] == "40"
     assert args[args.index("--warmup-updates") + 1] == "6" and "--cpu" in args
-    gpu = pretrain.fairseq_args(tmp_path, tmp_path, pretrain.PretrainRecipe(), seed=1,
-                                device="cuda", precision="bf16")
+    gpu = fairseq_args(tmp_path, tmp_path, PretrainRecipe(), seed=1,
+                       device="cuda", precision="bf16")
     assert "--bf16" in gpu and "--stop-time-hours" not in gpu and "--max-valid-steps" not in gpu
     assert "--valid-subset" not in gpu  # no held-out reviews: fairseq's default "valid"
     (tmp_path / "valid1.bin").write_bytes(b"")
-    with_reviews = pretrain.fairseq_args(tmp_path, tmp_path, recipe, seed=1, device="cpu",
-                                         precision="fp32")
+    with_reviews = fairseq_args(tmp_path, tmp_path, recipe, seed=1, device="cpu",
+                                precision="fp32")
     assert with_reviews[with_reviews.index("--valid-subset") + 1] == "valid,valid1"
 
 
 def test_bf16_on_a_cpu_only_where_it_computes_bf16():
-    assert pretrain.cpu_has_bf16("flags\t: fpu avx512f amx_bf16 amx_tile")
-    assert pretrain.cpu_has_bf16("flags : avx512_bf16")
-    assert not pretrain.cpu_has_bf16("flags : fpu avx2 avx512f")
-    args = pretrain.fairseq_args(Path("bin"), Path("ckpt"), pretrain.PretrainRecipe(), seed=1,
-                                 device="cpu", precision="bf16")
+    assert cpu_has_bf16("flags\t: fpu avx512f amx_bf16 amx_tile")
+    assert cpu_has_bf16("flags : avx512_bf16")
+    assert not cpu_has_bf16("flags : fpu avx2 avx512f")
+    args = fairseq_args(Path("bin"), Path("ckpt"), PretrainRecipe(), seed=1,
+                        device="cpu", precision="bf16")
     assert "--cpu" in args and "--bf16" in args
     with pytest.raises(UserError, match="fp16 training needs a GPU"):
-        pretrain.fairseq_args(Path("bin"), Path("ckpt"), pretrain.PretrainRecipe(), seed=1,
-                              device="cpu", precision="fp16")
+        fairseq_args(Path("bin"), Path("ckpt"), PretrainRecipe(), seed=1,
+                     device="cpu", precision="fp16")
 
 
 def test_bf16_is_not_a_tpu_without_torch_xla(tmp_path):
@@ -179,10 +189,10 @@ def test_bf16_is_not_a_tpu_without_torch_xla(tmp_path):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from finetune_lab.fairseq_compat import clear_tpu, preserved_root_logger
+    from finetune_lab.models.fairseq_compat import clear_tpu, preserved_root_logger
 
-    args = pretrain.fairseq_args(tmp_path, tmp_path / "ckpt", pretrain.PretrainRecipe(), seed=1,
-                                 device="cpu", precision="bf16")
+    args = fairseq_args(tmp_path, tmp_path / "ckpt", PretrainRecipe(), seed=1,
+                        device="cpu", precision="bf16")
     with preserved_root_logger():
         parsed = options.parse_args_and_arch(options.get_training_parser(), args)
         cfg = convert_namespace_to_omegaconf(parsed)
@@ -193,8 +203,8 @@ def test_bf16_is_not_a_tpu_without_torch_xla(tmp_path):
 
 
 def test_continued_runs_are_named_after_the_first():
-    assert pretrain.continued_run_name("data/runs/pretrain/cpu-seed1", 1) == "cpu-seed1-c1"
-    assert pretrain.continued_run_name("data/runs/pretrain/cpu-seed1-c1", 2) == "cpu-seed1-c2"
+    assert continued_run_name("data/runs/pretrain/cpu-seed1", 1) == "cpu-seed1-c1"
+    assert continued_run_name("data/runs/pretrain/cpu-seed1-c1", 2) == "cpu-seed1-c2"
 
 
 def test_last_update_reads_both_log_formats():
@@ -203,14 +213,14 @@ def test_last_update_reads_both_log_formats():
 
 
 def test_experiment_config_fixes_the_recipe_and_lets_budget_vary():
-    cfg = pretrain.experiment_config(pretrain.PretrainRecipe())
+    cfg = experiment_config(PretrainRecipe())
     assert cfg["hyperparameters"]["mask_prob"] == 0.15
     assert "max_update" not in cfg["hyperparameters"] and "max_update" in cfg["varying"]
 
 
 def _valid_losses(run_dir) -> list[float]:
-    from finetune_lab.registry import validate_run
-    from finetune_lab.tblogs import run_scalars
+    from finetune_lab.runs.registry import validate_run
+    from finetune_lab.runs.tblogs import run_scalars
 
     df = run_scalars(validate_run(run_dir))
     valid = df[(df["subset"] == "valid") & (df["tag"] == "loss")]
@@ -220,13 +230,13 @@ def _valid_losses(run_dir) -> list[float]:
 @pytest.mark.slow
 def test_pretraining_continues_from_the_packaged_weights(tiny_pipeline, tmp_path, monkeypatch):
     from conftest import TINY_ARCH
-    from finetune_lab.manifest import sha256_file
+    from finetune_lab.runs.manifest import sha256_file
 
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
     parent = tiny_pipeline["packaged"]
-    recipe = pretrain.PretrainRecipe(tokens_per_sample=64, batch_size=8, max_update=10,
-                                     validate_every=5, log_interval=5, lr=1e-3, arch=TINY_ARCH)
+    recipe = PretrainRecipe(tokens_per_sample=64, batch_size=8, max_update=10,
+                            validate_every=5, log_interval=5, lr=1e-3, arch=TINY_ARCH)
     run_dir = pretrain.pretrain(max_update=10, data_dir=tiny_pipeline["corpus"],
                                 tokenizer_dir=tiny_pipeline["tok"], recipe=recipe,
                                 package_to=tmp_path / "pkg", quiet=True, continue_from=parent,
@@ -251,26 +261,60 @@ def test_pretraining_continues_from_the_packaged_weights(tiny_pipeline, tmp_path
     assert lineage[1]["run"].endswith("tiny-c1")
     # packaging the same weights by hand (`package-checkpoint`) records the same lineage
     best = tmp_path / "work" / "pretrain-checkpoints" / "tiny-c1" / "checkpoint_best.pt"
-    assert pretrain.checkpoint_metadata(best, [run_dir / "manifest.json"])["lineage"] == lineage
+    assert checkpoint_metadata(best, [run_dir / "manifest.json"])["lineage"] == lineage
+
+
+def test_checkpoint_metadata_loads_an_unlisted_checkpoint_only_when_trusted(tmp_path):
+    ckpt = tmp_path / "checkpoint_best.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "extra_state": {"best": 3.0}}, ckpt)
+    with pytest.raises(trust.UntrustedCheckpointError, match="in no manifest"):
+        checkpoint_metadata(ckpt, [])
+    meta = checkpoint_metadata(ckpt, [], trust=True)
+    assert meta == {"run": None, "lineage": None, "valid_loss_bits": 3.0, "valid_perplexity": 8.0}
+
+
+def test_a_checkpoint_saved_on_the_way_is_packaged_with_its_own_lineage(tmp_path, monkeypatch):
+    """A long run's intermediate checkpoint (``package-checkpoint --trust`` of its save folder):
+    the lineage is the run's, cut at the checkpoint's update, not the run's latest."""
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    run_dir = tmp_path / "runs" / "pretrain" / "long3"
+    run_dir.mkdir(parents=True)
+    earlier = [{"run": "data/runs/pretrain/long2", "updates": 100, "tokens": 409_600}]
+    (run_dir / "manifest.json").write_text(json.dumps({
+        "status": "paused", "updates_done": 900, "hyperparameters": {"tokens_per_update": 4096},
+        "extra": {"continued_from": {"lineage": earlier}}}))
+    saved = tmp_path / "work" / "pretrain-checkpoints" / "long3" / "checkpoint_1_750.pt"
+    saved.parent.mkdir(parents=True)
+    torch.save({"model": {}, "extra_state": {"best": 6.5},
+                "optimizer_history": [{"num_updates": 750}]}, saved)
+    meta = checkpoint_metadata(saved, [run_dir / "manifest.json"], trust=True)
+    assert meta["run"].endswith("pretrain/long3")
+    assert meta["lineage"] == [*earlier, {"run": meta["run"], "updates": 750,
+                                          "tokens": 750 * 4096}]
+    assert meta["valid_loss_bits"] == 6.5
+    # elsewhere than a run's save folder, nothing is inferred
+    other = tmp_path / "elsewhere.pt"
+    other.write_bytes(saved.read_bytes())
+    assert checkpoint_metadata(other, [run_dir / "manifest.json"], trust=True)["run"] is None
 
 
 def test_continuing_needs_a_trusted_package_with_the_corpus_dictionary(tiny_pipeline, tmp_path):
     from finetune_lab.errors import UserError
 
     with pytest.raises(UserError, match="model.pt is missing"):
-        pretrain.continuation_source(tmp_path, tiny_pipeline["corpus"])
+        continuation_source(tmp_path, tiny_pipeline["corpus"])
     other = tmp_path / "other"
     shutil.copytree(tiny_pipeline["packaged"], other)
     (other / "dict.txt").write_text("▁le 1\n")
     with pytest.raises(UserError, match="is not the dictionary of"):
-        pretrain.continuation_source(other, pretrain.require_corpus(tiny_pipeline["corpus"]))
+        continuation_source(other, require_corpus(tiny_pipeline["corpus"]))
     # a package from before lineages were kept: its one run, read from its manifest
     shutil.copytree(tiny_pipeline["packaged"], tmp_path / "legacy")
     man = json.loads((tmp_path / "legacy" / "manifest.json").read_text())
     del man["lineage"]
     (tmp_path / "legacy" / "manifest.json").write_text(json.dumps(man))
-    src = pretrain.continuation_source(tmp_path / "legacy",
-                                       pretrain.require_corpus(tiny_pipeline["corpus"]))
+    src = continuation_source(tmp_path / "legacy",
+                              require_corpus(tiny_pipeline["corpus"]))
     assert src["lineage"] == [{"run": man["run"], "updates": 30, "tokens": 30 * 64 * 8}]
 
 
@@ -278,8 +322,8 @@ def test_continuing_needs_a_trusted_package_with_the_corpus_dictionary(tiny_pipe
 def test_a_corpus_prepared_again_leaves_the_pretraining_run_valid(tiny_pipeline, tmp_path):
     """A pretraining run's product is weights: re-preparing the corpus (new files, changed
     files) is a warning on it, not an exclusion, while a fine-tuning run would be excluded."""
-    from finetune_lab import manifest as mf
-    from finetune_lab.registry import validate_run
+    from finetune_lab.runs import manifest as mf
+    from finetune_lab.runs.registry import validate_run
 
     corpus = tmp_path / "bin"
     shutil.copytree(tiny_pipeline["corpus"] / "bin", corpus)
@@ -305,9 +349,12 @@ def test_a_corpus_prepared_again_leaves_the_pretraining_run_valid(tiny_pipeline,
 def test_package_to_reaches_pretrain(monkeypatch, tmp_path):
     """`pretrain --package-to DIR` packages a candidate beside the committed checkpoint."""
     from finetune_lab import cli
+    from finetune_lab.train import pretrain_cli
 
+    for var in ("FINETUNE_LAB_RUNS_DIR", "FINETUNE_LAB_WORK_DIR"):  # never the real run cache
+        monkeypatch.setenv(var, str(tmp_path / var))
     seen = {}
-    monkeypatch.setattr(pretrain, "pretrain", lambda **kw: seen.update(kw) or tmp_path)
+    monkeypatch.setattr(pretrain_cli, "pretrain", lambda **kw: seen.update(kw) or tmp_path)
     assert cli.main(["pretrain", "--max-update", "5", "--package-to", str(tmp_path / "c")]) == 0
     assert seen["package_to"] == tmp_path / "c" and seen["package"] is True
 
@@ -327,8 +374,8 @@ def test_weights_only_state_stores_the_tied_pair_once():
 
 
 def _train_losses(run_dir) -> list[float]:
-    from finetune_lab.registry import validate_run
-    from finetune_lab.tblogs import run_scalars
+    from finetune_lab.runs.registry import validate_run
+    from finetune_lab.runs.tblogs import run_scalars
 
     df = run_scalars(validate_run(run_dir))
     inner = df[(df["subset"] == "train_inner") & (df["tag"] == "loss")]
@@ -336,12 +383,12 @@ def _train_losses(run_dir) -> list[float]:
 
 
 def test_spread_keeps_the_tokens_per_update():
-    r = pretrain.PretrainRecipe(batch_size=128, update_freq=2)
-    assert pretrain.spread(r, 2).update_freq == 1 and pretrain.spread(r, 2).batch_size == 128
-    r = pretrain.PretrainRecipe(batch_size=16, update_freq=1)
-    assert pretrain.spread(r, 2).batch_size == 8
+    r = PretrainRecipe(batch_size=128, update_freq=2)
+    assert spread(r, 2).update_freq == 1 and spread(r, 2).batch_size == 128
+    r = PretrainRecipe(batch_size=16, update_freq=1)
+    assert spread(r, 2).batch_size == 8
     with pytest.raises(UserError, match="divisible by 3"):
-        pretrain.spread(r, 3)
+        spread(r, 3)
 
 
 @pytest.mark.slow
@@ -357,9 +404,9 @@ def test_two_processes_over_gloo_train_as_one_process_with_the_same_batch(
 
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
-    recipe = pretrain.PretrainRecipe(tokens_per_sample=64, batch_size=4, update_freq=2,
-                                     max_update=4, validate_every=4, log_interval=1, lr=1e-3,
-                                     arch=TINY_ARCH, dropout=0.0, attention_dropout=0.0)
+    recipe = PretrainRecipe(tokens_per_sample=64, batch_size=4, update_freq=2,
+                            max_update=4, validate_every=4, log_interval=1, lr=1e-3,
+                            arch=TINY_ARCH, dropout=0.0, attention_dropout=0.0)
     common = dict(max_update=4, seed=3, data_dir=tiny_pipeline["corpus"],
                   tokenizer_dir=tiny_pipeline["tok"], recipe=recipe, package=False, quiet=True,
                   precision="fp32")
@@ -367,8 +414,8 @@ def test_two_processes_over_gloo_train_as_one_process_with_the_same_batch(
     with socket.socket() as s:  # a free port for torchrun's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    two = pretrain.pretrain(run="two-processes", launch=pretrain.Launch(nproc_per_node=2,
-                                                                         master_port=port),
+    two = pretrain.pretrain(run="two-processes", launch=Launch(nproc_per_node=2,
+                                                                master_port=port),
                             **common)
     m = read_manifest(two)
     assert m["status"] == "complete" and m["hyperparameters"]["world_size"] == 2

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from finetune_lab import pretrain, pretrain_ablations, pretrain_report
+from finetune_lab.train import pretrain, pretrain_ablations
+from finetune_lab.train.pretrain_recipe import PretrainRecipe
+from finetune_lab.book import pretrain_report
 from finetune_lab.cli import build_parser
 
 from conftest import TINY_ARCH, needs_data_root
@@ -25,7 +27,7 @@ def test_each_ablation_is_one_pretrain_command_that_the_cli_accepts():
     # the first is the recipe of the runs so far: the baseline every other row is compared to
     first = pretrain_ablations.ABLATIONS[next(iter(pretrain_ablations.ABLATIONS))]
     assert (first["precision"], float(first["dropout"]), float(first["lr"])) == (
-        "fp32", pretrain.PretrainRecipe.dropout, pretrain.PretrainRecipe.lr)
+        "fp32", PretrainRecipe.dropout, PretrainRecipe.lr)
 
 
 def test_unknown_ablation_is_refused(tmp_path):
@@ -42,9 +44,9 @@ def test_ablation_table_reads_real_runs(tiny_pipeline, tmp_path, monkeypatch):
     for name in ("fp32-dropout", "bf16"):
         flags = pretrain_ablations.ABLATIONS[name]
         dropout = float(flags["dropout"])
-        recipe = pretrain.PretrainRecipe(tokens_per_sample=64, batch_size=8, validate_every=4,
-                                         log_interval=2, lr=float(flags["lr"]), arch=TINY_ARCH,
-                                         dropout=dropout, attention_dropout=dropout)
+        recipe = PretrainRecipe(tokens_per_sample=64, batch_size=8, validate_every=4,
+                                log_interval=2, lr=float(flags["lr"]), arch=TINY_ARCH,
+                                dropout=dropout, attention_dropout=dropout)
         pretrain.pretrain(max_update=8, run=name, experiment="pretrain-ablation",
                           data_dir=tiny_pipeline["corpus"], recipe=recipe, package=False,
                           quiet=True, continue_from=tiny_pipeline["packaged"], seed=2,

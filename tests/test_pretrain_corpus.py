@@ -6,46 +6,47 @@ import pytest
 from data_fixtures import TINY_NOVELS, data_root, pretrain_bin, tiny_tokenizer
 from fairseq.data import Dictionary, data_utils
 
-from finetune_lab import pretrain_corpus as pc
+from finetune_lab.data import eltec
+from finetune_lab.data import pretrain_corpus as pc
 from finetune_lab._files import read_json
 from finetune_lab.errors import DataRootError, UserError
 
 
 def test_split_by_novel_is_disjoint_complete_and_seeded():
-    novels = pc.list_novels(data_root())
+    novels = eltec.list_novels(data_root())
     assert len(novels) == 438 and len({d.name for d in novels}) == 438
-    train, valid = pc.split_novels(novels)
+    train, valid = eltec.split_novels(novels)
     assert not {d.name for d in train} & {d.name for d in valid}
     assert len(train) + len(valid) == len(novels) and len(valid) == round(0.02 * 438)
-    assert pc.split_novels(novels) == (train, valid)
-    assert pc.split_novels(novels, seed=2)[1] != valid
+    assert eltec.split_novels(novels) == (train, valid)
+    assert eltec.split_novels(novels, seed=2)[1] != valid
 
 
 def test_books_reviews_never_enter_the_corpus_unless_asked():
-    docs = pc.corpus_documents(data_root(), with_reviews=True)
+    docs = eltec.corpus_documents(data_root(), with_reviews=True)
     names = [d.name for ds in docs.values() for d in ds]
     assert not any("/books/" in n for n in names)
     assert {n for n in names if n.startswith("webis")} == {
         "webis-cls-10/fr/dvd/train.review", "webis-cls-10/fr/music/train.review"}
     assert not any(n.startswith("webis") for n in (d.name for d in docs["valid"]))
-    no_reviews = pc.corpus_documents(data_root(), with_reviews=False)
+    no_reviews = eltec.corpus_documents(data_root(), with_reviews=False)
     assert not any(d.name.startswith("webis") for ds in no_reviews.values() for d in ds)
 
 
 def test_task_adaptive_texts_are_the_lab_training_split_only():
-    from finetune_lab.cls_books import read_reviews, stratified_split
+    from finetune_lab.data.cls_books import read_reviews, stratified_split
 
-    doc = pc.task_reviews(data_root(), repeat=3)
+    doc = eltec.task_reviews(data_root(), repeat=3)
     assert doc.name == "webis-cls-10/fr/books/train.review" and doc.repeat == 3
     everything = read_reviews(doc.path)
     train, valid = stratified_split(everything)
     assert len(doc.keep) == len(train) == 1800
     # never a validation review (and the test file is another file)
     assert not doc.keep & {r.position - 1 for r in valid}
-    texts = list(pc.paragraphs(doc))
+    texts = list(eltec.paragraphs(doc))
     assert texts == [r.text for r in train]
     with pytest.raises(UserError, match="--task-repeat"):
-        pc.task_reviews(data_root(), repeat=0)
+        eltec.task_reviews(data_root(), repeat=0)
 
 
 def test_tapt_corpus_holds_reviews_only_with_the_same_valid_sets(tmp_path):
@@ -70,7 +71,7 @@ def test_tapt_corpus_holds_reviews_only_with_the_same_valid_sets(tmp_path):
 
 
 def test_in_domain_reviews_hold_out_a_seeded_disjoint_slice():
-    train, valid = pc.in_domain_reviews(data_root(), seed=1, n_valid=400, repeat=20)
+    train, valid = eltec.in_domain_reviews(data_root(), seed=1, n_valid=400, repeat=20)
     assert [d.name for d in train] == [f"webis-cls-10/fr/{d}/{f}.review" for d in ("dvd", "music")
                                        for f in ("train", "test")]
     assert {d.repeat for d in train} == {20} and {d.repeat for d in valid} == {1}
@@ -78,18 +79,18 @@ def test_in_domain_reviews_hold_out_a_seeded_disjoint_slice():
     kept = {(d.name, i) for d in train for i in d.keep}
     assert len(held) == 400 and not held & kept and len(held | kept) == 8000
     assert not any("/books/" in d.name for d in train + valid)
-    again = pc.in_domain_reviews(data_root(), seed=1, n_valid=400, repeat=20)
+    again = eltec.in_domain_reviews(data_root(), seed=1, n_valid=400, repeat=20)
     assert again == (train, valid)
-    assert pc.in_domain_reviews(data_root(), seed=2, n_valid=400)[1] != valid
+    assert eltec.in_domain_reviews(data_root(), seed=2, n_valid=400)[1] != valid
     first = valid[0]
-    assert len(list(pc.paragraphs(first))) == len(first.keep)
+    assert len(list(eltec.paragraphs(first))) == len(first.keep)
 
 
 def test_bad_review_options_name_the_flag():
     with pytest.raises(UserError, match="--review-valid"):
-        pc.in_domain_reviews(data_root(), n_valid=8000)
+        eltec.in_domain_reviews(data_root(), n_valid=8000)
     with pytest.raises(UserError, match="--review-repeat"):
-        pc.in_domain_reviews(data_root(), repeat=0)
+        eltec.in_domain_reviews(data_root(), repeat=0)
 
 
 def test_reviews_are_repeated_in_train_and_held_out_as_valid1(tmp_path):

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from finetune_lab import pretrain, pretrain_long
+from finetune_lab.train import pretrain_long
+from finetune_lab.train.pretrain_fairseq import echoing
+from finetune_lab.train.pretrain_recipe import PretrainRecipe, state_dir
 from finetune_lab.errors import UserError
-from finetune_lab.manifest import read_manifest
+from finetune_lab.runs.manifest import read_manifest
 
 from conftest import TINY_ARCH, needs_data_root
 
@@ -36,11 +38,14 @@ def test_progress_shows_tokens_rate_and_eta():
     assert shown == ("pretrain: 1.02 M of 4.10 M tokens (25.0 %), 2,000 tokens/s, 3.07 M left, "
                      "ETA 0.4 h")
     assert pretrain_long.progress_line("| valid | loss 9", 4096, 1000) is None
+    # a GPU's rate, which fairseq writes with an exponent past a million
+    gpu = line.replace("wps=2000", "wps=1.34e+06")
+    assert "1,340,000 tokens/s" in pretrain_long.progress_line(gpu, 65536, 1000)
 
 
 @pytest.fixture(scope="module")
 def tapt_corpus(tiny_pipeline, tmp_path_factory):
-    from finetune_lab import pretrain_corpus
+    from finetune_lab.data import pretrain_corpus
 
     out, _ = pretrain_corpus.prepare_pretrain(
         tokenizer_dir=tiny_pipeline["tok"], out=tmp_path_factory.mktemp("tapt") / "bin",
@@ -57,9 +62,9 @@ def _long(tiny_pipeline, tapt, tmp_path, monkeypatch, run, **kw):
         target = tmp_path / "work" / "tokenizer" / name
         if not target.exists():
             target.write_bytes((tiny_pipeline["tok"] / name).read_bytes())
-    recipe = pretrain.PretrainRecipe(tokens_per_sample=64, batch_size=8, validate_every=5,
-                                     log_interval=1, lr=1e-3, arch=TINY_ARCH, dropout=0.0,
-                                     attention_dropout=0.0)
+    recipe = PretrainRecipe(tokens_per_sample=64, batch_size=8, validate_every=5,
+                            log_interval=1, lr=1e-3, arch=TINY_ARCH, dropout=0.0,
+                            attention_dropout=0.0)
     return pretrain_long.pretrain_long(
         run=run, tokens=TOTAL * 64 * 8, data_dir=tiny_pipeline["corpus"], tapt_dir=tapt,
         tapt_fraction=0.3, recipe=recipe, precision="fp32", quiet=True,
@@ -130,7 +135,7 @@ def test_a_finished_or_lost_long_run_is_not_resumed(tiny_pipeline, tapt_corpus, 
     import shutil
 
     run_dir = _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "lost", segment_updates=5)
-    shutil.rmtree(pretrain_long.state_dir("lost"))  # a new machine: the state is gone
+    shutil.rmtree(state_dir("lost"))  # a new machine: the state is gone
     with pytest.raises(UserError, match="not on this machine"):
         _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "lost")
     assert read_manifest(run_dir)["status"] == "paused"
@@ -141,7 +146,7 @@ def test_progress_is_echoed_from_new_log_lines_only(tmp_path, capsys):
 
     log = tmp_path / "train.log"
     log.write_text("x | INFO | train_inner | epoch 001: num_updates=5, wps=10\n")  # a past launch
-    with pretrain.echoing(log, lambda line: pretrain_long.progress_line(line, 100, 20)):
+    with echoing(log, lambda line: pretrain_long.progress_line(line, 100, 20)):
         time.sleep(0.3)
         with open(log, "a") as fh:
             fh.write("x | INFO | train_inner | epoch 001: loss=9, wps=1000, num_updates=10\n")
@@ -149,6 +154,6 @@ def test_progress_is_echoed_from_new_log_lines_only(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out == ("pretrain: 0.00 M of 0.00 M tokens (50.0 %), 1,000 tokens/s, 0.00 M left, "
                    "ETA 0.0 h\n")
-    with pretrain.echoing(log, None):  # quiet: nothing
+    with echoing(log, None):  # quiet: nothing
         pass
     assert capsys.readouterr().out == ""

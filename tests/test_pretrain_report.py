@@ -1,4 +1,5 @@
-"""The pretraining chapter's numbers for a continued checkpoint: tokens add up over its lineage."""
+"""The pretraining chapter's facts: tokens add up over a continued checkpoint's lineage, the
+ablations, long runs and plateau read from the run cache, and each candidate's verdict."""
 
 from __future__ import annotations
 
@@ -7,37 +8,36 @@ import json
 import pandas as pd
 import pytest
 
-from finetune_lab import pretrain_report as pr
+from finetune_lab.book import fill_mask as fm
+from finetune_lab.book import pretrain_candidates as pc
+from finetune_lab.book import pretrain_curves as pcu
+from finetune_lab.book import pretrain_plateau as pp
+from finetune_lab.book import pretrain_report as pr
 
 LINEAGE = [{"run": "data/runs/pretrain/cpu-seed1", "updates": 1600, "tokens": 6_553_600},
            {"run": "data/runs/pretrain/cpu-seed1-c1", "updates": 400, "tokens": 1_638_400}]
 
 
-def _facts(lineage):
-    return {"run": "pretrain/cpu-seed1-c1", "device": "CPU: x (2 cores)", "updates": 400,
-            "tokens_seen": 1_638_400, "wall_time_min": 30.0, "valid_loss_bits": 8.0,
-            "valid_reviews_loss_bits": 9.0, "corpus_blocks": 3_200, "tokens_per_sample": 256,
-            "samples_seen": 6_400, "unigram_bits": 10.0, "lineage": lineage,
-            "tokens_total": sum(s["tokens"] for s in lineage)}
-
-
-def test_training_text_counts_every_run_behind_the_weights():
-    text = pr.training_text(_facts(LINEAGE))
-    assert "continued from the weights of `data/runs/pretrain/cpu-seed1` (1,600 updates)" in text
-    assert "8.2 M tokens in all" in text
-    assert "2.00 passes over its training corpus (3,200 samples of 256 tokens" in text
-    assert "perplexity of 256" in text and "reviews it is 9.00 bits (perplexity 512)" in text
-    assert "scores 10.00 bits" in text and "the context is worth 2.00 bits" in text
-    single = pr.training_text(_facts(LINEAGE[1:]))
-    assert "continued" not in single and "2.00 passes" in single
-    assert "No pretraining run" in pr.training_text({})
+def test_facts_count_every_run_behind_the_weights():
+    runs = pr.load_pretrain_runs()
+    rec = {r.name: r for r in runs.used}["cpu-seed1-c1"]
+    facts = pr.facts_of(runs, rec, LINEAGE)
+    assert facts["tokens_total"] == 8_192_000 and facts["tokens_seen"] == 2299 * 4096
+    assert facts["samples_seen"] == 2299 * 16
+    assert facts["passes"] == pytest.approx(2299 * 16 / 304_952)
+    assert pr.facts_of(runs, rec, LINEAGE[1:])["tokens_total"] == 2299 * 4096
+    packaged = pr.run_facts(runs)
+    assert packaged["run"] == f"{runs.latest.experiment}/{runs.latest.name}"
+    assert packaged["context_bits"] == pytest.approx(
+        pr.unigram_bits() - packaged["valid_loss_bits"])
+    assert 0 < packaged["context_bits"] < packaged["unigram_bits"]
 
 
 def test_corpus_size_is_read_from_the_run_log_and_matches_the_counts():
     """The committed first run's log against the counts of the corpus it read (before the
     reviews were upweighted): masked_lm cuts blocks of 255 tokens + <s>."""
     from finetune_lab.config import paths
-    from finetune_lab.registry import validate_run
+    from finetune_lab.runs.registry import validate_run
 
     rec = validate_run(paths().runs / "pretrain" / "cpu-seed1", check_inputs=False)
     assert pr.corpus_blocks(rec) == 211_196
@@ -52,58 +52,60 @@ def test_corpus_size_is_read_from_the_run_log_and_matches_the_counts():
 
 
 def _table(ci_low, n=2):
-    import pandas as pd
-
-    row = {"weights": "packaged checkpoint", "run": "`pretrain/a`", "updates (all runs)": 1600,
+    row = {"weights": "packaged checkpoint", "run": "`pretrain/a`", "task-adaptive": "no",
+           "updates (all runs)": 1600,
            "tokens (M, all runs)": 6.6, "valid loss, novels (bits)": 8.93,
            "valid loss, reviews (bits)": None, "n fine-tuned": 3, "test acc. (%)": "66.03",
            "minus random (points)": -3.0, "ci_low": -6.3, "ci_high": 0.2,
-           "minus packaged (points)": None, "pk_low": None, "pk_high": None}
+           "minus packaged (points)": None, "pk_low": None, "pk_high": None,
+           "own updates": 1600, "continued": None, "first valid": None, "started at": None}
     cand = {**row, "weights": "candidate (not packaged)", "run": "`pretrain/b`",
             "updates (all runs)": 3900, "tokens (M, all runs)": 16.0,
             "valid loss, novels (bits)": 8.5, "valid loss, reviews (bits)": 9.1,
             "n fine-tuned": n, "test acc. (%)": "70.00", "minus random (points)": 1.0,
             "ci_low": ci_low, "ci_high": 5.0, "minus packaged (points)": 4.0, "pk_low": 1.5,
-            "pk_high": 6.5}
+            "pk_high": 6.5, "own updates": 2300, "continued": "pretrain/a"}
     return pd.DataFrame([row, cand])
 
 
-def test_candidate_text_packages_only_weights_that_beat_random():
-    not_better = pr.candidate_text(_table(-2.0))
-    assert "`pretrain/b` continued the weights for 2,300 more updates" in not_better
-    assert "8.50 bits on the held-out novels, against 8.93" in not_better
-    assert "9.10 bits on the held-out reviews" in not_better
-    assert "+1.0 points against random" in not_better and "It is not packaged yet" in not_better
-    assert "packaged checkpoint's fine-tuning it is +4.0 points (95 % Welch CI 1.5 to 6.5)" in not_better
-    assert "a better starting point than the packaged checkpoint" in not_better
+def test_only_weights_that_beat_random_by_the_margin_are_packaged():
+    assert pc.candidate_verdict(_table(-2.0).iloc[1]) == "beats the packaged"
     worse = _table(-2.0)
     worse.loc[1, "pk_low"] = -0.5
-    assert "margin over neither" in pr.candidate_text(worse, "2 runs")
-    assert "(2 runs)" in pr.candidate_text(worse, "2 runs")
-    bumped = _table(-2.0)
-    bumped["first valid"] = [None, (250, 9.03)]
-    bumped["started at"] = [None, 8.93]
-    assert ("first validation (update 250), after a fresh warm-up to the peak learning rate, "
-            "read 9.03 bits, against the 8.93 its weights started from; the rest of the run had "
-            "to win that back") in pr.candidate_text(bumped)
-    assert "first valid" not in pr.candidate_display(bumped).columns
-    better = pr.candidate_text(_table(0.5))  # +1.0 points, interval above 0
-    assert "beats random by a margin the seeds show, but by less than the 5 points" in better
-    assert "more pretraining comes first" in better and "is the next step" not in better
+    assert pc.candidate_verdict(worse.iloc[1]) == "neither"
+    assert pc.candidate_verdict(_table(0.5).iloc[1]) == "below the bar"  # +1.0 points
     winner = _table(0.5)
-    winner.loc[1, "minus random (points)"] = 6.0
-    assert "and by at least 5 points: packaging it" in pr.candidate_text(winner)
-    assert "not been fine-tuned yet" in pr.candidate_text(_table(None, n=0))
-    assert "no other weights" in pr.candidate_text(_table(0.5).iloc[0:0])
-    shown = pr.candidate_display(_table(-2.0)).set_index("weights")
+    winner.loc[1, "minus random (points)"] = pc.PACKAGE_MARGIN
+    assert pc.candidate_verdict(winner.iloc[1]) == "package"
+    winner.loc[1, "minus random (points)"] = pc.PACKAGE_MARGIN - 0.1
+    assert pc.candidate_verdict(winner.iloc[1]) == "below the bar"
+    assert pc.candidate_verdict(_table(None, n=0).iloc[1]) == "not fine-tuned"
+    assert pc.candidate_verdict(_table(None, n=1).iloc[1]) == "one seed"
+    shown = pc.candidate_display(_table(-2.0)).set_index("weights")
     assert shown.loc["candidate (not packaged)", "minus random (points)"] == "+1.00 (CI -2.00 to 5.00)"
     assert shown.loc["packaged checkpoint", "valid loss, reviews (bits)"] == "n/a"
     assert shown.loc["packaged checkpoint", "minus packaged (points)"] == "n/a"
+    assert "first valid" not in shown.columns and "own updates" not in shown.columns
+    assert "no weights tried" in pc.candidate_display(_table(0.5).iloc[0:0]).iloc[0, 0]
+
+
+def test_a_fresh_warm_up_costs_what_the_first_validation_shows():
+    def cost(first, ended=8.5):
+        table = _table(-2.0)
+        table["first valid"] = [None, first]
+        table["started at"] = [None, 8.93]
+        table.loc[1, "valid loss, novels (bits)"] = ended
+        return pc.warmup_cost(table.iloc[1])
+
+    assert cost((250, 9.03)) == "won back"  # worse at first, ended under 8.93
+    assert cost((250, 9.03), ended=9.0) == "not won back"
+    assert cost((250, 8.90)) == "none"
+    assert pc.warmup_cost(_table(-2.0).iloc[1]) is None  # no first validation known
 
 
 def test_a_continued_run_is_drawn_after_its_ancestors():
-    assert pr.update_offset({"extra": {"continued_from": {"lineage": LINEAGE}}}) == 2000
-    assert pr.update_offset({"extra": {"calibration": None}}) == 0
+    assert pcu.update_offset({"extra": {"continued_from": {"lineage": LINEAGE}}}) == 2000
+    assert pcu.update_offset({"extra": {"calibration": None}}) == 0
 
 
 def test_unigram_entropy_of_a_dictionary(tmp_path):
@@ -115,15 +117,17 @@ def test_unigram_entropy_of_a_dictionary(tmp_path):
 def test_replacement_cost_counts_the_runs_built_on_the_checkpoint():
     from types import SimpleNamespace as NS
 
-    runs = [NS(experiment="fairseq", manifest={"wall_time_s": 1800}),
-            NS(experiment="lora", manifest={"wall_time_s": 3600}),
+    runs = [NS(experiment="lora", manifest={"wall_time_s": 3600}),
+            NS(experiment="fairseq", manifest={"wall_time_s": 1800}),
             NS(experiment="lora", manifest={"wall_time_s": 1800})]
-    assert pr.replacement_cost(runs) == "3 runs: 1 fairseq, 2 lora; 2.0 h of recorded run time"
+    cost = pc.replacement_cost(runs)
+    assert (cost.runs, cost.hours) == (3, 2.0)
+    assert list(cost.by_experiment.items()) == [("fairseq", 1), ("lora", 2)]
 
 
 def test_the_committed_runs_on_the_checkpoint_are_the_pretrained_ones():
     """fairseq pretrained, Transformers pretrained and LoRA runs; never random, never pretraining."""
-    recs = pr.runs_on_checkpoint()
+    recs = pc.runs_on_checkpoint()
     assert recs and all(r.init != "random" for r in recs)
     assert {r.experiment for r in recs} <= {"fairseq", "transformers", "lora"}
 
@@ -131,8 +135,8 @@ def test_the_committed_runs_on_the_checkpoint_are_the_pretrained_ones():
 def test_each_candidate_has_its_own_experiment(tmp_path):
     """``fairseq-candidate``, then ``-2``, ``-3``…: never a folder of an earlier candidate, and
     never a look-alike (``fairseq-candidates``, ``fairseq-candidate-old``)."""
-    from finetune_lab.finetune_fairseq import (candidate_experiments, candidate_index,
-                                               next_candidate_experiment)
+    from finetune_lab.train.finetune_fairseq import (candidate_experiments, candidate_index,
+                                                     next_candidate_experiment)
 
     assert next_candidate_experiment(tmp_path) == "fairseq-candidate"
     for name in ("fairseq-candidate-10", "fairseq-candidate", "fairseq-candidate-2",
@@ -142,20 +146,19 @@ def test_each_candidate_has_its_own_experiment(tmp_path):
         "fairseq-candidate", "fairseq-candidate-2", "fairseq-candidate-10"]
     assert next_candidate_experiment(tmp_path) == "fairseq-candidate-11"
     assert [candidate_index(n) for n in ("fairseq", "fairseq-candidate-old")] == [None, None]
-    text = pr.candidate_text(_table(None, n=0), runs_root=tmp_path)
-    assert "--experiment fairseq-candidate-11`" in text
 
 
 def test_throughput_table_names_each_runs_precision_and_updates_done():
-    table = pr.throughput_table(pr.load_pretrain_runs()).set_index("run")
+    table = pcu.throughput_table(pr.load_pretrain_runs()).set_index("run")
     assert table.loc["cpu-seed1", "precision"] == "fp32"
     assert table.loc["cpu-seed1", "updates"] == 1600 and table.loc["cpu-seed1-c1", "updates"] == 2299
+    assert table.loc["cpu-seed1", "MFU (bf16 peak)"] == "n/a (no GPU)"
 
 
 def test_the_committed_ablations_compare_at_equal_wall_time():
     """The recorded ablations (data/runs/pretrain-ablation): one row per config, in the configs'
     order, the first the baseline; what the chapter reads from them."""
-    from finetune_lab.pretrain_ablations import ABLATIONS
+    from finetune_lab.train.pretrain_ablations import ABLATIONS
 
     table = pr.ablation_table(pr.load_ablations())
     assert table["ablation"].tolist() == list(ABLATIONS)
@@ -165,9 +168,17 @@ def test_the_committed_ablations_compare_at_equal_wall_time():
     rows = table.set_index("ablation")
     assert rows.loc["bf16-dropout", "tokens/s"] > 1.2 * rows.loc["fp32-dropout", "tokens/s"]
     reading = pr.ablation_reading(table)
-    ratio = rows.loc["bf16-dropout", "tokens/s"] / rows.loc["fp32-dropout", "tokens/s"]
-    assert f"bf16 ran {ratio:.2f} times as fast as fp32" in reading
-    assert f"is `{pr.best_ablation(table)}`'s" in reading
+    assert reading.bf16_speedup == pytest.approx(
+        rows.loc["bf16-dropout", "tokens/s"] / rows.loc["fp32-dropout", "tokens/s"])
+    assert reading.bf16_token_ratio == pytest.approx(
+        rows.loc["bf16-dropout", "tokens (M)"] / rows.loc["fp32-dropout", "tokens (M)"])
+    reviews = table["valid loss, reviews (bits)"]
+    assert (reading.held_out, reading.best) == ("reviews", pr.best_ablation(table))
+    assert reading.best_bits == reviews.min() and reading.best == rows.index[reviews.argmin()]
+    assert reading.spread_bits == pytest.approx(reviews.max() - reviews.min())
+    assert reading.budgets_min == (8.0,) and reading.threads == 1.0
+    assert reading.most_tokens_m == table["tokens (M)"].max()
+    assert pr.ablation_reading(pr.ablation_table(None)) is None
     shown = pr.ablation_display(table)
     assert shown.loc[0, "minus fp32-dropout, novels"] == "+0.000"
     assert "no ablation run yet" in pr.ablation_display(pr.ablation_table(None)).iloc[0, 0]
@@ -177,12 +188,12 @@ def test_the_committed_long_run_is_one_curve_over_its_launches():
     """`pretrain/cpu-long` ran in several launches, killed in between: the chapter reads it as
     one run with one learning-rate schedule (one warm-up) and each update once."""
     runs = pr.load_pretrain_runs()
-    rec = {r.name: r for r in pr.long_runs(runs)}["cpu-long"]
+    rec = {r.name: r for r in pcu.long_runs(runs)}["cpu-long"]
     assert rec.valid, rec.reason
-    launches = pr.segments_table(rec)
+    launches = pcu.segments_table(rec)
     assert len(launches) >= 2 and launches["ended"].iloc[-1] == "complete"
     assert "interrupted" in launches["ended"].tolist()
-    curves = pr.curves(runs)
+    curves = pcu.curves(runs)
     lr = curves[(curves["run"] == rec.name) & (curves["tag"] == "lr")].sort_values("step")
     every = rec.manifest["hyperparameters"]["log_interval"]
     assert lr["step"].is_unique and lr["step"].diff().dropna().eq(every).all()
@@ -190,9 +201,12 @@ def test_the_committed_long_run_is_one_curve_over_its_launches():
     warmup = rec.manifest["hyperparameters"]["warmup_updates"]
     after = lr[lr["step"] > warmup]["value"]
     assert (after.diff().dropna() <= 1e-12).all()  # decays only: no second warm-up
-    text = pr.long_run_markdown(runs)
-    assert "It is complete" in text and "are task-adaptive" in text
-    assert "{#tbl-long-run-launches}" in text
+    facts = {f.name: f for f in pcu.long_run_facts(runs)}["pretrain/cpu-long"]
+    assert (facts.status, facts.launches) == ("complete", len(launches))
+    assert facts.budget_tokens == facts.updates * facts.tokens_per_update == facts.tokens_done
+    assert facts.tapt_tokens == (facts.updates - facts.tapt_from) * facts.tokens_per_update > 0
+    assert facts.tokens_before == 6_553_600  # the packaged weights it continues
+    assert "no long run yet" in pcu.segments_table(None).iloc[0, 0]
 
 
 def test_accuracy_against_tokens_draws_every_fine_tuned_weights():
@@ -200,22 +214,36 @@ def test_accuracy_against_tokens_draws_every_fine_tuned_weights():
 
     matplotlib.use("Agg")
     runs = pr.load_pretrain_runs()
-    table = pr.candidate_table(runs)
+    table = pc.candidate_table(runs)
     tuned = table[table["acc mean"].notna()]
-    fig = pr.plot_accuracy_vs_tokens(table, pr.random_accuracy())
+    fig = pc.plot_accuracy_vs_tokens(table, pc.random_accuracy())
     ax = fig.axes[0]
     drawn = [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
     assert sum(len(c.lines[0].get_xdata()) for c in drawn) == len(tuned) >= 2
-    mean, std, n = pr.random_accuracy()
+    mean, std, n = pc.random_accuracy()
     assert n == 3 and 60 < mean < 80 and std > 0
     assert "yes: saw the CLS-Books training texts" in table["task-adaptive"].tolist()
+    # every candidate's verdict is one the chapter words
+    verdicts = {pc.candidate_verdict(row) for _, row in table.iloc[1:].iterrows()}
+    assert verdicts and verdicts <= {"not fine-tuned", "one seed", "package", "below the bar",
+                                     "beats the packaged", "neither"}
+
+
+def test_fill_mask_reading_counts_the_frequent_top_predictions(monkeypatch):
+    monkeypatch.setattr(fm, "frequent_pieces", lambda n: {".", ",", "de"})
+    df = pd.DataFrame({"sentence": ["a", "a", "b", "b", "c"], "rank": [1, 2, 1, 2, 1],
+                       "predicted piece": [".", "livre", "porte", ",", "de"],
+                       "probability": [0.1, 0.05, 0.2, 0.1, 0.3]})
+    assert fm.fill_mask_reading(df, n=3) == {"sentences": 3, "frequent": 2, "n": 3}
+    wide = fm.fill_mask_wide(df).set_index("sentence")
+    assert wide.loc["a", "top predictions (probability)"] == "`.` (0.10) · `livre` (0.05)"
 
 
 def _tb_run(root, experiment, name, losses, manifest, reviews=None):
     """A run folder with real TensorBoard files, as fairseq writes them (one folder a subset)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from finetune_lab.registry import RunRecord
+    from finetune_lab.runs.registry import RunRecord
 
     path = root / experiment / name
     for subset, values in (("valid", losses), ("valid1", reviews or {})):
@@ -237,10 +265,10 @@ def test_plateau_table_puts_tokens_over_the_lineage_and_finds_the_escape(tmp_pat
                    "hyperparameters": {"tokens_per_update": 65536, "num_workers": 10}})
     running = _tb_run(tmp_path, "pretrain", "long", {250: 9.2},
                       {"status": "running", "hyperparameters": {"tokens_per_update": 4096}})
-    curves = pr.token_curves([cpu, gpu])
+    curves = pp.token_curves([cpu, gpu])
     mine = curves[curves["run"] == "pretrain/cpu-c1"]
     assert mine["tokens"].tolist() == [8_192_000 + 250 * 4096, 8_192_000 + 500 * 4096]
-    table = pr.plateau_table([cpu, gpu, running], unigram=10.0).set_index("run")
+    table = pp.plateau_table([cpu, gpu, running], unigram=10.0).set_index("run")
     assert table.loc["`pretrain/cpu-c1`", "weights"] == "kept"
     assert pd.isna(table.loc["`pretrain/cpu-c1`", "left the plateau at (M tokens)"])
     assert table.loc["`pretrain/cpu-c1`", "reviews (bits)"] == pytest.approx(9.4)
@@ -251,6 +279,48 @@ def test_plateau_table_puts_tokens_over_the_lineage_and_finds_the_escape(tmp_pat
     assert table.loc["`pretrain-gpu/gpu2`", "status"] == "failed: interrupted (signal 15)"
     assert table.loc["`pretrain-gpu/gpu2`", "loaders"] == 10
     assert table.loc["`pretrain/long`", "weights"] == "in progress"
-    shown = pr.plateau_display(table.reset_index()).set_index("run")
+    shown = pp.plateau_display(table.reset_index()).set_index("run")
     assert shown.loc["`pretrain/cpu-c1`", "left the plateau at (M tokens)"] == "not yet"
     assert shown.loc["`pretrain-gpu/gpu2`", "left the plateau at (M tokens)"] == "131"
+    seen = pp.plateau_facts(table.reset_index())
+    assert (seen.runs, seen.stuck, seen.left, seen.left_lost) == (3, 2, 1, 1)
+    assert seen.stuck_lowest_bits == pytest.approx(8.9)  # cpu-c1's last loss, under long's 9.2
+    assert seen.stuck_most_tokens_m == pytest.approx((8_192_000 + 500 * 4096) / 1e6)
+    assert seen.left_from_m == seen.left_to_m == pytest.approx(2000 * 65536 / 1e6)
+    assert seen.left_best_bits == pytest.approx(4.1)
+    assert seen.left_most_tokens_m == pytest.approx(3000 * 65536 / 1e6)
+    assert seen.cpu_most_tokens_m == pytest.approx((8_192_000 + 500 * 4096) / 1e6)
+    assert seen.in_progress == ("pretrain/long",)
+    assert (seen.left_gpu, seen.left_cpu, seen.left_cpu_from_m) == (1, 0, None)
+    assert seen.left_gpu_from_m == seen.left_gpu_to_m == pytest.approx(2000 * 65536 / 1e6)
+    assert seen.in_progress_left == ()
+    empty = pp.plateau_facts(pp.plateau_table([], unigram=10.0))
+    assert (empty.runs, empty.left, empty.stuck_lowest_bits, empty.in_progress) == (0, 0, None, ())
+
+
+def test_a_run_in_progress_is_judged_by_the_checkpoint_that_was_fine_tuned(tmp_path):
+    """A long run fine-tuned from a checkpoint it saved while still training: the candidate's
+    tokens and losses are those of that checkpoint, read from the run's own event files."""
+    long = _tb_run(tmp_path, "pretrain", "long3", {250: 8.9, 500: 6.6, 750: 6.2},
+                   {"status": "paused", "hyperparameters": {"tokens_per_update": 4096}},
+                   reviews={250: 9.3, 500: 7.6, 750: 7.2})
+    facts = {"updates": 750, "lineage": [*LINEAGE, {"run": "x", "updates": 750}],
+             "tokens_total": 0, "valid_loss_bits": 6.2}
+    source = {"run": "data/runs/pretrain/long3", "valid_loss_bits": 6.6,
+              "lineage": [*LINEAGE, {"run": "data/runs/pretrain/long3", "updates": 500,
+                                     "tokens": 500 * 4096}]}
+    at = pc._facts_at_checkpoint(pr.PretrainRuns(loaded=None, checkpoint=None), long, facts, source)
+    assert at["updates"] == at["at_update"] == 500
+    assert at["tokens_total"] == 6_553_600 + 1_638_400 + 500 * 4096
+    assert at["valid_loss_bits"] == pytest.approx(6.6)
+    assert at["valid_reviews_loss_bits"] == pytest.approx(7.6)
+    assert at["valid_first"] == (250, pytest.approx(8.9))
+    # a checkpoint saved after the run's last pause is read the same way
+    ahead = pc._facts_at_checkpoint(pr.PretrainRuns(None, None), long,
+                                    {**facts, "updates": 400}, source)
+    assert (ahead["updates"], ahead["valid_loss_bits"]) == (500, pytest.approx(6.6))
+    # a complete run whose final weights were fine-tuned: nothing to change
+    done = _tb_run(tmp_path, "pretrain", "done", {750: 6.2},
+                   {"status": "complete", "hyperparameters": {"tokens_per_update": 4096}})
+    latest = {**source, "lineage": [*LINEAGE, {"run": "r", "updates": 750, "tokens": 1}]}
+    assert pc._facts_at_checkpoint(pr.PretrainRuns(None, None), done, facts, latest) is facts

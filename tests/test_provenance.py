@@ -6,15 +6,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from runfixtures import EXPERIMENT, copy_run, tiny_grid  # noqa: F401
+from runfixtures import EXPERIMENT, copy_run
 
-from finetune_lab.manifest import digest_of, read_manifest, sha256_file
-from finetune_lab.provenance import current_chapter, provenance_footer, provenance_markdown
-from finetune_lab.registry import discover_runs
+from finetune_lab._files import digest_of, sha256_file
+from finetune_lab.book.provenance import current_chapter, provenance_footer, provenance_markdown
+from finetune_lab.runs.manifest import read_manifest
+from finetune_lab.runs.registry import discover_runs
 
 
 @pytest.mark.slow
-def test_footer_lists_runs_hashes_devices_and_inputs(tiny_grid, tmp_path: Path,  # noqa: F811
+def test_footer_lists_runs_hashes_devices_and_inputs(tiny_grid, tmp_path: Path,
                                                      monkeypatch) -> None:
     runs_root = tmp_path / "data" / "runs"
     good = copy_run(tiny_grid, "random-seed1", runs_root)

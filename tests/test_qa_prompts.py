@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from finetune_lab import qa_prompts as qp
+from finetune_lab.data import qa_prompts as qp
 from finetune_lab.errors import UserError
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from finetune_lab.config import PROJECT_ROOT
-from finetune_lab.qmd import (
-    bib_keys, book_chapters, crossrefs, front_matter, load_quarto_config,
+from finetune_lab.book.chapter_inputs import chapter_inputs
+from finetune_lab.book.qmd import (
+    FrontMatterError, bib_keys, book_chapters, crossrefs, front_matter, load_quarto_config,
 )
+from finetune_lab.config import PROJECT_ROOT
 
 CONFIG = load_quarto_config()
 CHAPTERS = book_chapters()
@@ -61,8 +62,6 @@ def test_every_citation_is_in_the_bibliography():
 @pytest.mark.parametrize("chapter", [p for p in CHAPTERS if p.parent.name == "chapters"],
                          ids=lambda p: p.name)
 def test_chapters_declare_existing_inputs(chapter):
-    from finetune_lab.freeze import chapter_inputs
-
     rel = chapter.relative_to(PROJECT_ROOT).as_posix()
     inputs = chapter_inputs(PROJECT_ROOT, rel)
     assert inputs, f"{chapter} has no inputs for the data-aware freeze"
@@ -78,3 +77,20 @@ def test_crossref_checker_catches_an_undefined_reference(tmp_path):
     qmd.write_text("See @tbl-nowhere and @fig-here.\n\n```{python}\n#| label: fig-here\npass\n```\n")
     refs = crossrefs(qmd)
     assert refs.used - refs.defined == {"tbl-nowhere"}
+
+
+def test_front_matter_is_read_or_refused(tmp_path):
+    qmd = tmp_path / "c.qmd"
+    qmd.write_text("---\ntitle: T\ninputs:\n  - data/x.csv\n---\n\nText.\n")
+    assert front_matter(qmd) == {"title": "T", "inputs": ["data/x.csv"]}
+    qmd.write_text("# No front matter\n---\n")
+    assert front_matter(qmd) == {}
+    qmd.write_text("---\ntitle: T\n")
+    with pytest.raises(FrontMatterError, match="never ends"):
+        front_matter(qmd)
+    qmd.write_text("---\n- a list\n---\n")
+    with pytest.raises(FrontMatterError, match="must be a YAML mapping"):
+        front_matter(qmd)
+    qmd.write_text("---\ntitle: [unclosed\n---\n")
+    with pytest.raises(FrontMatterError, match="not valid YAML"):
+        front_matter(qmd)

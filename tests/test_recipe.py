@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from finetune_lab.recipe import LAB_RECIPE, FinetuneRecipe
+from finetune_lab.train.recipe import LAB_RECIPE, FinetuneRecipe
 
 
 def test_lab_schedule_is_derived_from_data_size():

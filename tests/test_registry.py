@@ -12,25 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
-from runfixtures import (  # noqa: F401
-    EXPERIMENT,
-    copy_run,
-    record_tiny_run,
-    tiny_args,
-    tiny_grid,
-)
+from runfixtures import EXPERIMENT, HYPERPARAMETERS, copy_run, record_tiny_run, tiny_args
 
-from finetune_lab import manifest as mf
 from finetune_lab.cli import main
-from finetune_lab.registry import (
+from finetune_lab.runs import manifest as mf
+from finetune_lab.runs.eventfiles import read_event_file_strict
+from finetune_lab.runs.registry import (
     InvalidRunError,
     discover_runs,
     exclusions_markdown,
-    read_event_file_strict,
     runs_table,
     valid_runs,
 )
-from finetune_lab.tblogs import load_scalars
+from finetune_lab.runs.tblogs import load_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +34,7 @@ def _only(records, name):
     return rec
 
 
-def test_grid_is_valid(tiny_grid) -> None:  # noqa: F811
+def test_grid_is_valid(tiny_grid) -> None:
     records = discover_runs(tiny_grid.runs_root)
     assert len(records) == 4 and all(r.valid for r in records), runs_table(records)
     assert all(r.warnings == [] for r in records)
@@ -48,7 +42,7 @@ def test_grid_is_valid(tiny_grid) -> None:  # noqa: F811
         assert read_event_file_strict(f) >= 2  # file_version event + scalars
 
 
-def test_truncated_event_file(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+def test_truncated_event_file(tiny_grid, tmp_path: Path) -> None:
     run = copy_run(tiny_grid, "random-seed1", tmp_path)
     (event,) = (run / "valid").glob("events.out.tfevents*")
     data = event.read_bytes()
@@ -63,7 +57,7 @@ def test_truncated_event_file(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
     assert "random-seed1` excluded: " in exclusions_markdown(records)
 
 
-def test_missing_manifest(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+def test_missing_manifest(tiny_grid, tmp_path: Path) -> None:
     run = copy_run(tiny_grid, "random-seed2", tmp_path)
     (run / "manifest.json").unlink()
     rec = _only(discover_runs(tmp_path), "random-seed2")
@@ -71,7 +65,7 @@ def test_missing_manifest(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
     assert f"{run / 'manifest.json'} is missing" in rec.reason
 
 
-def test_hash_mismatch_event_file(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+def test_hash_mismatch_event_file(tiny_grid, tmp_path: Path) -> None:
     run = copy_run(tiny_grid, "random-seed1", tmp_path)
     (mine,) = (run / "test").glob("events*")
     (other,) = (tiny_grid.experiment_dir / "random-seed2" / "test").glob("events*")
@@ -81,7 +75,7 @@ def test_hash_mismatch_event_file(tiny_grid, tmp_path: Path) -> None:  # noqa: F
     assert f"hash mismatch: event file {mine}" in rec.reason
 
 
-def test_hash_mismatch_data_changed(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+def test_hash_mismatch_data_changed(tiny_grid, tmp_path: Path) -> None:
     data = tmp_path / "data-bin"
     shutil.copytree(tiny_grid.data_bin, data)
     run = copy_run(tiny_grid, "pretrained-seed1", tmp_path / "runs")
@@ -127,7 +121,7 @@ def test_hash_mismatch_data_changed(tiny_grid, tmp_path: Path) -> None:  # noqa:
         "its runs.")
 
 
-def test_empty_log_directory(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+def test_empty_log_directory(tiny_grid, tmp_path: Path) -> None:
     (tmp_path / EXPERIMENT / "empty").mkdir(parents=True)
     run = copy_run(tiny_grid, "random-seed2", tmp_path)
     for sub in ("train", "train_inner", "valid", "test"):
@@ -140,14 +134,14 @@ def test_empty_log_directory(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
     assert "listed in the manifest is missing" in rec.reason
 
 
-def test_run_killed_mid_way(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+def test_run_killed_mid_way(tiny_grid, tmp_path: Path) -> None:
     """A real fairseq run, killed (with its launcher) after its first validation."""
     runs_root = tmp_path / "runs"
     args = tiny_args(tiny_grid.data_bin, seed=7, hp={"max_epoch": 500})
     script = tmp_path / "launch.py"
     script.write_text(
         "import json, sys\n"
-        "from finetune_lab.recording import record_run, run_fairseq_train\n"
+        "from finetune_lab.runs.recording import record_run, run_fairseq_train\n"
         f"args = json.loads({json.dumps(json.dumps(args))})\n"
         f"with record_run('{EXPERIMENT}', 'killed', framework='fairseq', init='random', seed=7,\n"
         f"                hyperparameters={{'lr': 1e-3}}, runs_root={str(runs_root)!r}) as h:\n"
@@ -174,7 +168,7 @@ def test_run_killed_mid_way(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
         load_scalars(records)
 
 
-def test_hyperparameters_differ(tiny_grid, tmp_path: Path) -> None:  # noqa: F811
+def test_hyperparameters_differ(tiny_grid, tmp_path: Path) -> None:
     for name in ("random-seed1", "random-seed2"):
         copy_run(tiny_grid, name, tmp_path)
     record_tiny_run(tmp_path, tiny_grid.data_bin, None, init="random", seed=3,
@@ -194,20 +188,14 @@ def test_hyperparameters_differ(tiny_grid, tmp_path: Path) -> None:  # noqa: F81
 
     # an experiment.json settles it
     (tmp_path / EXPERIMENT / "experiment.json").write_text(
-        json.dumps({"hyperparameters": tiny_grid_hp()}))
+        json.dumps({"hyperparameters": HYPERPARAMETERS}))
     records = discover_runs(tmp_path)
     assert [r.name for r in valid_runs(records)] == ["random-seed1"]
     assert "'lr' = 0.005 differs from experiment.json (0.001)" in _only(
         records, "random-seed3-lr").reason
 
 
-def tiny_grid_hp() -> dict:
-    from runfixtures import HYPERPARAMETERS
-
-    return dict(HYPERPARAMETERS)
-
-
-def test_runs_cli(tiny_grid, tmp_path: Path, capsys) -> None:  # noqa: F811
+def test_runs_cli(tiny_grid, tmp_path: Path, capsys) -> None:
     run = copy_run(tiny_grid, "random-seed1", tmp_path)
     copy_run(tiny_grid, "random-seed2", tmp_path)
     (run / "manifest.json").unlink()
@@ -218,7 +206,7 @@ def test_runs_cli(tiny_grid, tmp_path: Path, capsys) -> None:  # noqa: F811
     assert main(["runs", "--root", str(tmp_path), "--strict"]) == 1
 
 
-def test_malformed_manifests_are_excluded_not_fatal(tiny_grid, tmp_path: Path, capsys) -> None:  # noqa: F811
+def test_malformed_manifests_are_excluded_not_fatal(tiny_grid, tmp_path: Path, capsys) -> None:
     """Valid JSON of the wrong shape makes that one run invalid; `runs` and the loaders go on
     (issue 19)."""
     data_list = copy_run(tiny_grid, "random-seed1", tmp_path)
@@ -259,7 +247,7 @@ def _launch_sleeping_trainer(tmp_path: Path, runs_root: Path, run: str):
     script = tmp_path / f"launch-{run}.py"
     script.write_text(
         "import sys\n"
-        "from finetune_lab.recording import record_run\n"
+        "from finetune_lab.runs.recording import record_run\n"
         f"with record_run('{EXPERIMENT}', '{run}', framework='fairseq', init='random', seed=1,\n"
         f"                hyperparameters={{'lr': 1e-3}}, runs_root={str(runs_root)!r}) as h:\n"
         f"    h.run([sys.executable, '-c', {trainer!r}])\n"
@@ -275,7 +263,8 @@ def _launch_sleeping_trainer(tmp_path: Path, runs_root: Path, run: str):
 def test_one_writer_per_run_and_no_orphan_trainer(tmp_path: Path, capsys) -> None:
     """A second launch of a run being written is refused (before it can delete or mix into the
     folder), and killing the launcher kills its trainer (issue 19)."""
-    from finetune_lab.recording import RunLockedError, record_run
+    from finetune_lab.runs.recording import record_run
+    from finetune_lab.runs.runlock import RunLockedError
 
     runs_root = tmp_path / "runs"
     proc, trainer_pid = _launch_sleeping_trainer(tmp_path, runs_root, "locked")
@@ -321,7 +310,7 @@ def test_sigterm_stops_the_trainer_and_the_manifest_says_so(tmp_path: Path) -> N
 def test_a_trainer_that_logged_done_but_hangs_is_ended_and_the_run_counts(tmp_path: Path) -> None:
     """fairseq on the H100 logged "done training" and then did not exit (issue 18): the launcher
     ends it and its children after a grace period and records that it did."""
-    from finetune_lab.recording import FAIRSEQ_DONE, record_run
+    from finetune_lab.runs.recording import FAIRSEQ_DONE, record_run
 
     runs_root, child_pid = tmp_path / "runs", tmp_path / "child.pid"
     trainer = ("import subprocess, sys, time\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from finetune_lab.config import PROJECT_ROOT
-from finetune_lab.qmd import book_chapters
+from finetune_lab.book.qmd import book_chapters
 
 SITE = PROJECT_ROOT / "_site"
 LOG = SITE / "render.log"

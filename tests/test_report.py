@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from finetune_lab.report import MAX_COLUMN_WEIGHT, markdown_table
+from finetune_lab.book.report import MAX_COLUMN_WEIGHT, markdown_table
 
 
 def test_a_long_text_column_cannot_crush_the_others():

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from finetune_lab import runspeed
-from finetune_lab.registry import RunRecord
+from finetune_lab.runs import runspeed
+from finetune_lab.runs.registry import RunRecord
 
 CPU = {"type": "cpu", "name": "Some CPU", "cpu": "Some CPU", "count": 1}
 

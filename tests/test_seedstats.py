@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from runfixtures import EPOCHS, SEEDS, tiny_grid  # noqa: F401
-from scipy import stats
+from runfixtures import EPOCHS, SEEDS
 
-from finetune_lab import seedstats as ss
-from finetune_lab.plots import plot_seed_curves, seed_band_caption
-from finetune_lab.tblogs import load_experiments
+from finetune_lab.runs import seedstats as ss
+from finetune_lab.book.plots import plot_seed_curves, seed_band_caption
+from finetune_lab.runs.tblogs import load_experiments
 
 
 def _frame(rows):
@@ -30,16 +29,33 @@ def test_best_epoch_tie_goes_to_earliest_epoch() -> None:
     assert "earliest epoch" in ss.best_epoch_caption() and ss.TIE_RULE in ss.best_epoch_caption()
 
 
-def test_init_gap_matches_welch() -> None:
+def test_init_gap_is_welchs_interval_worked_by_hand() -> None:
+    """a = 80, 82, 85 and b = 70, 75, 71, 73, worked by hand: means 247/3 and 289/4, sample
+    variances 19/3 and 59/12, so se² = 19/9 + 59/48 = 481/144, diff = 121/12, t = 121/√481 and
+    the Welch–Satterthwaite df = se⁴ / ((19/9)²/2 + (59/48)²/3). The 0.975 quantile of t at that
+    df (2.754076) and the two-sided p come from the regularized incomplete beta function,
+    evaluated with mpmath at 30 digits, not with scipy."""
     a, b = [80.0, 82.0, 85.0], [70.0, 75.0, 71.0, 73.0]
     best = pd.DataFrame({"init": ["pretrained"] * 3 + ["random"] * 4, "test": a + b})
     gap = ss.init_gap(best)
-    ref = stats.ttest_ind(a, b, equal_var=False)
-    assert gap.diff == pytest.approx(np.mean(a) - np.mean(b))
-    assert gap.t == pytest.approx(ref.statistic) and gap.p_value == pytest.approx(ref.pvalue)
-    ci = ref.confidence_interval(0.95)
-    assert (gap.ci_low, gap.ci_high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    se2 = 481 / 144
+    assert (gap.mean_a, gap.mean_b) == (pytest.approx(247 / 3), pytest.approx(289 / 4))
+    assert gap.diff == pytest.approx(121 / 12)
+    assert gap.t == pytest.approx(121 / 481 ** 0.5) == pytest.approx(5.517125)
+    assert gap.dof == pytest.approx(se2 ** 2 / ((19 / 9) ** 2 / 2 + (59 / 48) ** 2 / 3))
+    assert gap.dof == pytest.approx(4.083970, abs=1e-6)
+    half = 2.754076 * se2 ** 0.5
+    assert gap.ci_low == pytest.approx(121 / 12 - half, abs=1e-5)
+    assert gap.ci_high == pytest.approx(121 / 12 + half, abs=1e-5)
+    assert (gap.ci_low, gap.ci_high) == (pytest.approx(5.049867, abs=1e-6),
+                                         pytest.approx(15.116800, abs=1e-6))
+    assert gap.p_value == pytest.approx(0.004956903, abs=1e-9)
     assert "n = 3 and 4 seeds" in gap.describe()
+    wider = ss.init_gap(best, confidence=0.99)
+    assert wider.ci_low < gap.ci_low and wider.ci_high > gap.ci_high
+    same = ss.init_gap(pd.DataFrame({"init": ["pretrained"] * 2 + ["random"] * 2,
+                                     "test": [80.0, 80.0, 70.0, 70.0]}))
+    assert (same.diff, same.ci_low, same.ci_high) == (10.0, 10.0, 10.0) and np.isnan(same.p_value)
     with pytest.raises(ss.UserError, match=">= 2 seeds per init"):
         ss.init_gap(best[best["init"] == "random"].head(3))
 
@@ -56,7 +72,7 @@ def test_epoch_summary_uses_sample_std() -> None:
 
 
 @pytest.mark.slow
-def test_grid_tables_and_figure(tiny_grid, tmp_path) -> None:  # noqa: F811
+def test_grid_tables_and_figure(tiny_grid, tmp_path) -> None:
     """The real tiny runs flow through the same calls a chapter makes."""
     loaded = load_experiments(root=tiny_grid.runs_root)
     df = loaded.scalars

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from finetune_lab.status import lab_status
+from finetune_lab.book.status import lab_status
 
 
 def test_empty_cache_says_not_run(tmp_path):
@@ -30,8 +30,8 @@ def test_unwritten_chapter_is_said(tmp_path):
 def test_results_at_a_glance_without_runs_say_so(tmp_path, monkeypatch):
     """On an empty run cache the front page still renders: Q1's counts (computed, not run) and
     "not run yet" for every fine-tuning result."""
-    from finetune_lab import params
-    from finetune_lab.glance import glance_table
+    from finetune_lab.models import params
+    from finetune_lab.book.glance import glance_table
 
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path))
     table = glance_table()

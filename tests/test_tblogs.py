@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runfixtures import EPOCHS, tiny_grid  # noqa: F401
+from runfixtures import EPOCHS
 
-from finetune_lab.recording import record_run
-from finetune_lab.registry import discover_runs
-from finetune_lab.tblogs import COLUMNS, load_experiments, load_scalars
+from finetune_lab.runs.recording import record_run
+from finetune_lab.runs.registry import discover_runs
+from finetune_lab.runs.tblogs import COLUMNS, load_experiments, load_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ _VALID_LINE = re.compile(r"\| (valid|test) \| epoch (\d+) \| valid on '\w+' subs
                          r"\| accuracy ([\d.]+) \|.*?\| num_updates (\d+)")
 
 
-def test_fairseq_subsets_stay_apart_and_match_the_log(tiny_grid) -> None:  # noqa: F811
+def test_fairseq_subsets_stay_apart_and_match_the_log(tiny_grid) -> None:
     loaded = load_experiments(root=tiny_grid.runs_root)
     df = loaded.scalars
     assert list(df.columns) == COLUMNS

@@ -9,8 +9,8 @@ import sentencepiece as spm
 from data_fixtures import TINY_VOCAB, data_root, tiny_tokenizer
 from fairseq.data import Dictionary
 
-from finetune_lab import pretrain_corpus as pc
-from finetune_lab import tokenizer as tk
+from finetune_lab.data import eltec
+from finetune_lab.data import tokenizer as tk
 from finetune_lab._files import read_json
 from finetune_lab.errors import UserError
 
@@ -24,8 +24,8 @@ def _fairseq_rows(dict_path: Path) -> Dictionary:
 
 def _real_sentences(n: int) -> list[str]:
     root = data_root()
-    novels = pc.list_novels(root)[:4]
-    paragraphs = [p for doc in novels for p in pc.paragraphs(doc)]
+    novels = eltec.list_novels(root)[:4]
+    paragraphs = [p for doc in novels for p in eltec.paragraphs(doc)]
     return tk.sample_sentences([s for p in paragraphs for s in tk.split_sentences(p)], n, seed=1)
 
 

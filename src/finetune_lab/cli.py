@@ -15,28 +15,29 @@ import os
 import sys
 from collections.abc import Sequence
 
+from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 
 COMMAND_MODULES: list[str] = [
-    "finetune_lab.params",
-    "finetune_lab.pretrain",
-    "finetune_lab.pretrain_ablations",
-    "finetune_lab.finetune",
+    "finetune_lab.models.params",
+    "finetune_lab.train.pretrain_cli",
+    "finetune_lab.train.pretrain_ablations",
+    "finetune_lab.train.finetune",
     "finetune_lab.reproduce",
-    "finetune_lab.cls_books",
-    "finetune_lab.tokenizer",
-    "finetune_lab.binarize",
-    "finetune_lab.pretrain_corpus",
-    "finetune_lab.data_summary",
-    "finetune_lab.registry",
-    "finetune_lab.freeze",
-    "finetune_lab.lora_qa",
-    "finetune_lab.hf_convert",
+    "finetune_lab.data.cls_books",
+    "finetune_lab.data.tokenizer",
+    "finetune_lab.data.binarize",
+    "finetune_lab.data.pretrain_corpus",
+    "finetune_lab.book.data_summary",
+    "finetune_lab.runs.registry",
+    "finetune_lab.book.freeze",
+    "finetune_lab.train.lora_qa",
+    "finetune_lab.models.hf_convert",
     "finetune_lab.gpu_lab",
 ]
 
 
-LIGHT_COMMANDS = {"freeze": "finetune_lab.freeze", "check-freeze": "finetune_lab.freeze"}
+LIGHT_COMMANDS = {"freeze": "finetune_lab.book.freeze", "check-freeze": "finetune_lab.book.freeze"}
 """Commands a publishing job runs with Quarto, Python and PyYAML alone (no torch, no pandas):
 Quarto's pre- and post-render scripts over a committed freeze."""
 
@@ -55,8 +56,6 @@ def build_parser(modules: Sequence[str] = tuple(COMMAND_MODULES)) -> argparse.Ar
 
 
 def _print_user_dir(_args: argparse.Namespace) -> int:
-    from finetune_lab.config import paths
-
     print(paths().user_dir)
     return 0
 

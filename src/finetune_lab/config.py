@@ -35,7 +35,7 @@ class Paths:
     @property
     def user_dir(self) -> Path:
         """The fairseq ``--user-dir`` plugin that registers ``roberta_small``."""
-        return Path(__file__).resolve().parent / "fairseq_user_dir"
+        return Path(__file__).resolve().parent / "models" / "fairseq_user_dir"
 
 
 def default_data_root() -> Path:

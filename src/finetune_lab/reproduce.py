@@ -12,15 +12,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from finetune_lab._files import sha256_file, write_json_atomic
 from finetune_lab.argtypes import positive_int
+from finetune_lab.cli import main
+from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
+from finetune_lab.models import checkpoints
+from finetune_lab.train.lora_cls import DEFAULT_METHODS as LORA_METHODS
 
 
 def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path) -> bool:
     """Make the work tokenizer the checkpoint's own (sentencepiece model + dict); True if copied."""
-    from finetune_lab import checkpoints, tokenizer
-    from finetune_lab.manifest import sha256_file, write_json_atomic
-
     src_model = checkpoint_dir / checkpoints.SPM_FILE
     src_dict = checkpoint_dir / checkpoints.DICT_FILE
     if not (src_model.is_file() and src_dict.is_file()):
@@ -46,8 +48,6 @@ def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path) -> boo
 def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
          pretrain_minutes: float | None, jobs: int = 1) -> list[list[str]]:
     """The commands, in order (``[["adopt-tokenizer"], ...]`` marks the in-process step)."""
-    from finetune_lab import lora_cls
-
     steps: list[list[str]] = [["prepare-cls"]]
     pretrain = from_scratch or not have_checkpoint
     steps.append(["train-tokenizer"] if pretrain else ["adopt-tokenizer"])
@@ -60,7 +60,7 @@ def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
     hf_inits = ["pretrained", "random"] if gpu else ["pretrained"]
     steps.append(["finetune", "transformers", "--init", *hf_inits, "--seeds", "0", "1", "2"])
     # the LoRA table's full fine-tuning row is the Transformers pretrained runs above
-    lora_methods = [*lora_cls.DEFAULT_METHODS] + (["qlora-qv"] if gpu else [])
+    lora_methods = [*LORA_METHODS] + (["qlora-qv"] if gpu else [])
     steps.append(["finetune", "lora", "--methods", *lora_methods, "--seeds", "0", "1", "2"])
     steps.append(["data-summary"])
     return steps
@@ -69,9 +69,6 @@ def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
 def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = None,
               dry_run: bool = False, jobs: int = 1) -> int:
     import torch
-
-    from finetune_lab import checkpoints, tokenizer
-    from finetune_lab.cli import main
 
     ckpt = checkpoints.packaged_dir()
     steps = plan(from_scratch=from_scratch, gpu=torch.cuda.is_available(),

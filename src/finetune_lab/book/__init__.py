@@ -1,0 +1,1 @@
+"""Stage 5, book: what each chapter shows, computed from the run cache; the freeze."""

@@ -1,0 +1,221 @@
+"""The statistics the data chapter shows, from the prepared data or from the committed summary.
+
+The prepared data (``cls.books``, the tokenizer, the binarized CLS-Books and pretraining corpus)
+lives in the git-ignored work dir. When it is present the chapter computes its numbers from it;
+otherwise it reads ``data/summaries/data.json``, which holds aggregate statistics only (counts,
+histograms, rates, the commands that were run and encodings of invented example sentences;
+no review or novel text). The chapter's tables and figure come from the summary through
+:mod:`finetune_lab.book.data_tables`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from finetune_lab import _files
+from finetune_lab.config import paths
+from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
+from finetune_lab.data.cls_books import SPLITS, read_split
+from finetune_lab.data.cls_splits import SUMMARY_NAME, summary_path
+from finetune_lab.errors import UserError
+
+MAX_POSITIONS = 256
+"""The lab's ``--max-positions``: longer inputs are truncated."""
+SPECIAL_TOKENS = 2
+"""``<s>`` prepended by sentence_prediction and ``</s>`` appended by fairseq-preprocess."""
+BIN_WIDTH = 16
+MAX_BIN = 1024
+EXAMPLES = (
+    "Ce livre est une merveille : je l'ai dévoré en deux jours !",
+    "Intrigue creuse, personnages sans épaisseur… je ne le recommande pas.",
+    "La diligence s'arrêta devant l'auberge, et le cocher descendit en jurant.",
+)
+"""Invented sentences (not taken from the data), so their encodings can be committed."""
+
+REGENERATE = (
+    "finetune-lab prepare-cls",
+    "finetune-lab train-tokenizer",
+    "finetune-lab binarize-cls",
+    "finetune-lab prepare-pretrain",
+    "finetune-lab data-summary",
+)
+"""The commands that rebuild the prepared data and this summary, in order."""
+
+
+def work_folders(work: Path | None = None) -> dict[str, Path]:
+    """The prepared-data folders the statistics are computed from."""
+    base = Path(work) if work is not None else paths().work
+    return {
+        "cls": base / cls_books.OUTPUT_NAME,
+        "tokenizer": base / tokenizer.OUTPUT_NAME,
+        "cls_bin": base / binarize.OUTPUT_NAME,
+        "pretrain": base / pretrain_corpus.OUTPUT_NAME,
+    }
+
+
+def prepared_data_available(work: Path | None = None) -> bool:
+    """True when every step has written its folder (each one's manifest is its completion mark)."""
+    return all((p / "manifest.json").is_file() for p in work_folders(work).values())
+
+
+def length_histogram(lengths: list[int]) -> list[int]:
+    """Counts per bin ``(k*16, (k+1)*16]``, right-closed so that 256 ends a bin; the last bin
+    holds everything above ``MAX_BIN``."""
+    n_bins = MAX_BIN // BIN_WIDTH + 1
+    counts = [0] * n_bins
+    for n in lengths:
+        counts[min(max(n - 1, 0) // BIN_WIDTH, n_bins - 1)] += 1
+    return counts
+
+
+def duplicate_counts(texts: dict[str, list[str]]) -> dict[str, int]:
+    """How many review texts repeat inside a split or occur in two splits (the corpus has some)."""
+    sets = {split: set(lines) for split, lines in texts.items()}
+    counts = {f"within {split}": len(lines) - len(sets[split]) for split, lines in texts.items()}
+    for a, b in (("train", "valid"), ("train", "test"), ("valid", "test")):
+        counts[f"{a} and {b}"] = len(sets[a] & sets[b])
+    return counts
+
+
+def unknown_surfaces(sp, texts: list[str], top: int = 10) -> list[list[Any]]:
+    """The most frequent text spans the tokenizer maps to ``<unk>``, with their counts."""
+    counts: Counter[str] = Counter()
+    unk = sp.unk_id()
+    for text in texts:
+        counts.update(p.surface for p in sp.encode(text, out_type="proto").pieces if p.id == unk)
+    return [[surface, n] for surface, n in counts.most_common(top)]
+
+
+def compute_summary(work: Path | None = None) -> dict[str, Any]:
+    """All the chapter's statistics, computed from the prepared data in ``work``."""
+    folders = work_folders(work)
+    if not prepared_data_available(work):
+        missing = [str(p) for p in folders.values() if not (p / "manifest.json").is_file()]
+        raise UserError(f"prepared data missing: {', '.join(missing)}. Run, in order: "
+                        + "; ".join(REGENERATE[:-1]))
+    cls_manifest = _files.read_json(folders["cls"] / "manifest.json")
+    trained = tokenizer_training(_files.read_json(folders["tokenizer"] / "manifest.json"))
+    bin_manifest = _files.read_json(folders["cls_bin"] / "manifest.json")
+    pre_manifest = _files.read_json(folders["pretrain"] / "manifest.json")
+
+    splits, lengths, length_stats, texts = [], {}, {}, {}
+    for split in SPLITS:
+        texts[split], labels = read_split(folders["cls"], split)
+        encoded = (folders["cls_bin"] / "spm" / f"{split}.spm.review").read_text(encoding="utf-8")
+        seq = [len(line.split()) + SPECIAL_TOKENS for line in encoded.splitlines()]
+        if len(seq) != len(labels):
+            raise UserError(f"{folders['cls_bin']} does not match {folders['cls']}; "
+                            "run `finetune-lab binarize-cls` again.")
+        splits.append({"split": split, "reviews": len(labels), "negative": labels.count(0),
+                       "positive": labels.count(1)})
+        lengths[split] = length_histogram(seq)
+        ordered = sorted(seq)
+        length_stats[split] = {
+            "median": statistics.median(seq),
+            "mean": round(statistics.fmean(seq), 2),
+            "p90": ordered[int(0.9 * (len(ordered) - 1))],
+            "max": ordered[-1],
+            "truncated": sum(n > MAX_POSITIONS for n in seq),
+        }
+
+    sp = tokenizer.load_processor(folders["tokenizer"])
+    unknown = unknown_surfaces(sp, [t for split in SPLITS for t in texts[split]])
+    examples = []
+    for text in EXAMPLES:
+        ids = sp.encode(text)
+        examples.append({"text": text, "pieces": sp.id_to_piece(ids), "ids": ids})
+
+    return {
+        "cls": {
+            "splits": splits,
+            "seed": cls_manifest["seed"],
+            "valid_fraction": cls_manifest["parameters"]["valid_fraction"],
+            "tokenization": bin_manifest["counts"],
+            "duplicates": duplicate_counts(texts),
+            "unknown_surfaces": unknown,
+        },
+        "lengths": {
+            "bin_width": BIN_WIDTH,
+            "max_bin": MAX_BIN,
+            "max_positions": MAX_POSITIONS,
+            "special_tokens": SPECIAL_TOKENS,
+            "histogram": lengths,
+            "stats": length_stats,
+        },
+        "tokenizer": {
+            **{k: trained[k] for k in ("seed", "parameters", "corpus", "timings_s")},
+            "dict_entries": sum(1 for _ in open(folders["tokenizer"] / tokenizer.DICT_FILE,
+                                                encoding="utf-8")),
+        },
+        "pretrain": {
+            "counts": pre_manifest["counts"],
+            "parameters": {k: v for k, v in pre_manifest["parameters"].items() if k != "documents"},
+            "valid_documents": pre_manifest["parameters"]["documents"]["valid"],
+            "timings_s": pre_manifest["timings_s"],
+        },
+        "examples": examples,
+        "commands": {
+            "binarize-cls": bin_manifest["commands"],
+            "prepare-pretrain": pre_manifest["commands"],
+        },
+        "tool_versions": trained["tool_versions"],
+    }
+
+
+def tokenizer_training(tok_manifest: dict[str, Any]) -> dict[str, Any]:
+    """How the tokenizer was trained: its own manifest, or, for the tokenizer that `reproduce`
+    adopts from the committed checkpoint (its manifest only names the files), the committed
+    summary, written when that tokenizer was trained."""
+    if "seed" in tok_manifest:
+        return tok_manifest
+    path = summary_path()
+    if not path.is_file():
+        raise UserError(f"the tokenizer was adopted from the checkpoint and {path}, which "
+                        "records how it was trained, is missing: restore it from git, or train "
+                        "a tokenizer with `finetune-lab train-tokenizer`")
+    committed = _files.read_json(path)
+    return {**committed["tokenizer"], "tool_versions": committed["tool_versions"]}
+
+
+def write_summary(summary: dict[str, Any], dest: Path | None = None) -> Path:
+    """Write the committed aggregate summary (``data/summaries/data.json``)."""
+    dest = Path(dest) if dest is not None else summary_path()
+    _files.check_writable(dest.parent)
+    _files.write_json_atomic(dest, summary)
+    return dest
+
+
+def load_summary(work: Path | None = None, committed: Path | None = None) -> dict[str, Any]:
+    """The prepared data's statistics if it is there, else the committed summary.
+
+    The result's ``"source"`` says which, so the chapter can tell the reader.
+    """
+    if prepared_data_available(work):
+        return {**compute_summary(work), "source": "prepared"}
+    path = Path(committed) if committed is not None else summary_path()
+    if not path.is_file():
+        raise UserError(f"neither the prepared data nor {path} exist. Regenerate them with: "
+                        + "; ".join(REGENERATE))
+    return {**_files.read_json(path), "source": "committed"}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "data-summary",
+        help="compute the data chapter's statistics from the prepared data and write data.json",
+        description=compute_summary.__doc__,
+    )
+    parser.add_argument("--work", type=Path, default=None, help="work dir (default: data/work)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"summary file (default: data/summaries/{SUMMARY_NAME})")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    dest = write_summary(compute_summary(args.work), args.out)
+    print(f"data-summary: wrote {dest}")
+    return 0

@@ -1,0 +1,280 @@
+"""Data-aware freeze: re-execute a chapter when its *inputs* change, not only its text.
+
+Quarto's ``freeze`` keys on each ``.qmd`` file's text. A chapter that reads runs, data or
+``src/`` modules would keep showing old numbers after those change. Each chapter therefore
+declares the data it reads in its front matter (paths or globs relative to the project root)
+and its code is the import closure of its cells (:mod:`finetune_lab.book.chapter_inputs`)::
+
+    ---
+    title: "Fine-tuning with fairseq"
+    inputs:
+      - data/runs/fairseq/**
+    ---
+
+and two project scripts keep ``_freeze/`` honest:
+
+* ``finetune-lab freeze pre-render`` hashes each rendered chapter's inputs. A chapter whose
+  frozen results were made with other inputs (or with no record of them) has its
+  ``_freeze/<chapter>/`` folder removed, which makes Quarto execute it again. Every chapter that
+  will be executed gets a *pending* record of the hashes it is executed with.
+* ``finetune-lab freeze post-render`` turns a pending record into the chapter's record once
+  Quarto has written fresh frozen results for it.
+
+Records live in ``_freeze/finetune-lab/<chapter>.qmd.json`` (not inside ``_freeze/<chapter>/``,
+which Quarto copies next to the chapter's output). ``finetune-lab check-freeze`` compares every
+frozen chapter with its record and fails, naming the changed files, when one is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from finetune_lab._files import digest_of, utc_now, write_json_atomic
+from finetune_lab.book.chapter_inputs import MISSING, chapter_inputs, chapters, hash_inputs
+from finetune_lab.config import PROJECT_ROOT
+
+FREEZE_DIR = "_freeze"
+RECORDS_DIR = "finetune-lab"
+
+
+# --- where things live in _freeze ---------------------------------------------------------
+
+
+def freeze_entry(project: Path, chapter: str) -> Path:
+    """``_freeze/<chapter without .qmd>/`` (Quarto's layout)."""
+    return project / FREEZE_DIR / Path(chapter).with_suffix("")
+
+
+def is_frozen(project: Path, chapter: str) -> bool:
+    results = freeze_entry(project, chapter) / "execute-results"
+    return results.is_dir() and any(results.glob("*.json"))
+
+
+def record_path(project: Path, chapter: str, pending: bool = False) -> Path:
+    suffix = ".pending.json" if pending else ".json"
+    return project / FREEZE_DIR / RECORDS_DIR / f"{chapter}{suffix}"
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
+
+
+def make_record(project: Path, chapter: str, patterns: list[str]) -> dict[str, Any]:
+    files = hash_inputs(project, patterns)
+    return {"chapter": chapter, "inputs": patterns, "files": files, "digest": digest_of(files),
+            "hashed_at": utc_now()}
+
+
+# --- comparing ------------------------------------------------------------------------------
+
+
+@dataclass
+class StaleChapter:
+    chapter: str
+    reason: str
+    changed: list[str] = field(default_factory=list)
+
+    def describe(self, most: int = 8) -> str:
+        shown = self.changed[:most] + ([f"and {len(self.changed) - most} more"]
+                                       if len(self.changed) > most else [])
+        files = f": {', '.join(shown)}" if shown else ""
+        return f"{self.chapter} is stale ({self.reason}){files}"
+
+
+def git_ignored(project: Path, paths: Iterable[str]) -> set[str]:
+    """Which of ``paths`` git ignores in ``project`` (none where it is no git checkout)."""
+    paths = list(paths)
+    if not paths:
+        return set()
+    try:
+        proc = subprocess.run(["git", "-C", str(project), "check-ignore", "-z", "--stdin"],
+                              input="\0".join(paths).encode(), capture_output=True, check=False)
+    except OSError:
+        return set()
+    return {p for p in proc.stdout.decode().split("\0") if p} if proc.returncode == 0 else set()
+
+
+def diff_files(recorded: dict[str, str], current: dict[str, str],
+               project: Path | None = None) -> list[str]:
+    """Human-readable list of what changed between two ``{path: sha256}`` maps.
+
+    With ``project``, a recorded file that is gone and that git ignores there (the machine-local
+    ``data/work/``, which a chapter reads where it exists) is no change: a clean clone never has
+    it, and its frozen page is the one to publish. Its edits, where it exists, still count."""
+    gone = [p for p in recorded if recorded[p] != MISSING and current.get(p) in (None, MISSING)]
+    local = git_ignored(project, gone) if project is not None else set()
+    out = []
+    for path in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(path), current.get(path)
+        if old == new or path in local:
+            continue
+        if old is None or old == MISSING:
+            out.append(f"{path} (new)")
+        elif new is None or new == MISSING:
+            out.append(f"{path} (removed)")
+        else:
+            out.append(f"{path} (changed)")
+    return out
+
+
+def stale_chapter(project: Path, chapter: str,
+                  patterns: list[str] | None = None) -> StaleChapter | None:
+    """Why the frozen results of ``chapter`` no longer match its inputs (``None``: they do).
+
+    Chapters without frozen results or without declared ``inputs:`` are never stale here.
+    """
+    if not is_frozen(project, chapter) or not (project / chapter).is_file():
+        return None
+    patterns = patterns if patterns is not None else chapter_inputs(project, chapter)
+    if patterns is None:
+        return None
+    record = read_record(record_path(project, chapter))
+    if record is None:
+        return StaleChapter(chapter, "frozen without a record of its inputs' hashes")
+    current = hash_inputs(project, patterns)
+    if record.get("inputs") != patterns:
+        changed = diff_files(record["files"], current, project)
+        return StaleChapter(chapter, "its inputs (declared, or imported) changed", changed)
+    changed = diff_files(record["files"], current, project)
+    return StaleChapter(chapter, "inputs changed since it was executed", changed) if changed else None
+
+
+def check_freeze(project: Path = PROJECT_ROOT) -> list[StaleChapter]:
+    """Every frozen chapter whose inputs changed since execution (empty list: all fresh)."""
+    if not (project / FREEZE_DIR).is_dir():
+        return []
+    return [s for c in chapters(project) if (s := stale_chapter(project, c)) is not None]
+
+
+# --- Quarto project scripts -----------------------------------------------------------------
+
+
+def rendered_chapters(project: Path, environ: dict[str, str] | None = None) -> list[str]:
+    """Chapters Quarto is rendering, from its pre-render environment (all if not told).
+
+    ``QUARTO_PROJECT_INPUT_FILES`` is a newline-separated list relative to the project (or, when
+    ``QUARTO_USE_FILE_FOR_PROJECT_INPUT_FILES`` is set, the file holding that list).
+    """
+    env = os.environ if environ is None else environ
+    listing = env.get("QUARTO_PROJECT_INPUT_FILES")
+    list_file = env.get("QUARTO_USE_FILE_FOR_PROJECT_INPUT_FILES")
+    if list_file and Path(list_file).is_file():
+        listing = Path(list_file).read_text(encoding="utf-8")
+    if env.get("QUARTO_PROJECT_RENDER_ALL") or not listing:
+        return chapters(project)
+    out = []
+    for line in listing.splitlines():
+        line = line.strip()
+        if not line.endswith(".qmd"):
+            continue
+        p = Path(line)
+        p = p.resolve().relative_to(project.resolve()) if p.is_absolute() else p
+        out.append(p.as_posix())
+    return sorted(set(out))
+
+
+def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = None,
+               log=print) -> list[StaleChapter]:
+    """Invalidate stale frozen chapters and write pending records; returns what it invalidated."""
+    invalidated = []
+    for chapter in rendered_chapters(project, environ):
+        if not (project / chapter).is_file():
+            continue
+        patterns = chapter_inputs(project, chapter)
+        if patterns is None:
+            continue
+        stale = stale_chapter(project, chapter, patterns)
+        if stale is not None:
+            shutil.rmtree(freeze_entry(project, chapter), ignore_errors=True)
+            # a half-finished earlier render can leave thawable results beside the chapter
+            shutil.rmtree(project / Path(chapter).parent / f"{Path(chapter).stem}_files"
+                          / "execute-results", ignore_errors=True)
+            record_path(project, chapter).unlink(missing_ok=True)
+            invalidated.append(stale)
+            log(f"finetune-lab freeze: {stale.describe()}; removed its frozen results so "
+                "Quarto executes it again")
+        if not is_frozen(project, chapter):
+            write_json_atomic(record_path(project, chapter, pending=True),
+                              make_record(project, chapter, patterns))
+    return invalidated
+
+
+def post_render(project: Path = PROJECT_ROOT, log=print) -> list[str]:
+    """Promote pending records of chapters that now have fresh frozen results."""
+    promoted = []
+    base = project / FREEZE_DIR / RECORDS_DIR
+    if not base.is_dir():
+        return promoted
+    for pending in sorted(base.rglob("*.qmd.pending.json")):
+        record = read_record(pending)
+        chapter = record.get("chapter") if record else None
+        if chapter and is_frozen(project, chapter):
+            write_json_atomic(record_path(project, chapter), record)
+            promoted.append(chapter)
+            log(f"finetune-lab freeze: recorded the input hashes {chapter} was executed with")
+        pending.unlink(missing_ok=True)
+    return promoted
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def _project(args: argparse.Namespace) -> Path:
+    return Path(args.project).resolve() if args.project else PROJECT_ROOT
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    project = _project(args)
+    if not (project / FREEZE_DIR).is_dir():
+        print(f"no {FREEZE_DIR}/ in {project}: nothing frozen, nothing stale")
+        return 0
+    stale = check_freeze(project)
+    for s in stale:
+        print(f"stale: {s.describe()}", file=sys.stderr)
+    if stale:
+        print("re-render to refresh them (the pre-render script removes their frozen results), "
+              f"or delete {FREEZE_DIR}/<chapter>/", file=sys.stderr)
+        return 1
+    print("freeze is up to date with every chapter's declared inputs")
+    return 0
+
+
+def _cmd_pre(args: argparse.Namespace) -> int:
+    pre_render(_project(args))
+    return 0
+
+
+def _cmd_post(args: argparse.Namespace) -> int:
+    post_render(_project(args))
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    check = subparsers.add_parser(
+        "check-freeze", help="fail if a frozen chapter's declared inputs changed since execution")
+    check.add_argument("--project", default=None, help="project root (default: this checkout)")
+    check.set_defaults(func=_cmd_check)
+
+    freeze = subparsers.add_parser("freeze", help="Quarto pre-/post-render scripts for freeze")
+    sub = freeze.add_subparsers(dest="freeze_command", metavar="STEP", required=True)
+    pre = sub.add_parser("pre-render", help="invalidate chapters whose inputs changed")
+    pre.add_argument("--project", default=None)
+    pre.set_defaults(func=_cmd_pre)
+    post = sub.add_parser("post-render", help="record the inputs executed chapters used")
+    post.add_argument("--project", default=None)
+    post.set_defaults(func=_cmd_post)

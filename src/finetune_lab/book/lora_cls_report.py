@@ -1,0 +1,225 @@
+"""What the LoRA chapter shows of the CLS-Books experiment: methods, results, gaps to full.
+
+The runs are made by :mod:`finetune_lab.train.lora_cls` and read by
+:mod:`finetune_lab.book.lora_cls_runs`. This module gives the method table (peft's counts on a
+meta-device RoBERTa-small-fr next to the formula), the results table, each LoRA method's gap to
+full fine-tuning with its Welch interval, and the two state-dependent paragraphs the chapter
+prints: which runs are used (:func:`state_markdown`) and what the gaps say
+(:func:`gaps_markdown`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+import pandas as pd
+
+from finetune_lab.book.lora_cls_runs import per_run_table, summary
+from finetune_lab.book.report import fmt_int
+from finetune_lab.config import paths
+from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
+from finetune_lab.models.hf_convert import hf_model_config
+from finetune_lab.models.params import SMALL, RobertaSize
+from finetune_lab.runs.registry import exclusions_markdown
+from finetune_lab.runs.runmeasure import count_parameters
+from finetune_lab.runs.seedstats import fmt_mean_std, init_gap
+from finetune_lab.runs.tblogs import LoadedRuns
+from finetune_lab.train.lora_cls import (DEFAULT_METHODS, DEFAULT_SEEDS, EXPERIMENT,
+                                         FULL_BASELINE, FULL_COMMAND, GPU_COMMAND, METHODS,
+                                         RUN_COMMAND, analytic_counts, get_method, run_command,
+                                         wrap)
+
+
+def method_table(size: RobertaSize | None = None, methods: Iterable[str] = METHODS
+                 ) -> pd.DataFrame:
+    """Per method: adapted layers, learning rate, trainable and total parameters (peft on a
+    meta-device RoBERTa of ``size``, default RoBERTa-small-fr) and the formula's count.
+
+    QLoRA is counted in full precision: 4-bit storage changes no count in peft's report.
+    """
+    import torch
+    from transformers import RobertaForSequenceClassification
+
+    size = size if size is not None else SMALL
+    rows = []
+    for name in methods:
+        m = get_method(name)
+        with torch.device("meta"):
+            model = RobertaForSequenceClassification(hf_model_config(size))
+        base_total = sum(p.numel() for p in model.parameters())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # peft warns about meta tensors
+            trainable, total = count_parameters(wrap(model, m))
+        analytic = analytic_counts(m, size.dim, size.layers, size.classes, base_total)[0]
+        rows.append({"method": name, "description": m.label,
+                     "adapted layers": ", ".join(m.targets) if m.targets else "all weights",
+                     "peak lr": m.lr(), "trainable (peft)": trainable, "analytic": analytic,
+                     "all params (peft)": total, "trainable %": 100 * trainable / total})
+    return pd.DataFrame(rows)
+
+
+def results_table(loaded: LoadedRuns) -> pd.DataFrame:
+    """The LoRA-vs-full table: one row per method, accuracy as ``mean ± std (n=…)``."""
+    s = summary(loaded)
+
+    def params(lo: int, hi: int) -> str:
+        return fmt_int(lo) if lo == hi else f"{fmt_int(lo)}–{fmt_int(hi)}"
+
+    return pd.DataFrame({
+        "method": s["method"],
+        "peak lr": [f"{x:g}" for x in s["lr"]],
+        "trainable params": [params(a, b) for a, b in zip(s["trainable_min"], s["trainable_max"])],
+        "trainable %": [f"{100 * a / t:.2f} %" for a, t in zip(s["trainable_max"], s["total"])],
+        "best valid acc. (%)": [fmt_mean_std(m, sd, n) for m, sd, n in
+                                zip(s["valid_mean"], s["valid_std"], s["n"])],
+        "test acc. at best valid epoch (%)": [fmt_mean_std(m, sd, n) for m, sd, n in
+                                              zip(s["test_mean"], s["test_std"], s["n"])],
+        "time per run (min)": [f"{t / 60:.1f}" for t in s["time_s"]],
+        "peak memory (MiB)": [f"{b / 2**20:,.0f} ({d})" for b, d in
+                              zip(s["peak_bytes"], s["peak_device"])],
+    })
+
+
+TRAINING_STATE_BYTES = 4 + 2 * 4
+"""Per trainable parameter, in fp32 (how every run here trains): its gradient and Adam's two
+moments. What LoRA saves, per parameter it freezes."""
+
+
+def gaps_to_full(loaded: LoadedRuns) -> pd.DataFrame:
+    """Each LoRA method against full fine-tuning: test accuracy difference at the best-valid
+    epoch with its 95 % Welch interval, the ratios of trainable parameters, time per run and
+    peak memory, and the training state the frozen parameters no longer need beside the peak
+    memory actually saved. A method with fewer than two seeds (or no full row) gets no line."""
+    columns = ["method", "n", "n full", "test gap (points)", "ci_low", "ci_high",
+               "trainable / full", "time / full", "peak memory / full", "state saved (MiB)",
+               "peak saved (MiB)", "peak device", "lr", "lr full"]
+    runs = per_run_table(loaded)
+    s = summary(loaded, runs).set_index("method")
+    if "full" not in s.index or s.loc["full", "n"] < 2:
+        return pd.DataFrame(columns=columns)
+    best = runs.assign(init=runs["method"])
+    full = s.loc["full"]
+    rows = []
+    for method in s.index:
+        m = s.loc[method]
+        if method == "full" or m["n"] < 2:
+            continue
+        g = init_gap(best, method, "full", "test")
+        rows.append({
+            "method": method, "n": g.n_a, "n full": g.n_b, "test gap (points)": g.diff,
+            "ci_low": g.ci_low, "ci_high": g.ci_high,
+            "trainable / full": m["trainable_max"] / full["trainable_max"],
+            "time / full": m["time_s"] / full["time_s"],
+            "peak memory / full": m["peak_bytes"] / full["peak_bytes"],
+            "state saved (MiB)": (full["trainable_max"] - m["trainable_max"])
+            * TRAINING_STATE_BYTES / 2**20,
+            "peak saved (MiB)": (full["peak_bytes"] - m["peak_bytes"]) / 2**20,
+            "peak device": m["peak_device"], "lr": m["lr"], "lr full": full["lr"]})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def gaps_markdown(loaded: LoadedRuns | None) -> str:
+    """What the LoRA-vs-full table says, one sentence per method, from :func:`gaps_to_full`."""
+    if loaded is None or not loaded.used:
+        return ""
+    gaps = gaps_to_full(loaded)
+    if gaps.empty:
+        return ("The comparison with full fine-tuning needs at least two seeds of a LoRA method "
+                "and of the full row; the cache does not hold them yet.")
+    out = []
+    for g in gaps.to_dict("records"):
+        lo, hi = g["ci_low"], g["ci_high"]
+        if lo > 0:
+            verdict = "better than full fine-tuning, by a margin the seeds show"
+        elif hi < 0:
+            verdict = "worse than full fine-tuning, by a margin the seeds show"
+        else:
+            verdict = "not distinguishable from full fine-tuning with these seeds"
+        out.append(
+            f"`{g['method']}` − `full`: {g['test gap (points)']:+.2f} points of test accuracy "
+            f"(95 % Welch CI {lo:.2f} to {hi:.2f}; n = {g['n']} and {g['n full']} seeds), "
+            f"{verdict}. It trains {100 * g['trainable / full']:.2f} % of full fine-tuning's "
+            f"parameters, and takes {g['time / full']:.2f}× its time per run and "
+            f"{g['peak memory / full']:.2f}× its peak memory.")
+    measured = ", ".join(
+        f"{'drops' if g['peak saved (MiB)'] >= 0 else 'rises'} by "
+        f"{abs(g['peak saved (MiB)']):,.0f} MiB under `{g['method']}`"
+        for g in gaps.to_dict("records"))
+    on_cpu = (gaps["peak device"] == "cpu").all()
+    out.append(f"Freezing the base model saves its gradients and Adam moments "
+               f"({TRAINING_STATE_BYTES} bytes per frozen parameter in fp32): up to "
+               f"{gaps['state saved (MiB)'].max():,.0f} MiB here. The measured peak {measured}"
+               + (": the peak resident set of a CPU process also holds the Python and torch "
+                  "runtime, the data and the activations, which LoRA does not shrink."
+                  if on_cpu else "."))
+    lora_lrs = sorted({f"{lr:g}" for lr in gaps["lr"]})
+    full_lr = f"{gaps['lr full'].iloc[0]:g}"
+    if lora_lrs != [full_lr]:
+        out.append(f"Each gap is the method and its learning rate together (LoRA at "
+                   f"{', '.join(lora_lrs)}, full fine-tuning at the lab's {full_lr}): "
+                   "these runs do not separate the two.")
+    return "\n\n".join(out)
+
+
+def memory_note(loaded: LoadedRuns) -> str:
+    """How the peak memory of the used runs was measured (one sentence per distinct measure)."""
+    measures = sorted({((r.manifest or {}).get("extra") or {})["peak_memory"]["measure"]
+                       for r in loaded.used})
+    return "; ".join(measures)
+
+
+def not_run_text(recorded: bool = False) -> str:
+    """The chapter's statement when no usable run exists, with what the runs need;
+    ``recorded``: runs exist but every one is excluded (listed after this text)."""
+    ckpt = packaged_dir() / MODEL_FILE
+    where = ckpt.relative_to(paths().project) if ckpt.is_relative_to(paths().project) else ckpt
+    lead = ("**No usable run.** Every run recorded under "
+            f"`data/runs/{EXPERIMENT}/` is excluded (listed below)." if recorded else
+            "**This experiment has not been run yet.** No valid run is recorded under "
+            f"`data/runs/{EXPERIMENT}/`.")
+    return (f"{lead} It needs the stand-in pretrained RoBERTa-small-fr "
+            f"(`{where}`, converted to Transformers on first use) and the prepared "
+            "CLS-Books; then one command makes all "
+            f"the runs ({len(DEFAULT_SEEDS)} seeds per method):")
+
+
+def state_markdown(loaded: LoadedRuns | None) -> str:
+    """What the chapter says about the runs: the command when none is usable, else how many,
+    plus every excluded run with its reason."""
+    if loaded is None or not loaded.used:
+        recorded = loaded is not None and bool(loaded.excluded)
+        text = (f"{not_run_text(recorded)}\n\n```bash\n{RUN_COMMAND}\n```\n\nThe full fine-tuning row is "
+                f"the Transformers runs from the pretrained checkpoint:\n\n```bash\n"
+                f"{FULL_COMMAND}\n```\n\nOn a machine with a GPU, add "
+                f"QLoRA (a 4-bit NF4 base model through bitsandbytes):\n\n```bash\n"
+                f"{GPU_COMMAND}\n```")
+    else:
+        n = len(loaded.used)
+        methods = summary(loaded)["method"].tolist()
+        borrowed = [r for r in loaded.used if r.experiment == FULL_BASELINE]
+        text = (f"{n} valid run{'s' if n != 1 else ''} are used "
+                f"({', '.join(f'`{m}`' for m in methods)}; each manifest holds the command "
+                f"that made it; `{RUN_COMMAND}` makes any LoRA run that is missing). "
+                f"Peak memory: {memory_note(loaded)}.")
+        if borrowed:
+            text += (f"\n\nThe `full` row is the {len(borrowed)} Transformers run"
+                     f"{'s' if len(borrowed) != 1 else ''} from the pretrained checkpoint "
+                     f"(`data/runs/{FULL_BASELINE}/`: "
+                     f"{', '.join(f'`{r.name}`' for r in borrowed)}): the function and recipe "
+                     "that `--methods full` would run, so the same runs are not made twice; "
+                     + (f"each agrees with the LoRA runs' pinned recipe (`data/runs/{EXPERIMENT}/"
+                        "experiment.json`) in everything but what the methods vary."
+                        if any(r.experiment == EXPERIMENT for r in loaded.used) else
+                        "once LoRA runs exist, each is checked against their pinned recipe."))
+        elif "full" not in methods:
+            text += (f"\n\nNo full fine-tuning run is recorded yet: `{FULL_COMMAND}` makes "
+                     "the row.")
+        missing = [m for m in DEFAULT_METHODS if m not in methods]
+        if missing:
+            text += (f"\n\n**Not run yet:** {', '.join(f'`{m}`' for m in missing)}, so the "
+                     f"table has no row for {'it' if len(missing) == 1 else 'them'}; "
+                     f"`{run_command(missing)}` makes the runs.")
+    if loaded is not None and loaded.excluded:
+        text += "\n\nExcluded from the table:\n\n" + exclusions_markdown(loaded.runs)
+    return text

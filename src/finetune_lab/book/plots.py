@@ -1,0 +1,70 @@
+"""Figures for seed-level results: every seed as a thin line, the mean ± sample std as a band.
+
+Showing the seeds themselves (not only a band) keeps a reader from mistaking a two-seed band for
+a confidence interval; :func:`seed_band_caption` says what the band is, with n.
+"""
+
+from __future__ import annotations
+
+# No matplotlib.use() here: forcing a backend on import would switch a Jupyter kernel (Quarto's
+# included) away from its inline backend, and every figure of the book would silently vanish.
+# Without a display matplotlib falls back to Agg by itself.
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from finetune_lab.runs.seedstats import GROUP, _metric, epoch_summary
+
+
+def plot_seed_curves(
+    df: pd.DataFrame,
+    subset: str | dict[str, str],
+    tag: str,
+    hue: str = "init",
+    ax: plt.Axes | None = None,
+    ylabel: str | None = None,
+    x: str = "epoch",
+) -> plt.Figure:
+    """Per-seed curves of ``subset/tag`` against ``x`` (``"epoch"``, or ``"step"`` when every
+    run logs at the same updates), plus a mean ± sample-std band per ``hue``."""
+    if x != "epoch":  # the per-seed statistics group on "epoch": put the x values there
+        df = df.assign(epoch=df[x].astype(float))
+    sel = _metric(df, subset, tag)
+    per_run = sel.sort_values("step").groupby(GROUP + ["seed", "run", "epoch"], as_index=False).last()
+    summ = epoch_summary(df, subset, tag)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 3.5), layout="constrained")
+    else:
+        fig = ax.figure
+    levels = sorted(per_run[hue].astype(str).unique())
+    palette = dict(zip(levels, sns.color_palette("colorblind", len(levels))))
+    for level in levels:
+        color = palette[level]
+        runs = per_run[per_run[hue].astype(str) == level]
+        for _, one in runs.groupby("run"):
+            ax.plot(one["epoch"], one["value"], color=color, alpha=0.35, lw=0.9, marker=".",
+                    ms=3)
+        s = summ[summ[hue].astype(str) == level].groupby("epoch", as_index=False).agg(
+            mean=("mean", "mean"), std=("std", "mean"), n=("n", "min"))
+        ax.plot(s["epoch"], s["mean"], color=color, lw=2,
+                label=f"{hue} = {level} (n = {int(s['n'].max())})")
+        ax.fill_between(s["epoch"], s["mean"] - s["std"].fillna(0), s["mean"] + s["std"].fillna(0),
+                        color=color, alpha=0.2, lw=0)
+    ax.set_xlabel({"step": "update"}.get(x, x))
+    ax.set_ylabel(ylabel or f"{tag} ({subset if isinstance(subset, str) else 'valid'})")
+    ax.legend(frameon=False, fontsize="small")
+    sns.despine(ax=ax)
+    return fig
+
+
+def seed_band_caption(n_per_group: dict[str, int] | None = None, what: str = "") -> str:
+    """Caption text saying what the lines and the band are."""
+    ns = ""
+    if n_per_group:
+        ns = " (" + ", ".join(f"{k}: n = {v}" for k, v in n_per_group.items()) + ")"
+    lead = f"{what}. " if what else ""
+    return (
+        f"{lead}Thin lines: individual seeds. Thick line and shaded band: mean ± one sample "
+        f"standard deviation (ddof = 1) across seeds at each epoch{ns}; the band is a spread of "
+        "seeds, not a confidence interval."
+    )

@@ -1,0 +1,186 @@
+"""The stand-in checkpoint's pretraining budget, beside the course's.
+
+A smaller pretrained-vs-random gap than the course's measures the stand-in, so the fairseq
+chapter says what the stand-in was trained with: read from the manifest of the pretraining run
+behind the packaged checkpoint and from the pretraining corpus's recorded counts, never typed in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from finetune_lab.book.course_reference import COURSE_COLUMN, COURSE_PRETRAINING
+from finetune_lab.data.cls_splits import summary_path
+from finetune_lab.book.report import project_path
+from finetune_lab.config import paths
+from finetune_lab.data.eltec import REVIEW_DOMAINS
+from finetune_lab.data.pretrain_corpus import default_output as default_corpus
+from finetune_lab.models.checkpoints import MANIFEST_FILE, packaged_dir
+from finetune_lab.runs.manifest import ManifestError, read_manifest, resolve_stored_path
+from finetune_lab.runs.runspeed import device_name
+from finetune_lab.train.pretrain_recipe import EXPERIMENT as PRETRAIN
+
+
+@dataclass
+class PretrainBudget:
+    """What the stand-in checkpoint was trained with, read from its pretraining run's manifest."""
+
+    run: str
+    status: str
+    updates: int | None
+    tokens_per_update: int | None
+    wall_time_s: float | None
+    device: str
+    tokens_per_s: float | None
+    corpus_words: int | None
+    corpus_tokens: int | None
+
+    @property
+    def tokens_seen(self) -> int | None:
+        if self.updates is None or self.tokens_per_update is None:
+            return None
+        return self.updates * self.tokens_per_update
+
+    @property
+    def passes(self) -> float | None:
+        """Tokens processed / training-corpus tokens: how many times the corpus was seen."""
+        if self.tokens_seen is None or not self.corpus_tokens:
+            return None
+        return self.tokens_seen / self.corpus_tokens
+
+
+def _corpus_record() -> dict[str, Any]:
+    """The pretraining corpus's record (prepared data's manifest, else the committed summary)."""
+    prepared = default_corpus() / "manifest.json"
+    if prepared.is_file():
+        return json.loads(prepared.read_text(encoding="utf-8"))
+    if summary_path().is_file():
+        return json.loads(summary_path().read_text(encoding="utf-8")).get("pretrain") or {}
+    return {}
+
+
+def corpus_counts() -> tuple[int | None, int | None]:
+    """Words and tokens of the pretraining corpus's train split."""
+    train = (_corpus_record().get("counts") or {}).get("train") or {}
+    return train.get("words"), train.get("tokens")
+
+
+def corpus_description() -> str:
+    """What the stand-in's pretraining corpus holds, from its recorded parameters and counts."""
+    rec = _corpus_record()
+    train = (rec.get("counts") or {}).get("train") or {}
+    novels = train.get("novels")
+    text = f"{novels:,} ELTeC-fra novels" if novels else "ELTeC-fra novels"
+    params = rec.get("parameters") or {}
+    if params.get("with_reviews") and params.get("review_repeat"):
+        text += (f" + Webis-CLS-10 {'/'.join(REVIEW_DOMAINS)} reviews (train and test files, "
+                 f"{params['review_valid']:,} held out, the rest written "
+                 f"{params['review_repeat']}x; never books)")
+    elif params.get("with_reviews"):
+        text += f" + Webis-CLS-10 {'/'.join(REVIEW_DOMAINS)} training reviews (not books)"
+    return text
+
+
+def _pretrain_manifest(runs_root: Path | None = None, checkpoint_dir: Path | None = None
+                       ) -> tuple[Path, dict[str, Any]] | None:
+    """The pretraining run behind the packaged checkpoint, else the last complete one, if any."""
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    packaged = (Path(checkpoint_dir) if checkpoint_dir else packaged_dir()) / MANIFEST_FILE
+    if packaged.is_file():
+        run = json.loads(packaged.read_text(encoding="utf-8")).get("run")
+        if run and (resolve_stored_path(run) / "manifest.json").is_file():
+            return resolve_stored_path(run), read_manifest(resolve_stored_path(run))
+    found = []
+    for m in sorted((root / PRETRAIN).glob("*/manifest.json")):
+        try:
+            man = read_manifest(m.parent)
+        except ManifestError:  # an unreadable manifest is the pretraining chapter's business
+            continue
+        if man.get("status") == "complete":
+            found.append((man.get("end_time") or "", m.parent, man))
+    if not found:
+        return None
+    _, path, man = max(found, key=lambda x: x[0])
+    return path, man
+
+
+def pretrain_budget(runs_root: Path | None = None,
+                    checkpoint_dir: Path | None = None) -> PretrainBudget | None:
+    """The stand-in's pretraining budget from its run manifest (None when no run exists).
+
+    The run is the one the packaged checkpoint names (its ``manifest.json``'s ``run``), else the
+    last complete run of the ``pretrain`` experiment.
+    """
+    got = _pretrain_manifest(runs_root, checkpoint_dir)
+    if got is None:
+        return None
+    path, man = got
+    hp = man.get("hyperparameters") or {}
+    words, tokens = corpus_counts()
+    return PretrainBudget(
+        run=project_path(path), status=str(man.get("status")),
+        updates=hp.get("max_update"), tokens_per_update=hp.get("tokens_per_update"),
+        wall_time_s=man.get("wall_time_s"), device=device_name(man),
+        tokens_per_s=(man.get("throughput") or {}).get("tokens_per_s"),
+        corpus_words=words, corpus_tokens=tokens)
+
+
+def fmt(value: float | None, spec: str = ",.0f", suffix: str = "") -> str:
+    """``value`` formatted, or – when it is unknown."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:{spec}}{suffix}"
+
+
+def budget_table(budget: PretrainBudget | None) -> pd.DataFrame:
+    """This project's pretraining budget beside the course's (external reference)."""
+    words, tokens = (budget.corpus_words, budget.corpus_tokens) if budget else corpus_counts()
+    course = COURSE_COLUMN
+    rows = [
+        {"": "corpus", "this project's stand-in": corpus_description(),
+         course: f"{COURSE_PRETRAINING['corpus']}, {COURSE_PRETRAINING['corpus_gb']:g} GB"},
+        {"": "training corpus size", "this project's stand-in":
+            f"{fmt(words)} words, {fmt(tokens)} sentencepiece tokens", course: "–"},
+    ]
+    if budget is None:
+        rows.append({"": "pretraining run", "this project's stand-in": "not run yet",
+                     course: "–"})
+    else:
+        rows += [
+            {"": "pretraining run", "this project's stand-in": f"`{budget.run}` ({budget.status})",
+             course: "–"},
+            {"": "updates × tokens per update", "this project's stand-in":
+                f"{fmt(budget.updates)} × {fmt(budget.tokens_per_update)}", course: "–"},
+            {"": "tokens processed", "this project's stand-in": fmt(budget.tokens_seen),
+             course: "–"},
+            {"": "passes over the corpus", "this project's stand-in": fmt(budget.passes, ".2f"),
+             course: f"{COURSE_PRETRAINING['epochs']} epochs"},
+            {"": "wall time", "this project's stand-in": fmt(
+                budget.wall_time_s / 60 if budget.wall_time_s else None, ".1f", " min"),
+             course: "–"},
+            {"": "device", "this project's stand-in": budget.device, course: "–"},
+            {"": "throughput", "this project's stand-in": fmt(budget.tokens_per_s, ",.0f",
+                                                              " tokens/s"), course: "–"},
+        ]
+    return pd.DataFrame(rows)
+
+
+def budget_markdown(budget: PretrainBudget | None) -> str:
+    """What the stand-in saw (names its run as code), or that no pretraining run exists yet."""
+    words = budget.corpus_words if budget else corpus_counts()[0]
+    course = (f"{COURSE_PRETRAINING['corpus_gb']:g} GB of {COURSE_PRETRAINING['corpus']} for "
+              f"{COURSE_PRETRAINING['epochs']} epochs")
+    if budget is None:
+        return (f"No complete pretraining run of the stand-in is in the run cache yet; it reads "
+                f"{fmt(words)} words, against the course's {course}.")
+    mins = budget.wall_time_s / 60 if budget.wall_time_s else None
+    return (f"Our stand-in saw {fmt(budget.tokens_seen)} tokens "
+            f"({fmt(budget.passes, '.2f')} passes over {fmt(words)} words) in "
+            f"{fmt(mins, '.1f')} min on {budget.device} (`{budget.run}`), against the "
+            f"course's {course}.")

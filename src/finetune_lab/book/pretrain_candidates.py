@@ -1,0 +1,300 @@
+"""Does the stand-in help fine-tuning? The packaged checkpoint and the weights tried since.
+
+Replacing the packaged checkpoint sets aside every run built on it, so other weights are first
+fine-tuned into their own ``fairseq-candidate*`` experiment; this module reads those runs beside
+the fairseq grid's, and says which verdict each set of weights earns. The chapter words them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from finetune_lab.book import fairseq_report as fr
+from finetune_lab.book.pretrain_report import (VALID_SUBSETS, PretrainRuns, facts_of, run_facts,
+                                               valid_curve)
+from finetune_lab.config import paths
+from finetune_lab.runs import seedstats
+from finetune_lab.runs.registry import RunRecord, discover_runs
+from finetune_lab.runs.tblogs import event_scalars
+from finetune_lab.train.finetune_fairseq import candidate_experiments, candidate_index
+from finetune_lab.train.pretrain_lineage import lineage_of
+from finetune_lab.train.pretrain_recipe import EXPERIMENT
+
+PACKAGE_MARGIN = 5.0
+"""Points over random initialisation (its 95 % Welch interval above 0 as well) that weights must
+win by before they replace the packaged checkpoint: less would not show what pretraining is for,
+when the course's checkpoint wins by about 12."""
+
+
+def finetuning_verdict(runs_root: Path | None = None) -> str:
+    """Whether fine-tuning from the checkpoint beats random initialisation, from the fairseq
+    grid's runs (the test the stand-in exists for), and what to do when it does not (Markdown:
+    which sentences apply depends on the grid's runs)."""
+    g = fr.gap(fr.load_results(runs_root))
+    text = fr.gap_verdict(g)
+    if g is not None and g.ci_low <= 0:
+        text += (" Until weights past the masked-LM plateau replace it (@sec-pretrain-plateau: "
+                 "on a GPU, `finetune-lab gpu-bundle --steps pretrain lab --then-finetune`, see "
+                 "the README; on a CPU, a long run of `finetune-lab pretrain --tokens N`, resumed "
+                 "over sessions; then the pretrained fine-tuning runs again), every "
+                 "pretrained-vs-random comparison in this book measures this weak checkpoint, "
+                 "not the value of pretraining.")
+    return text
+
+
+def candidates(runs: PretrainRuns) -> list[RunRecord]:
+    """Valid pretraining runs that are not behind the packaged checkpoint (not in its lineage):
+    weights tried, not (or not yet) adopted."""
+    package = runs.checkpoint or {}
+    behind = {str(step.get("run") or "") for step in package.get("lineage") or []}
+    behind = (behind | {str(package.get("run") or "")}) - {""}
+    return [r for r in runs.used if not any(str(r.path).endswith(b) for b in behind)]
+
+
+def _probe_runs(best: pd.DataFrame, records: list[RunRecord], source_run: str) -> pd.DataFrame:
+    """The best-epoch rows of the fine-tuning runs whose checkpoint came from ``source_run``."""
+    mine = {(r.experiment, r.name) for r in records if r.valid and str(
+        (((r.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}).get("run") or ""
+    ).endswith(source_run)}
+    if best.empty:
+        return best
+    return best[[(e, r) in mine for e, r in zip(best["experiment"], best["run"])]]
+
+
+def _tuned_source(records: list[RunRecord], source_run: str) -> dict[str, Any] | None:
+    """The ``checkpoint_source`` recorded by the fine-tuning runs of ``source_run``'s weights:
+    the lineage of the very weights they started from (which may be a saved checkpoint of a
+    run still in progress, behind the run's own latest state)."""
+    for r in records:
+        source = ((r.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}
+        if r.valid and str(source.get("run") or "").endswith(source_run) and source.get("lineage"):
+            return source
+    return None
+
+
+def _at_update(curve: pd.DataFrame, update: int) -> float | None:
+    """A validation curve's value at ``update`` (None when it was not validated there)."""
+    hit = curve[curve["step"] == update] if len(curve) else curve
+    return float(hit["value"].iloc[-1]) if len(hit) else None
+
+
+def _facts_at_checkpoint(runs: PretrainRuns, rec: RunRecord, facts: dict[str, Any],
+                         source: dict[str, Any] | None) -> dict[str, Any]:
+    """``facts`` of a candidate as of the checkpoint its fine-tuning started from, when that is
+    not the run's last recorded update (a long run fine-tuned while still in progress)."""
+    if not source:
+        return facts
+    own = source["lineage"][-1]
+    update = int(own.get("updates") or 0)
+    if not update or (update == facts["updates"] and rec.valid):
+        return facts
+    if rec.valid:
+        valid, reviews = (valid_curve(runs, rec.name, s) for s in VALID_SUBSETS)
+    else:  # in progress, so not among the loaded runs: its event files, read as they are
+        raw = event_scalars(rec.path)
+        valid, reviews = (raw[(raw["tag"] == "loss") & (raw["subset"] == s)].sort_values("step")
+                          for s in VALID_SUBSETS)
+    return {**facts, "lineage": source["lineage"], "updates": update,
+            "tokens_total": sum(int(x.get("tokens") or 0) for x in source["lineage"]),
+            "valid_loss_bits": _at_update(valid, update) or source.get("valid_loss_bits"),
+            "valid_reviews_loss_bits": _at_update(reviews, update), "at_update": update,
+            "valid_first": ((int(valid["step"].iloc[0]), float(valid["value"].iloc[0]))
+                            if len(valid) else None)}
+
+
+def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
+                    facts: dict[str, Any] | None = None) -> pd.DataFrame:
+    """The packaged checkpoint beside every candidate: updates and tokens behind the weights,
+    last validation loss (held-out novels; held-out reviews), and the lab's fairseq fine-tuning
+    from them (test accuracy at the best-validation epoch, and minus random initialisation with
+    its 95 % Welch interval). Fine-tuning of a candidate is read from the ``fairseq-candidate``
+    experiment, the packaged checkpoint's and random's from the grid. ``facts``: the packaged
+    run's :func:`run_facts`, when the caller has them already."""
+    tried = [fr.load_results(runs_root, name) for name in candidate_experiments(runs_root)]
+    probe_best = pd.concat([t.best for t in tried if t.ready] or [pd.DataFrame()])
+    probe_records = [r for t in tried for r in t.loaded.runs]
+    # a run still in progress is a candidate once weights it saved have been fine-tuned
+    cands = candidates(runs) + [
+        r for r in runs.runs if not r.valid and r.status in ("paused", "running")
+        and _tuned_source(probe_records, f"{r.experiment}/{r.name}") is not None]
+    if not cands or runs.latest is None:
+        return pd.DataFrame()
+    grid = fr.load_results(runs_root)
+    random = grid.best[grid.best["init"] == "random"] if grid.ready else pd.DataFrame()
+    packaged = grid.best[grid.best["init"] == "pretrained"] if grid.ready else pd.DataFrame()
+    rows = []
+    entries = [("packaged checkpoint", runs.latest, facts or run_facts(runs), packaged)]
+    last_loss = {}  # run path -> its last validation loss, for a continued run's starting point
+    for rec in runs.used:
+        curve = valid_curve(runs, rec.name)
+        if len(curve):
+            last_loss[f"data/runs/{rec.experiment}/{rec.name}"] = float(curve["value"].iloc[-1])
+    for rec in cands:
+        lineage = lineage_of(rec.manifest, f"data/runs/{rec.experiment}/{rec.name}")
+        name = f"{rec.experiment}/{rec.name}"
+        facts = _facts_at_checkpoint(runs, rec, facts_of(runs, rec, lineage),
+                                     _tuned_source(probe_records, name))
+        entries.append(("candidate (not packaged)", rec, facts,
+                        _probe_runs(probe_best, probe_records, name)))
+    for role, rec, facts, tuned in entries:
+        tapt = float(rec.manifest["hyperparameters"].get("tapt_fraction") or 0) > 0
+        at = f" at update {facts['at_update']:,}" if facts.get("at_update") else ""
+        row = {"weights": role, "run": f"`{rec.experiment}/{rec.name}`{at}",
+               "task-adaptive": "yes: saw the CLS-Books training texts" if tapt else "no",
+               "updates (all runs)": sum(int(x.get("updates") or 0) for x in facts["lineage"])
+               or facts["updates"],
+               "tokens (M, all runs)": facts["tokens_total"] / 1e6,
+               "valid loss, novels (bits)": facts["valid_loss_bits"],
+               "valid loss, reviews (bits)": facts["valid_reviews_loss_bits"],
+               "n fine-tuned": len(tuned), "test acc. (%)": None, "minus random (points)": None,
+               "ci_low": None, "ci_high": None, "minus packaged (points)": None,
+               "pk_low": None, "pk_high": None,
+               "own updates": facts["updates"],
+               "continued": (str(facts["lineage"][-2].get("run") or "").split("data/runs/")[-1]
+                             if len(facts["lineage"]) > 1 else None),
+               "first valid": facts.get("valid_first"),
+               "started at": (last_loss.get(str(facts["lineage"][-2].get("run")))
+                              if len(facts["lineage"]) > 1 else None)}
+        row["acc mean"] = row["acc std"] = float("nan")
+        if len(tuned):
+            vals = tuned["test"].astype(float)
+            row["acc mean"] = float(vals.mean())
+            row["acc std"] = float(vals.std(ddof=1)) if len(vals) > 1 else float("nan")
+            row["test acc. (%)"] = seedstats.fmt_mean_std(vals.mean(), vals.std(ddof=1)
+                                                          if len(vals) > 1 else float("nan"),
+                                                          len(vals))
+        against = [(random, ("minus random (points)", "ci_low", "ci_high"))]
+        if tuned is not packaged:
+            against.append((packaged, ("minus packaged (points)", "pk_low", "pk_high")))
+        for other, keys in against:
+            if len(tuned) >= 2 and len(other) >= 2:  # Welch needs two seeds a side
+                both = pd.concat([tuned.assign(init="weights"), other.assign(init="other")])
+                g = seedstats.init_gap(both, "weights", "other", "test")
+                row.update(dict(zip(keys, (g.diff, g.ci_low, g.ci_high))))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def candidate_verdict(row: pd.Series) -> str:
+    """What a candidate's fine-tuning shows (a row of :func:`candidate_table`):
+    ``"not fine-tuned"``; ``"one seed"`` (no Welch interval yet); ``"package"`` (beats random
+    by a margin the seeds show and by :data:`PACKAGE_MARGIN` points); ``"below the bar"``
+    (beats random, by less); ``"beats the packaged"`` (beats the packaged checkpoint, not
+    random); ``"neither"``."""
+    if row["n fine-tuned"] == 0:
+        return "not fine-tuned"
+    if pd.isna(row["ci_low"]):
+        return "one seed"
+    if row["ci_low"] > 0:
+        return "package" if row["minus random (points)"] >= PACKAGE_MARGIN else "below the bar"
+    if pd.notna(row["pk_low"]) and row["pk_low"] > 0:
+        return "beats the packaged"
+    return "neither"
+
+
+def warmup_cost(row: pd.Series) -> str | None:
+    """What the fresh warm-up of a continued candidate cost its weights (a row of
+    :func:`candidate_table`): ``"none"`` (its first validation was no worse than where its
+    weights started), ``"won back"`` (worse, but it ended no worse), ``"not won back"``, or
+    None when either loss is unknown."""
+    first, start = row.get("first valid"), row.get("started at")
+    if not isinstance(first, tuple) or start is None or pd.isna(start):
+        return None
+    if first[1] <= start:
+        return "none"
+    return "not won back" if row["valid loss, novels (bits)"] > start else "won back"
+
+
+def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`candidate_table` formatted for the chapter (a note row when nothing was tried)."""
+    if table.empty:
+        return pd.DataFrame({"state": ["no weights tried besides the packaged checkpoint"]})
+
+    def num(v, fmt):
+        return "n/a" if v is None or pd.isna(v) else format(v, fmt)
+
+    out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high", "first valid",
+                              "started at", "own updates", "continued", "acc mean", "acc std"],
+                     errors="ignore").copy()
+    for col, low, high in (("minus random (points)", "ci_low", "ci_high"),
+                           ("minus packaged (points)", "pk_low", "pk_high")):
+        out[col] = ["n/a" if pd.isna(d) else f"{d:+.2f} (CI {lo:.2f} to {hi:.2f})"
+                    for d, lo, hi in zip(table[col], table[low], table[high])]
+    for col in ("valid loss, novels (bits)", "valid loss, reviews (bits)"):
+        out[col] = [num(v, ".2f") for v in table[col]]
+    out["tokens (M, all runs)"] = [num(v, ".1f") for v in table["tokens (M, all runs)"]]
+    out["updates (all runs)"] = [f"{int(v):,}" for v in table["updates (all runs)"]]
+    out["test acc. (%)"] = [v if isinstance(v, str) else "not fine-tuned"
+                            for v in table["test acc. (%)"]]
+    return out
+
+
+def runs_on_checkpoint(runs_root: Path | None = None) -> list[RunRecord]:
+    """Valid runs that started from the packaged checkpoint (fairseq from ``model.pt``, the
+    Transformers and LoRA runs from its conversion): what replacing it sets aside."""
+    root = runs_root or paths().runs
+    return [r for r in discover_runs(root) if r.valid
+            and r.experiment != EXPERIMENT and candidate_index(r.experiment) is None
+            and ((r.manifest or {}).get("inputs") or {}).get("checkpoint")]
+
+
+@dataclass(frozen=True)
+class ReplacementCost:
+    """What replacing the packaged checkpoint sets aside: the runs built on it, by experiment
+    (in name order), and their recorded run time."""
+
+    runs: int
+    by_experiment: dict[str, int]
+    hours: float
+
+
+def replacement_cost(records: list[RunRecord]) -> ReplacementCost:
+    """:class:`ReplacementCost` of :func:`runs_on_checkpoint`'s runs."""
+    by = Counter(r.experiment for r in records)
+    hours = sum(float((r.manifest or {}).get("wall_time_s") or 0) for r in records) / 3600
+    return ReplacementCost(runs=len(records), by_experiment=dict(sorted(by.items())), hours=hours)
+
+
+def random_accuracy(runs_root: Path | None = None) -> tuple[float, float, int] | None:
+    """Mean, std and number of seeds of the fairseq grid's random initialisation (test accuracy
+    at the best-validation epoch), or None before it has two seeds."""
+    grid = fr.load_results(runs_root)
+    if not grid.ready:
+        return None
+    vals = grid.best.loc[grid.best["init"] == "random", "test"].astype(float)
+    return (float(vals.mean()), float(vals.std(ddof=1)), len(vals)) if len(vals) >= 2 else None
+
+
+def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int] | None):
+    """Fine-tuned test accuracy of every set of weights tried, against the pretraining tokens
+    behind them, beside random initialisation's band (mean ± std over its seeds)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4), layout="constrained")
+    tuned = table[table["acc mean"].notna()] if not table.empty else table
+    if tuned.empty:
+        ax.text(0.5, 0.5, "no pretrained weights fine-tuned yet", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    if random is not None:
+        mean, std, n = random
+        ax.axhspan(mean - std, mean + std, color="grey", alpha=0.25,
+                   label=f"random initialisation, mean ± std (n={n})")
+        ax.axhline(mean, color="grey", lw=1)
+    for role, part in tuned.groupby("weights", sort=False):
+        ax.errorbar(part["tokens (M, all runs)"], part["acc mean"],
+                    yerr=part["acc std"].fillna(0), fmt="o", capsize=3, label=role)
+        for _, row in part.iterrows():
+            ax.annotate(row["run"].strip("`").split("/")[-1], (row["tokens (M, all runs)"],
+                        row["acc mean"]), textcoords="offset points", xytext=(4, 4),
+                        fontsize="x-small")
+    ax.set_xscale("log")
+    ax.set_xlabel("pretraining tokens behind the weights (M, log scale)")
+    ax.set_ylabel("test accuracy (%), best-valid epoch")
+    ax.legend(frameon=False, fontsize="x-small", loc="lower right")
+    return fig

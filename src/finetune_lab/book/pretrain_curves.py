@@ -1,0 +1,177 @@
+"""How the pretraining runs trained: loss and learning-rate curves, speed, and the long runs.
+
+The curves put a continued run after the updates of the runs behind it; the long runs
+(``pretrain --tokens``) are read from their manifests' launches, complete or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from finetune_lab.book.pretrain_report import VALID_SUBSETS, PretrainRuns, unigram_bits
+from finetune_lab.models import params
+from finetune_lab.runs.registry import RunRecord
+from finetune_lab.runs.runspeed import device_name
+from finetune_lab.train.pretrain_recipe import PretrainRecipe
+from finetune_lab.train.pretrain_throughput import model_flops_per_token
+
+SUBSET_LABELS = {"train_inner": "train", "valid": "valid (held-out novels)",
+                 "valid1": "valid (held-out dvd/music reviews)"}
+"""Legend labels of fairseq's subsets."""
+
+
+def update_offset(manifest: dict[str, Any]) -> int:
+    """Updates the weights had before this run: 0, or the sum over a continued run's lineage."""
+    lineage = ((manifest.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+    return sum(int(step.get("updates") or 0) for step in lineage)
+
+
+def curves(runs: PretrainRuns) -> pd.DataFrame:
+    """Train (every log interval) and valid loss in bits, perplexity, and the learning rate."""
+    df = runs.scalars
+    if df.empty:
+        return df
+    keep = df[((df["subset"] == "train_inner") & df["tag"].isin(["loss", "lr"]))
+              | (df["subset"].isin(VALID_SUBSETS) & (df["tag"] == "loss"))]
+    offset = {rec.name: update_offset(rec.manifest) for rec in runs.used}
+    keep = keep.assign(update=keep["step"] + keep["run"].map(offset).fillna(0).astype(int))
+    return keep[["run", "subset", "tag", "step", "update", "value"]].reset_index(drop=True)
+
+
+def plot_curves(runs: PretrainRuns):
+    """Loss (bits/token, with perplexity = 2^loss on the right axis) and learning rate."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    df = curves(runs)
+    fig, (ax, ax_lr) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+    if df.empty:
+        for a in (ax, ax_lr):
+            a.text(0.5, 0.5, "no pretraining run recorded yet", ha="center", va="center")
+            a.set_axis_off()
+        return fig
+    for (run, subset), part in df[df["tag"] == "loss"].groupby(["run", "subset"]):
+        part = part.sort_values("step")
+        style = {"train_inner": dict(lw=1, alpha=0.8), "valid": dict(marker="o", lw=2),
+                 "valid1": dict(marker="s", lw=2, ls="--")}[subset]
+        ax.plot(part["update"], part["value"], label=f"{SUBSET_LABELS[subset]} [{run}]", **style)
+    ax.set_xlabel("update")
+    ax.set_ylabel("MLM loss (bits / masked token)")
+    unigram = unigram_bits()
+    if unigram is not None:
+        ax.axhline(unigram, color="grey", ls=":", lw=1.2,
+                   label=f"no context (unigram entropy, {unigram:.2f} bits)")
+        ax.set_ylim(top=max(unigram + 2.0, ax.get_ylim()[0] + 1.0))  # the first updates start higher
+    ax.legend(frameon=False, fontsize="x-small")
+    sec = ax.secondary_yaxis("right", functions=(lambda b: 2.0 ** b,
+                                                 lambda p: np.log2(np.clip(p, 1e-12, None))))
+    sec.set_ylabel("perplexity")
+    for run, part in df[df["tag"] == "lr"].groupby("run"):
+        part = part.sort_values("step")
+        ax_lr.plot(part["update"], part["value"], label=run)
+    ax_lr.set_xlabel("update")
+    ax_lr.set_ylabel("learning rate")
+    return fig
+
+
+def throughput_table(runs: PretrainRuns) -> pd.DataFrame:
+    """Speed of every valid pretraining run, with its device and precision (MFU only on a known
+    GPU); updates are those done (a time budget can stop a run before its schedule ends)."""
+    rows = []
+    for rec in runs.used:
+        man = rec.manifest
+        thr = man.get("throughput") or {}
+        rows.append({
+            "run": rec.name,
+            "device": device_name(man, cores=True),
+            "precision": man["hyperparameters"].get("precision") or "n/a",
+            "updates": man.get("updates_done") or man["hyperparameters"]["max_update"],
+            "wall time (min)": f"{(man.get('wall_time_s') or 0) / 60:.1f}",
+            "tokens/s": f"{thr['tokens_per_s']:,.0f}" if thr.get("tokens_per_s") else "n/a",
+            "updates/s": f"{thr['updates_per_s']:.2f}" if thr.get("updates_per_s") else "n/a",
+            "MFU (bf16 peak)": f"{100 * thr['mfu']:.1f} %" if thr.get("mfu") else "n/a (no GPU)",
+        })
+    return pd.DataFrame(rows)
+
+
+def flops_per_token() -> float:
+    """Training FLOPs per token behind the MFU column, for the project's recipe and model."""
+    recipe = PretrainRecipe()
+    return model_flops_per_token(params.SMALL, recipe.tokens_per_sample, recipe.mask_prob)
+
+
+# --- long runs: one schedule over a token budget, in as many launches as it takes ------------
+
+
+def long_runs(runs: PretrainRuns) -> list[RunRecord]:
+    """The long runs (``pretrain --tokens``): those whose manifest lists launches (segments),
+    complete or not."""
+    return [r for r in runs.runs if isinstance(r.manifest, dict)
+            and isinstance(r.manifest.get("segments"), list)]
+
+
+@dataclass(frozen=True)
+class LongRun:
+    """A long run's budget (tokens, updates, recipe), its task-adaptive phase (``tapt_tokens``
+    from update ``tapt_from``; None without one), the tokens its starting weights had seen
+    (None: it starts from random weights), and where it stands."""
+
+    name: str
+    budget_tokens: int
+    updates: int
+    tokens_per_update: int
+    precision: str | None
+    dropout: float | None
+    lr: float | None
+    tapt_from: int | None
+    tapt_tokens: int | None
+    tokens_before: int | None
+    status: str | None
+    tokens_done: int
+    launches: int
+
+
+def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
+    """:class:`LongRun` of every long run of the cache, in :func:`long_runs`' order."""
+    out = []
+    for rec in long_runs(runs):
+        man, hp = rec.manifest, rec.manifest["hyperparameters"]
+        per, total = int(hp["tokens_per_update"]), int(hp["max_update"])
+        phases = hp.get("phases") or []
+        switch = int(phases[0]["until_update"]) if len(phases) > 1 else None
+        lineage = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+        out.append(LongRun(
+            name=f"{rec.experiment}/{rec.name}", budget_tokens=total * per, updates=total,
+            tokens_per_update=per, precision=hp.get("precision"), dropout=hp.get("dropout"),
+            lr=hp.get("lr"), tapt_from=switch,
+            tapt_tokens=(total - switch) * per if switch is not None else None,
+            tokens_before=(sum(int(step.get("tokens") or 0) for step in lineage)
+                           if lineage else None),
+            status=man.get("status"), tokens_done=int(man.get("updates_done") or 0) * per,
+            launches=len(man["segments"])))
+    return out
+
+
+def segments_table(rec: RunRecord | None) -> pd.DataFrame:
+    """A long run's launches: when, where, the updates each did, and how each ended (a note row
+    when there is no long run)."""
+    if rec is None:
+        return pd.DataFrame({"state": ["no long run yet: `finetune-lab pretrain --tokens N`"]})
+    hp = rec.manifest["hyperparameters"]
+    per = int(hp["tokens_per_update"])
+    rows = []
+    for i, seg in enumerate(rec.manifest["segments"], start=1):
+        a, b = seg.get("updates_from"), seg.get("updates_to")
+        rows.append({
+            "launch": i, "started (UTC)": str(seg.get("start_time") or "")[:16].replace("T", " "),
+            "device": device_name({"device": seg.get("device") or {}}, cores=True),
+            "updates": f"{a:,} to {b:,}" if a is not None and b is not None else "n/a",
+            "tokens (M)": f"{(b - a) * per / 1e6:.1f}" if a is not None and b is not None
+            else "n/a",
+            "minutes": f"{seg['wall_time_s'] / 60:.0f}" if seg.get("wall_time_s") else "n/a",
+            "ended": seg.get("ended") or "running",
+        })
+    return pd.DataFrame(rows)

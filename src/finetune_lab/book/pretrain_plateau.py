@@ -1,0 +1,195 @@
+"""The masked-LM plateau: every pretraining run's held-out loss against the tokens behind it.
+
+Runs of every device and state are read (a run the GPU call's deadline killed keeps its logs,
+though its weights are lost), so that the chapter can say which runs left the plateau and after
+how many tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from finetune_lab.runs.fairseq_logs import log_rates
+from finetune_lab.runs.registry import RunRecord, discover_runs
+from finetune_lab.runs.tblogs import event_scalars
+from finetune_lab.train.pretrain_recipe import EXPERIMENT
+
+GPU_EXPERIMENT = "pretrain-gpu"
+"""Where runs made on a lent GPU go (``gpu-bundle --steps pretrain``)."""
+ESCAPE_BITS = 3.0
+"""A run has left the plateau once its held-out loss is this far under the unigram entropy: the
+plateau lies 1 to 1.5 bits under it (what token frequencies and positions alone are worth), and
+the H100 runs fell from there to 5 bits and below within a few hundred updates."""
+LEFT = "left the plateau at (M tokens)"
+"""The column of :func:`plateau_table` that says where a run left the plateau (NaN: not yet)."""
+
+
+def all_pretraining_runs(runs_root=None) -> list[RunRecord]:
+    """Every pretraining run folder, valid or not (a run the GPU call's deadline killed keeps its
+    logs, though its weights are lost)."""
+    return discover_runs(runs_root, [EXPERIMENT, GPU_EXPERIMENT], check_inputs=False)
+
+
+def token_curves(records: list[RunRecord], subsets: tuple[str, ...] = ("valid",)) -> pd.DataFrame:
+    """Held-out loss (bits) of every run on ``subsets`` against the tokens behind the weights at
+    that point: the run's own updates times its tokens per update, plus every run it
+    continues. Each run's event files are read once."""
+    frames = []
+    for rec in records:
+        man = rec.manifest or {}
+        hp = man.get("hyperparameters") or {}
+        per_update = int(hp.get("tokens_per_update") or 0)
+        if not per_update:
+            continue
+        df = event_scalars(rec.path)
+        df = df[df["subset"].isin(subsets) & (df["tag"] == "loss")]
+        if df.empty:
+            continue
+        lineage = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+        before = sum(int(step.get("tokens") or 0) for step in lineage)
+        frames.append(pd.DataFrame({
+            "run": f"{rec.experiment}/{rec.name}", "status": man.get("status"),
+            "device": "GPU" if rec.experiment == GPU_EXPERIMENT else "CPU",
+            "subset": df["subset"].to_numpy(),
+            "tokens": before + df["step"].astype(int) * per_update,
+            "bits": df["value"].astype(float)}).sort_values("tokens"))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["run", "status", "device", "subset", "tokens", "bits"])
+
+
+def plateau_table(records: list[RunRecord], unigram: float | None) -> pd.DataFrame:
+    """One row per run: device, batch, learning rate, loaders, throughput, tokens behind the
+    weights, last held-out losses, and the tokens at which the novels' loss first fell
+    :data:`ESCAPE_BITS` under the unigram entropy (none: still on the plateau)."""
+    both = token_curves(records, ("valid", "valid1"))
+    novels, reviews = both[both["subset"] == "valid"], both[both["subset"] == "valid1"]
+    rows = []
+    for rec in records:
+        name = f"{rec.experiment}/{rec.name}"
+        mine = novels[novels["run"] == name]
+        if mine.empty:
+            continue
+        man = rec.manifest or {}
+        hp = man.get("hyperparameters") or {}
+        log = rec.path / "train.log"
+        rate = log_rates(log.read_text(encoding="utf-8", errors="replace")) if log.is_file() else {}
+        below = mine[mine["bits"] < unigram - ESCAPE_BITS] if unigram is not None else mine[:0]
+        theirs = reviews[reviews["run"] == name]
+        rows.append({
+            "run": f"`{name}`",
+            "status": (f"{man.get('status')}: {man['error']}" if man.get("error")
+                       else str(man.get("status"))),
+            "weights": ("kept" if rec.valid else "in progress"
+                        if man.get("status") in ("running", "paused") else "lost"),
+            "device": "GPU" if rec.experiment == GPU_EXPERIMENT else "CPU",
+            "tokens per update": int(hp.get("tokens_per_update") or 0),
+            "lr": hp.get("lr"), "loaders": hp.get("num_workers", 1),
+            "tokens/s": rate.get("tokens_per_s"),
+            "tokens behind (M)": float(mine["tokens"].iloc[-1]) / 1e6,
+            "novels (bits)": float(mine["bits"].iloc[-1]),
+            "reviews (bits)": float(theirs["bits"].iloc[-1]) if len(theirs) else None,
+            LEFT: float(below["tokens"].iloc[0]) / 1e6 if len(below) else None})
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class PlateauFacts:
+    """What :func:`plateau_table` shows: how many runs stayed on the plateau (``stuck``) and how
+    low and how far they got, how many left it, where and how far they went, how many of those
+    lost their weights, the most tokens behind a CPU run, and the runs still in progress;
+    then the same for the runs that left it, by device (``left_cpu``, ``left_gpu``: how many, and
+    the tokens at which they left). A bound is None where no run is of its kind."""
+
+    runs: int
+    stuck: int
+    stuck_lowest_bits: float | None
+    stuck_most_tokens_m: float | None
+    left: int
+    left_from_m: float | None
+    left_to_m: float | None
+    left_best_bits: float | None
+    left_most_tokens_m: float | None
+    left_lost: int
+    cpu_most_tokens_m: float | None
+    in_progress: tuple[str, ...]
+    left_cpu: int = 0
+    left_cpu_from_m: float | None = None
+    left_gpu: int = 0
+    left_gpu_from_m: float | None = None
+    left_gpu_to_m: float | None = None
+    in_progress_left: tuple[str, ...] = ()
+
+
+def plateau_facts(table: pd.DataFrame) -> PlateauFacts:
+    """:class:`PlateauFacts` of :func:`plateau_table`."""
+    if table.empty:
+        return PlateauFacts(0, 0, None, None, 0, None, None, None, None, 0, None, ())
+    left = table.dropna(subset=[LEFT])
+    stuck = table[table[LEFT].isna()]
+    cpu = table[table["device"] == "CPU"]
+
+    def bound(part: pd.DataFrame, col: str, how: str) -> float | None:
+        return float(getattr(part[col], how)()) if len(part) else None
+
+    return PlateauFacts(
+        runs=len(table), stuck=len(stuck),
+        stuck_lowest_bits=bound(stuck, "novels (bits)", "min"),
+        stuck_most_tokens_m=bound(stuck, "tokens behind (M)", "max"),
+        left=len(left), left_from_m=bound(left, LEFT, "min"), left_to_m=bound(left, LEFT, "max"),
+        left_best_bits=bound(left, "novels (bits)", "min"),
+        left_most_tokens_m=bound(left, "tokens behind (M)", "max"),
+        left_lost=int((left["weights"] == "lost").sum()),
+        cpu_most_tokens_m=bound(cpu, "tokens behind (M)", "max"),
+        in_progress=tuple(str(r).strip("`") for r in table.loc[table["weights"] == "in progress",
+                                                               "run"]),
+        left_cpu=int((left["device"] == "CPU").sum()),
+        left_cpu_from_m=bound(left[left["device"] == "CPU"], LEFT, "min"),
+        left_gpu=int((left["device"] == "GPU").sum()),
+        left_gpu_from_m=bound(left[left["device"] == "GPU"], LEFT, "min"),
+        left_gpu_to_m=bound(left[left["device"] == "GPU"], LEFT, "max"),
+        in_progress_left=tuple(str(r).strip("`") for r in left.loc[left["weights"] == "in progress",
+                                                                  "run"]))
+
+
+def plot_plateau(records: list[RunRecord], unigram: float | None):
+    """Held-out novels' loss of every run against the tokens behind its weights (log scale);
+    runs whose weights were lost drawn dashed."""
+    import matplotlib.pyplot as plt
+
+    df = token_curves(records)
+    fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+    if df.empty:
+        ax.text(0.5, 0.5, "no pretraining run recorded yet", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    for run, part in df.groupby("run", sort=False):
+        lost = part["status"].iloc[0] not in ("complete", "running", "paused")
+        ax.plot(part["tokens"] / 1e6, part["bits"], marker="o", ms=2.5,
+                ls="--" if lost else "-", lw=1.2,
+                label=f"{run} ({part['device'].iloc[0]}{', weights lost' if lost else ''})")
+    if unigram is not None:
+        ax.axhline(unigram, color="grey", ls=":", lw=1.2,
+                   label=f"no context (unigram entropy, {unigram:.2f} bits)")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens behind the weights (millions, log scale)")
+    ax.set_ylabel("held-out novels, MLM loss (bits)")
+    ax.legend(frameon=False, fontsize="x-small", loc="lower left")
+    return fig
+
+
+def plateau_display(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`plateau_table` formatted for the chapter."""
+    if table.empty:
+        return table
+
+    def num(fmt: str):
+        return lambda v: "n/a" if v is None or pd.isna(v) else format(v, fmt)
+
+    out = table.copy()
+    for col, fmt in (("tokens/s", ",.0f"), ("tokens behind (M)", ".1f"), ("novels (bits)", ".2f"),
+                     ("reviews (bits)", ".2f"), ("tokens per update", ",d"), ("lr", "g")):
+        out[col] = out[col].map(num(fmt))
+    out[LEFT] = out[LEFT].map(lambda v: "not yet" if v is None or pd.isna(v) else f"{v:.0f}")
+    return out

@@ -1,0 +1,67 @@
+"""What the report covers and what has actually been run: the table on the book's first page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from finetune_lab.config import PROJECT_ROOT, paths
+from finetune_lab.runs.registry import discover_runs
+
+
+@dataclass(frozen=True)
+class LabTask:
+    """One part of the lab, the chapter that answers it, and the run experiments it needs."""
+
+    part: str
+    question: str
+    chapter: str
+    section: str
+    experiments: tuple[str, ...] = ()
+
+
+LAB_TASKS: tuple[LabTask, ...] = (
+    LabTask("Question 1 / Task 1", "Count the parameters of RoBERTa-small-fr by hand and check",
+            "chapters/architecture.qmd", "sec-architecture"),
+    LabTask("Task 2", "Prepare CLS-Books: sentencepiece, fairseq-preprocess",
+            "chapters/data.qmd", "sec-data"),
+    LabTask("(stand-in)", "Pretrain the French RoBERTa-small the course does not publish",
+            "chapters/pretraining.qmd", "sec-pretraining", ("pretrain",)),
+    LabTask("Tasks 3-4", "Fine-tune with fairseq: 3 seeds, pretrained vs random",
+            "chapters/fairseq.qmd", "sec-fairseq", ("fairseq",)),
+    LabTask("Task 5", "Fine-tune with HuggingFace Transformers, same hyperparameters",
+            "chapters/transformers.qmd", "sec-transformers", ("transformers",)),
+    LabTask("Tasks 6-8, Question 2", "LoRA and QLoRA: configs, counts, memory, a LoRA run",
+            "chapters/lora.qmd", "sec-lora", ("lora", "lora-qa")),
+)
+
+
+def lab_status(root: Path = PROJECT_ROOT, runs_root: Path | None = None) -> pd.DataFrame:
+    """One row per lab part: its chapter (a cross-reference when written) and its runs.
+
+    Runs are counted by the run registry: only complete runs that pass validation count; others
+    are reported as excluded.
+    """
+    records = discover_runs(runs_root if runs_root is not None else paths().runs)
+    rows = []
+    for task in LAB_TASKS:
+        written = (root / task.chapter).is_file()
+        mine = [r for r in records if r.experiment in task.experiments]
+        valid = sum(r.valid for r in mine)
+        if not task.experiments:
+            runs = "no training run needed"
+        elif not mine:
+            runs = "not run yet"
+        else:
+            runs = f"{valid} valid run{'s' if valid != 1 else ''}"
+            if len(mine) > valid:
+                runs += f", {len(mine) - valid} excluded"
+        rows.append({
+            "lab part": task.part,
+            "asks": task.question,
+            "chapter": f"@{task.section}" if written else "not written yet",
+            "runs": runs,
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,1 @@
+"""Stage 1, data: CLS-Books and the ELTeC corpus read, tokenized and binarized."""

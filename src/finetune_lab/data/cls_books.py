@@ -1,0 +1,247 @@
+"""CLS-Books: read the Webis-CLS-10 French ``books`` XML and write the course's ``cls.books`` layout.
+
+The course fine-tunes on ``cls.books/{train,valid,test}.{review,label}``: one review per line
+(newlines removed), label 1 for ratings above 3 and 0 below, a stratified 10 % validation slice
+of ``train.review`` (1800 / 200) and the 2000 test reviews in XML order. The course's own random
+validation draw is unknown, so the split is seeded and recorded in a manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune_lab.argtypes import non_negative_int
+from finetune_lab import _files
+from finetune_lab.config import paths, require_data_root
+from finetune_lab.errors import UserError
+
+BOOKS_DIR = "webis-cls-10/fr/books"
+"""The CLS-Books XML files, relative to the data root."""
+
+SPLITS = ("train", "valid", "test")
+DEFAULT_SEED = 1
+DEFAULT_VALID_FRACTION = 0.1
+OUTPUT_NAME = "cls.books"
+
+_NEWLINES = re.compile(r"[ \t]*[\r\n]+[ \t]*")
+
+
+class ClsDataError(UserError):
+    """A CLS review file is malformed: the message names the file, the item and the fix."""
+
+
+@dataclass(frozen=True)
+class Review:
+    """One labelled review, in the form the course writes it (single line)."""
+
+    text: str
+    label: int
+    rating: float
+    position: int
+    """1-based position of the ``<item>`` in its XML file."""
+
+
+def label_for_rating(rating: float) -> int:
+    """1 when the rating is above 3, 0 below; 3 has no sentiment label in the course's scheme."""
+    if rating > 3:
+        return 1
+    if rating < 3:
+        return 0
+    raise ValueError("a rating of 3 is neither positive nor negative")
+
+
+def single_line(text: str) -> str:
+    """Remove the newlines inside a review (and the spaces around them), as the course did."""
+    return _NEWLINES.sub(" ", text).strip()
+
+
+def _item_error(path: Path, position: int, asin: str | None, problem: str) -> ClsDataError:
+    where = f"item {position}" + (f" (asin {asin})" if asin else "")
+    return ClsDataError(
+        f"{path}: {where}: {problem}. Fix or remove this <item>, or point the data root at an "
+        "unmodified copy of Webis-CLS-10."
+    )
+
+
+def read_reviews(path: Path) -> list[Review]:
+    """Parse one Webis-CLS-10 ``*.review`` XML file into labelled single-line reviews.
+
+    Uses a real XML parser (entities, CDATA and nesting are handled by the parser, not by
+    regular expressions). Every item must have a numeric rating other than 3 and a non-empty
+    ``<text>``; anything else raises :class:`ClsDataError` naming the file and the item.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ClsDataError(f"{path} does not exist. Check the data root (FINETUNE_LAB_DATA_ROOT).")
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        line, column = exc.position
+        raise ClsDataError(
+            f"{path}: not well-formed XML at line {line}, column {column} ({exc.msg}). "
+            "Restore the file from the original Webis-CLS-10 archive."
+        ) from exc
+    items = root.findall("item")
+    if not items:
+        raise ClsDataError(f"{path}: no <item> elements found; is this a Webis-CLS-10 .review file?")
+    reviews: list[Review] = []
+    for position, item in enumerate(items, start=1):
+        asin = (item.findtext("asin") or "").strip() or None
+        rating_text = item.findtext("rating")
+        if rating_text is None or not rating_text.strip():
+            raise _item_error(path, position, asin, "missing <rating>")
+        try:
+            rating = float(rating_text)
+        except ValueError:
+            raise _item_error(path, position, asin, f"rating {rating_text!r} is not a number") from None
+        try:
+            label = label_for_rating(rating)
+        except ValueError:
+            raise _item_error(
+                path, position, asin, f"rating {rating_text.strip()} is neither positive (> 3) "
+                "nor negative (< 3)"
+            ) from None
+        raw = item.findtext("text")
+        if raw is None:
+            raise _item_error(path, position, asin, "missing <text>")
+        text = single_line(raw)
+        if not text:
+            raise _item_error(path, position, asin, "empty review <text>")
+        reviews.append(Review(text=text, label=label, rating=rating, position=position))
+    return reviews
+
+
+def stratified_split(
+    reviews: list[Review], seed: int = DEFAULT_SEED, valid_fraction: float = DEFAULT_VALID_FRACTION
+) -> tuple[list[Review], list[Review]]:
+    """Seeded stratified hold-out: ``valid_fraction`` of each class goes to validation.
+
+    Both parts keep XML order, so the result depends only on the input and the seed.
+    """
+    if not 0 < valid_fraction < 1:
+        raise UserError(f"--valid-fraction must be between 0 and 1, got {valid_fraction}")
+    rng = random.Random(seed)
+    held_out: set[int] = set()
+    for label in sorted({r.label for r in reviews}):
+        members = [i for i, r in enumerate(reviews) if r.label == label]
+        n_valid = round(valid_fraction * len(members))
+        held_out.update(rng.sample(members, n_valid))
+    train = [r for i, r in enumerate(reviews) if i not in held_out]
+    valid = [r for i, r in enumerate(reviews) if i in held_out]
+    return train, valid
+
+
+def write_split(folder: Path, split: str, reviews: list[Review]) -> None:
+    """Write ``{split}.review`` and ``{split}.label``, one line per review, UTF-8."""
+    with open(folder / f"{split}.review", "w", encoding="utf-8", newline="\n") as handle:
+        handle.writelines(f"{r.text}\n" for r in reviews)
+    with open(folder / f"{split}.label", "w", encoding="utf-8", newline="\n") as handle:
+        handle.writelines(f"{r.label}\n" for r in reviews)
+
+
+def read_split(folder: Path, split: str) -> tuple[list[str], list[int]]:
+    """Read a written split back, checking that ``.review`` and ``.label`` line up."""
+    review_path, label_path = folder / f"{split}.review", folder / f"{split}.label"
+    for p in (review_path, label_path):
+        if not p.is_file():
+            raise ClsDataError(f"{p} is missing. Run `finetune-lab prepare-cls` first.")
+    reviews = review_path.read_text(encoding="utf-8").splitlines()
+    raw_labels = label_path.read_text(encoding="utf-8").splitlines()
+    check_same_length(review_path, len(reviews), label_path, len(raw_labels))
+    labels: list[int] = []
+    for number, value in enumerate(raw_labels, start=1):
+        if value not in ("0", "1"):
+            raise ClsDataError(f"{label_path}: line {number}: label {value!r} is not 0 or 1.")
+        labels.append(int(value))
+    for number, text in enumerate(reviews, start=1):
+        if not text.strip():
+            raise ClsDataError(f"{review_path}: line {number}: empty review.")
+    return reviews, labels
+
+
+def check_same_length(a: Path, n_a: int, b: Path, n_b: int) -> None:
+    """Reviews and labels are paired by line number, so their counts must agree."""
+    if n_a != n_b:
+        raise ClsDataError(
+            f"{a} has {n_a} lines but {b} has {n_b}: reviews and labels must pair line by line. "
+            "Regenerate both with `finetune-lab prepare-cls`."
+        )
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as handle:
+        return sum(1 for _ in handle)
+
+
+def default_output() -> Path:
+    return paths().work / OUTPUT_NAME
+
+
+def prepare_cls(
+    data_root: Path | None = None,
+    out: Path | None = None,
+    seed: int = DEFAULT_SEED,
+    valid_fraction: float = DEFAULT_VALID_FRACTION,
+) -> Path:
+    """Build ``cls.books/`` atomically from the books XML and return its path.
+
+    Reads and checks both XML files before writing anything, so a bad item leaves no output.
+    """
+    started = time.perf_counter()
+    root = require_data_root(f"{BOOKS_DIR}/train.review", f"{BOOKS_DIR}/test.review", root=data_root)
+    out = Path(out) if out is not None else default_output()
+    sources = {name: root / BOOKS_DIR / f"{name}.review" for name in ("train", "test")}
+    train_all = read_reviews(sources["train"])
+    test = read_reviews(sources["test"])
+    train, valid = stratified_split(train_all, seed=seed, valid_fraction=valid_fraction)
+    parts = {"train": train, "valid": valid, "test": test}
+    with _files.atomic_dir(out) as tmp:
+        for split, reviews in parts.items():
+            write_split(tmp, split, reviews)
+        manifest = {
+            "step": "prepare-cls",
+            "inputs": {
+                f"{BOOKS_DIR}/{name}.review": _files.sha256_file(p) for name, p in sources.items()
+            },
+            "outputs": _files.sha256_tree(tmp, exclude=("manifest.json",)),
+            "seed": seed,
+            "parameters": {"valid_fraction": valid_fraction, "label": "1 if rating > 3, 0 if < 3"},
+            "counts": {
+                split: {str(k): v for k, v in sorted(Counter(r.label for r in rs).items())}
+                for split, rs in parts.items()
+            },
+            "tool_versions": _files.tool_versions(),
+            "timings_s": {"total": round(time.perf_counter() - started, 3)},
+        }
+        _files.write_json_atomic(tmp / "manifest.json", manifest)
+    return out
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "prepare-cls",
+        help="build cls.books/{train,valid,test}.{review,label} from the Webis-CLS-10 books XML",
+        description=prepare_cls.__doc__,
+    )
+    parser.add_argument("--data-root", type=Path, default=None,
+                        help="raw data root (default: $FINETUNE_LAB_DATA_ROOT or ../shared/data)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
+    parser.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
+    parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    out = prepare_cls(args.data_root, args.out, seed=args.seed, valid_fraction=args.valid_fraction)
+    manifest = _files.read_json(out / "manifest.json")
+    sizes = ", ".join(f"{s} {sum(manifest['counts'][s].values())}" for s in SPLITS)
+    print(f"prepare-cls: wrote {out} ({sizes})")
+    return 0

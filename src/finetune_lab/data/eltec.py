@@ -1,0 +1,153 @@
+"""The French texts the stand-in learns from: ELTeC novels split by novel, and the unlabeled reviews.
+
+The course's RoBERTa_small_fr was pretrained on mC4 French, which is not available; the
+public-domain ELTeC-fra novels (level1 + ext1, about 39 M words) stand in for it. Train and
+valid are split *by novel* so that no novel contributes to both sides. The Webis-CLS-10 ``dvd``
+and ``music`` reviews join as unlabeled in-domain text. Both the tokenizer and the binarized
+corpus read their documents from here, so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import lzma
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune_lab.data.cls_books import BOOKS_DIR, read_reviews, stratified_split
+from finetune_lab.errors import UserError
+
+ELTEC_DIRS = ("eltec-fra/level1", "eltec-fra/ext1")
+REVIEW_DOMAINS = ("dvd", "music")
+"""Webis-CLS-10 domains usable as unlabeled in-domain text (never ``books``, the task)."""
+REVIEW_FILES = ("train.review", "test.review")
+DEFAULT_SEED = 1
+DEFAULT_VALID_FRACTION = 0.02
+DEFAULT_REVIEW_REPEAT = 20
+"""About 30 % of train tokens are then reviews (1.2 M review tokens x 20 beside ~55 M of novels)."""
+DEFAULT_REVIEW_VALID = 400
+
+
+@dataclass(frozen=True)
+class Document:
+    """One pretraining document: a novel, or one domain's block of reviews."""
+
+    name: str
+    """Path relative to the data root (e.g. ``eltec-fra/level1/FRA00101_Adam.txt.xz``)."""
+    path: Path
+    keep: frozenset[int] | None = None
+    """For a review file: the positions of the reviews it contributes (None: all)."""
+    repeat: int = 1
+    """How many times the document is written (upweighting in-domain text)."""
+
+
+def list_novels(root: Path) -> list[Document]:
+    """All ELTeC novels under the data root, in a fixed (sorted) order."""
+    docs: list[Document] = []
+    for rel in ELTEC_DIRS:
+        folder = root / rel
+        if not folder.is_dir():
+            raise UserError(f"{folder} is missing; point FINETUNE_LAB_DATA_ROOT at a complete copy.")
+        docs.extend(Document(f"{rel}/{p.name}", p) for p in sorted(folder.glob("*.txt.xz")))
+    if not docs:
+        raise UserError(f"no *.txt.xz novels under {root}/eltec-fra; is the data root complete?")
+    return docs
+
+
+def review_documents(root: Path) -> list[Document]:
+    """The optional in-domain documents: ``dvd`` and ``music`` ``train.review`` (never ``books``)."""
+    return [
+        Document(f"webis-cls-10/fr/{d}/train.review", root / "webis-cls-10" / "fr" / d / "train.review")
+        for d in REVIEW_DOMAINS
+    ]
+
+
+def in_domain_reviews(
+    root: Path, seed: int = DEFAULT_SEED, n_valid: int = DEFAULT_REVIEW_VALID,
+    repeat: int = DEFAULT_REVIEW_REPEAT,
+) -> tuple[list[Document], list[Document]]:
+    """``dvd``/``music`` train and test reviews: (train side, repeated; held-out ``valid1`` side).
+
+    The held-out reviews are a seeded sample across the four files; no review is on both sides.
+    """
+    files = [(f"webis-cls-10/fr/{d}/{f}", root / "webis-cls-10" / "fr" / d / f)
+             for d in REVIEW_DOMAINS for f in REVIEW_FILES]
+    sizes = [len(read_reviews(path)) for _, path in files]
+    total = sum(sizes)
+    if not 0 <= n_valid < total:
+        raise UserError(f"--review-valid must be between 0 and {total - 1} (got {n_valid})")
+    if repeat < 1:
+        raise UserError(f"--review-repeat must be at least 1 (got {repeat})")
+    held = set(random.Random(seed).sample(range(total), n_valid))
+    train, valid = [], []
+    start = 0
+    for (name, path), size in zip(files, sizes):
+        mine = {i - start for i in held if start <= i < start + size}
+        train.append(Document(name, path, frozenset(set(range(size)) - mine), repeat))
+        if mine:
+            valid.append(Document(name, path, frozenset(mine)))
+        start += size
+    return train, valid
+
+
+def task_reviews(root: Path, repeat: int) -> Document:
+    """The texts of the lab's CLS-Books *training* split (1800 reviews, never its validation or
+    test reviews), for task-adaptive pretraining; the split is ``prepare-cls``'s own."""
+    if repeat < 1:
+        raise UserError(f"--task-repeat must be at least 1 (got {repeat})")
+    path = root / BOOKS_DIR / "train.review"
+    train, _ = stratified_split(read_reviews(path))
+    return Document(f"{BOOKS_DIR}/train.review", path,
+                    frozenset(r.position - 1 for r in train), repeat)
+
+
+def split_novels(
+    novels: list[Document], seed: int = DEFAULT_SEED, valid_fraction: float = DEFAULT_VALID_FRACTION
+) -> tuple[list[Document], list[Document]]:
+    """Seeded split *by novel* (at least one novel on each side); both parts keep sorted order."""
+    if len(novels) < 2:
+        raise UserError("the pretraining corpus needs at least two novels to split train/valid")
+    n_valid = min(len(novels) - 1, max(1, round(valid_fraction * len(novels))))
+    chosen = set(random.Random(seed).sample(range(len(novels)), n_valid))
+    train = [d for i, d in enumerate(novels) if i not in chosen]
+    valid = [d for i, d in enumerate(novels) if i in chosen]
+    return train, valid
+
+
+def paragraphs(doc: Document) -> Iterator[str]:
+    """The non-empty lines (paragraphs) of a document, stripped."""
+    if doc.name.endswith(".review"):
+        for i, review in enumerate(read_reviews(doc.path)):
+            if doc.keep is None or i in doc.keep:
+                yield review.text
+        return
+    try:
+        with lzma.open(doc.path, "rt", encoding="utf-8") as handle:
+            for line in handle:
+                text = line.strip()
+                if text:
+                    yield text
+    except (lzma.LZMAError, EOFError, UnicodeDecodeError) as exc:
+        raise UserError(f"{doc.path}: cannot read the novel ({exc}); restore it from the data root.") from exc
+
+
+def corpus_documents(
+    root: Path,
+    seed: int = DEFAULT_SEED,
+    valid_fraction: float = DEFAULT_VALID_FRACTION,
+    with_reviews: bool = True,
+    max_novels: int | None = None,
+) -> dict[str, list[Document]]:
+    """``{"train": [...], "valid": [...]}``: the documents of each side of the corpus.
+
+    ``max_novels`` keeps the first novels of the sorted list (for tests on a slice).
+    """
+    novels = list_novels(root)
+    if max_novels is not None:
+        novels = novels[:max_novels]
+    train, valid = split_novels(novels, seed=seed, valid_fraction=valid_fraction)
+    if with_reviews:
+        train = train + review_documents(root)
+    return {"train": train, "valid": valid}
+

@@ -1,0 +1,154 @@
+"""Loading and packaging fairseq checkpoints under torch's safe loading.
+
+Which files may be unpickled is :mod:`trust`'s business; this module packages a run's
+checkpoint in the course's layout and loads packaged ones.
+
+The packaged checkpoint (``data/checkpoints/roberta-small-fr/``) is laid out as the course
+shipped its model: ``model.pt`` (weights only, fp16, no optimizer state), ``dict.txt`` and
+``sentencepiece.bpe.model``, plus a ``manifest.json`` listing every file's sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.config import paths
+from finetune_lab.errors import UserError
+from finetune_lab.models.fairseq_compat import preserved_root_logger
+from finetune_lab.models.trust import MANIFEST_FILE, load_trusted
+from finetune_lab._files import sha256_file, utc_now, write_json_atomic
+
+CHECKPOINT_NAME = "roberta-small-fr"
+MODEL_FILE = "model.pt"
+DICT_FILE = "dict.txt"
+SPM_FILE = "sentencepiece.bpe.model"
+
+
+def packaged_dir() -> Path:
+    return paths().checkpoints / CHECKPOINT_NAME
+
+
+def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
+    """The manifest of a packaged checkpoint folder (default: the committed one), or None."""
+    manifest = Path(folder or packaged_dir()) / MANIFEST_FILE
+    return json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else None
+
+
+
+
+TIED_WEIGHTS = ("encoder.lm_head.weight", "encoder.sentence_encoder.embed_tokens.weight")
+"""RoBERTa's masked-LM head decodes with the token embedding (fairseq ties them)."""
+
+
+def weights_only_state(state: dict[str, Any], dtype: str = "float16") -> dict[str, Any]:
+    """A fairseq checkpoint reduced to what inference and fine-tuning need.
+
+    Keeps the configuration and the model weights (floating tensors cast to ``dtype``); drops
+    the optimizer state, criterion, task state and meters. The minimal ``optimizer_history`` and
+    ``extra_state`` entries are what fairseq's loader expects to find.
+    """
+    import torch
+
+    cast = getattr(torch, dtype)
+    last = (state.get("optimizer_history") or [{}])[-1]
+    # Tied tensors (the LM head's decoder is the token embedding) must stay one tensor after the
+    # cast, or torch.save would store the 32000 x 512 matrix twice.
+    cast_once: dict[tuple, Any] = {}
+    model = {}
+    for k, v in state["model"].items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.dtype)
+        if key not in cast_once:
+            cast_once[key] = v.to(cast) if v.is_floating_point() else v
+        model[k] = cast_once[key]
+    # A checkpoint saved from bf16 training stores the tied pair as two equal tensors; keep one.
+    head, embed = TIED_WEIGHTS
+    if head in model and embed in model and model[head] is not model[embed] \
+            and torch.equal(model[head], model[embed]):
+        model[head] = model[embed]
+    return {
+        "args": state.get("args"),
+        "cfg": state.get("cfg"),
+        "model": model,
+        "optimizer_history": [{
+            "criterion_name": last.get("criterion_name", "MaskedLmLoss"),
+            "optimizer_name": last.get("optimizer_name", "FairseqAdam"),
+            "lr_scheduler_state": {"best": None},
+            "num_updates": int(last.get("num_updates", 0)),
+        }],
+        "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}},
+        "last_optimizer_state": None,
+    }
+
+
+def package_checkpoint(
+    source: Path,
+    tokenizer_model: Path,
+    dictionary: Path,
+    dest: Path | None = None,
+    *,
+    metadata: dict[str, Any] | None = None,
+    manifests: Iterable[Path] | None = None,
+    trust: bool = False,
+) -> Path:
+    """Write ``dest/{model.pt,dict.txt,sentencepiece.bpe.model,manifest.json}`` atomically.
+    ``trust``: the user vouches for a ``source`` that no manifest lists (recorded as such)."""
+    import torch
+
+    dest = Path(dest) if dest is not None else packaged_dir()
+    for f in (tokenizer_model, dictionary):
+        if not Path(f).is_file():
+            raise UserError(f"{f} is missing: run `finetune-lab train-tokenizer` first")
+    state = load_trusted(source, manifests, trust=trust)
+    if trust:
+        metadata = {**(metadata or {}), "trusted_by": "the user (package-checkpoint --trust)"}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes the folder private; this one is published
+    try:
+        torch.save(weights_only_state(state), tmp / MODEL_FILE)
+        shutil.copyfile(dictionary, tmp / DICT_FILE)
+        shutil.copyfile(tokenizer_model, tmp / SPM_FILE)
+        files = {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+                 for name in (MODEL_FILE, DICT_FILE, SPM_FILE)}
+        write_json_atomic(tmp / MANIFEST_FILE, {
+            "name": dest.name,
+            "created": utc_now(),
+            "source": {"path": str(source), "sha256": sha256_file(source)},
+            "dtype": "float16",
+            "num_updates": state["optimizer_history"][-1].get("num_updates"),
+            "files": files,
+            **(metadata or {}),
+        })
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def load_hub_model(folder: Path | None = None):
+    """The packaged model as a fairseq ``RobertaHubInterface`` (fill-mask, encode, ...), on CPU."""
+    folder = Path(folder) if folder is not None else packaged_dir()
+    if not (folder / MODEL_FILE).is_file():
+        raise UserError(
+            f"{folder / MODEL_FILE} does not exist: run `finetune-lab pretrain` (see README)"
+        )
+    # registers roberta_small and the checkpoint loader
+    import finetune_lab.models.fairseq_user_dir  # noqa: F401  # heavy: fairseq
+    from fairseq.models.roberta import RobertaModel
+
+    with preserved_root_logger():
+        hub = RobertaModel.from_pretrained(
+            str(folder), checkpoint_file=MODEL_FILE, data_name_or_path=str(folder),
+            bpe="sentencepiece", sentencepiece_model=str(folder / SPM_FILE),
+        )
+    hub.eval()
+    return hub

@@ -1,0 +1,151 @@
+"""Which fairseq checkpoints may be unpickled, and fairseq's loader routed through that check.
+
+torch >= 2.6 loads with ``weights_only=True``: only tensors and plain containers unpickle.
+A fairseq 0.12 checkpoint also pickles one ``argparse.Namespace`` (its model configuration), so
+it needs exactly one exception to the safe loader. This module grants that exception (and only
+that one: nothing else is unpickled) to files whose sha256 is listed in a manifest the project
+wrote, or that fairseq wrote into a folder the current run declared as its own save folder.
+Everything else is refused with a message saying why and what to do. The ``--user-dir`` plugin
+installs the check into fairseq; :mod:`checkpoints` packages checkpoints and loads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Iterable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.config import paths
+from finetune_lab.errors import UserError
+from finetune_lab._files import sha256_file
+
+TRUSTED_DIRS_ENV = "FINETUNE_LAB_TRUSTED_DIRS"
+"""``os.pathsep``-separated folders whose checkpoints fairseq wrote during this very run."""
+TRUSTED_MANIFESTS_ENV = "FINETUNE_LAB_TRUSTED_MANIFESTS"
+"""``os.pathsep``-separated extra manifests (a checkpoint packaged outside data/checkpoints)."""
+MANIFEST_FILE = "manifest.json"
+SAFE_EXTRA_GLOBALS = (argparse.Namespace,)
+
+
+class UntrustedCheckpointError(UserError):
+    """A checkpoint that is in no manifest: it is not unpickled."""
+
+
+
+def manifest_hashes(manifest_paths: Iterable[Path]) -> set[str]:
+    """Every sha256 listed under ``files`` (or a run manifest's ``outputs``) of the manifests."""
+    hashes: set[str] = set()
+    for path in manifest_paths:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for key in ("files", "outputs", "checkpoints", "saved_checkpoints"):
+            section = data.get(key) or {}
+            for value in section.values():
+                sha = value.get("sha256") if isinstance(value, dict) else value
+                if isinstance(sha, str):
+                    hashes.add(sha)
+    return hashes
+
+
+def default_manifests() -> list[Path]:
+    """The committed checkpoint manifests, every run manifest, and any named in the environment."""
+    p = paths()
+    extra = [Path(m) for m in os.environ.get(TRUSTED_MANIFESTS_ENV, "").split(os.pathsep) if m]
+    return sorted(p.checkpoints.glob(f"*/{MANIFEST_FILE}")) + sorted(
+        p.runs.glob(f"*/*/{MANIFEST_FILE}")
+    ) + extra
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _in_trusted_dir(path: Path) -> bool:
+    dirs = [Path(d).resolve() for d in os.environ.get(TRUSTED_DIRS_ENV, "").split(os.pathsep) if d]
+    return any(path.resolve().is_relative_to(d) for d in dirs)
+
+
+def check_trusted(path: Path | str, manifests: Iterable[Path] | None = None) -> str:
+    """Return the file's sha256 if a manifest lists it (or it lies in a declared save folder)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    sha = sha256_file(path)
+    if _in_trusted_dir(path):
+        return sha
+    listed = manifest_hashes(default_manifests() if manifests is None else manifests)
+    own = path.parent / MANIFEST_FILE
+    recorded = (((_read_json(own) or {}).get("files") or {}).get(path.name) or {}).get("sha256")
+    if sha not in listed and recorded and recorded != sha:
+        raise UntrustedCheckpointError(
+            f"refusing to load {path}: it no longer matches its own manifest {own} (sha256 "
+            f"{sha[:16]}... now, {recorded[:16]}... recorded): the file was changed or "
+            "corrupted. Restore it (`git checkout -- " + str(path) + "` for the committed "
+            "checkpoint), or package it again with the run that made it."
+        )
+    if sha not in listed:
+        raise UntrustedCheckpointError(
+            f"refusing to load {path}: its sha256 {sha[:16]}... is in no manifest of this project. "
+            "A fairseq checkpoint needs an exception to torch's safe loading (it pickles an "
+            "argparse.Namespace), which is granted only to files the project produced and "
+            "listed. If you made this file or trust it, package it: `finetune-lab "
+            f"package-checkpoint {path} --trust --dest DIR` (then `--checkpoint DIR`); or use "
+            "the committed data/checkpoints/roberta-small-fr/model.pt."
+        )
+    return sha
+
+
+@contextmanager
+def fairseq_safe_globals():
+    """torch's safe loader, plus ``argparse.Namespace`` (fairseq's model configuration)."""
+    import torch
+
+    with torch.serialization.safe_globals(list(SAFE_EXTRA_GLOBALS)):
+        yield
+
+
+def load_trusted(path: Path | str, manifests: Iterable[Path] | None = None, *,
+                 trust: bool = False) -> dict[str, Any]:
+    """``torch.load`` a listed fairseq checkpoint with ``weights_only=True``; ``trust``: the user
+    vouches for an unlisted one (``package-checkpoint --trust``)."""
+    import torch
+
+    if not trust:
+        check_trusted(path, manifests)
+    elif not Path(path).is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    with fairseq_safe_globals():
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def install_fairseq_loader() -> None:
+    """Route fairseq's own checkpoint loading through :func:`check_trusted` + safe loading.
+
+    Called by the ``--user-dir`` plugin, so that ``fairseq-train --restore-file`` and
+    ``RobertaModel.from_pretrained`` load the project's checkpoints without ever turning
+    ``weights_only`` off.
+    """
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(original, "_finetune_lab", False):
+        return
+
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        check_trusted(path)
+        with fairseq_safe_globals():
+            return original(path, arg_overrides, load_on_all_ranks)
+
+    load_checkpoint_to_cpu._finetune_lab = True  # type: ignore[attr-defined]
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+

@@ -1,0 +1,56 @@
+"""Reading fairseq's own training log: the rates it prints, for run manifests.
+
+Pretraining and fine-tuning both record fairseq's median throughput from ``train.log``, and a
+long pretraining run echoes its progress from the lines fairseq adds to it.
+
+This reads fairseq's text log ("simple" format) rather than its TensorBoard scalars or its JSON
+log format, although every run recorded under ``data/runs`` has ``wps`` and ``ups`` among its
+``train_inner`` scalars:
+
+- the calibration run that turns a time budget into updates writes no event files: its captured
+  output is all there is to read;
+- the scalars are fairseq's values before it prints them to 6 significant digits, in float32,
+  while the manifests and the book hold the printed ones: ``pretrain-gpu/gpu``'s median read
+  335,469.66 tokens/s from its scalars and 335,469.5 from its log and manifest (the two agree,
+  on all 27 runs recorded, only once each scalar is rounded back to 6 digits);
+- ``--log-format json`` would change the layout of ``train.log``, into which a long run's later
+  segments append (``pretrain/cpu-long3``'s earlier segments are in the simple format), and the
+  progress shown while a run trains reads the new lines as fairseq writes them.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+# fairseq's "simple" log writes "wps=123.4, ups=5.6" to files and "| wps 123.4 | ups 5.6" to ttys.
+_NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"  # fairseq writes 1.34e+06 past a million
+_STAT_RE = {name: re.compile(rf"\b{name}[=\s]+" + _NUMBER)
+            for name in ("ups", "wps", "num_updates")}
+_UPDATES_RE = re.compile(r"\bnum_updates[=\s]+([0-9]+)")
+TRAIN_INNER = "| train_inner |"
+"""What marks the lines fairseq logs every ``--log-interval`` updates while it trains."""
+
+
+def line_stat(line: str, name: str) -> float | None:
+    """The value of ``name`` (``ups``, ``wps`` or ``num_updates``) in one log line, or None."""
+    found = _STAT_RE[name].search(line)
+    return float(found.group(1)) if found else None
+
+
+def log_rates(log_text: str) -> dict[str, float]:
+    """Median updates/s and words (tokens)/s over fairseq's ``train_inner`` log lines."""
+    lines = [ln for ln in log_text.splitlines() if TRAIN_INNER in ln]
+    ups = [v for ln in lines if (v := line_stat(ln, "ups")) is not None]
+    wps = [v for ln in lines if (v := line_stat(ln, "wps")) is not None]
+    if not ups:
+        return {}
+    # The first interval includes start-up; leave it out when there are others.
+    ups, wps = (ups[1:], wps[1:]) if len(ups) > 1 else (ups, wps)
+    return {"updates_per_s": statistics.median(ups), "tokens_per_s": statistics.median(wps)}
+
+
+def last_update(log_text: str) -> int | None:
+    """The last ``num_updates`` fairseq logged (below ``max_update`` if the time budget hit)."""
+    found = _UPDATES_RE.findall(log_text)
+    return int(found[-1]) if found else None

@@ -1,0 +1,101 @@
+"""What a GPU device call sends back: one archive in pieces under 16 MiB, and its unpacking here.
+
+A device call returns at most 8 files of 16 MiB each from ``$OUT``. :func:`pack` (there) tars the
+new run folders and weights, cuts the archive into pieces and writes ``gpu-lab.json`` with each
+piece's and the whole's sha256; :func:`unpack` (here, ``finetune-lab gpu-unpack DIR``) checks and
+reassembles them and moves each run into the run cache, under experiments of its own
+(``fairseq-gpu``, ...), where the registry checks it like any other run. Nothing already there
+is replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.errors import UserError
+
+RESULT_FILE = "gpu-lab.json"
+ARCHIVE = "gpu-lab.tar"
+PIECE_BYTES = 15 * 2**20
+"""Under the 16 MiB a file from ``$OUT`` may have."""
+MAX_FILES_BACK = 8
+
+
+def pack(paths_in: Sequence[Path], out: Path, *, root: Path = PROJECT_ROOT,
+         piece_bytes: int = PIECE_BYTES, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Tar ``paths_in`` (relative to ``root``), split it into pieces of at most
+    ``piece_bytes`` and write ``gpu-lab.json`` with each piece's and the whole's sha256."""
+    out.mkdir(parents=True, exist_ok=True)
+    whole = out / ARCHIVE
+    with tarfile.open(whole, "w:xz", preset=1) as tar:  # weights hardly compress
+        for p in paths_in:
+            tar.add(p, arcname=Path(p).resolve().relative_to(root.resolve()).as_posix())
+    digest, pieces = hashlib.sha256(), []
+    with open(whole, "rb") as fh:
+        while chunk := fh.read(piece_bytes):
+            digest.update(chunk)
+            name = f"{ARCHIVE}.{len(pieces):03d}"
+            (out / name).write_bytes(chunk)
+            pieces.append({"file": name, "bytes": len(chunk),
+                           "sha256": hashlib.sha256(chunk).hexdigest()})
+    whole.unlink()
+    if len(pieces) + 1 > MAX_FILES_BACK:
+        raise UserError(f"{len(pieces)} pieces of {piece_bytes / 2**20:.0f} MiB and "
+                        f"{RESULT_FILE} exceed the {MAX_FILES_BACK} files a call returns")
+    result = {**(extra or {}), "archive_sha256": digest.hexdigest(), "pieces": pieces}
+    (out / RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result
+
+
+def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
+    """Check each piece's sha256 and the whole's, then move every run folder and candidate it
+    holds into place. A destination that already exists is left alone and reported."""
+    src = Path(src)
+    meta_path = src / RESULT_FILE
+    if not meta_path.is_file():
+        raise UserError(f"{meta_path} does not exist: pass the folder the device call's files "
+                        "came back in")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    digest = hashlib.sha256()
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root / "data") as tmp:  # same disk: moves are renames
+        whole = Path(tmp) / ARCHIVE
+        with open(whole, "wb") as fh:
+            for piece in meta["pieces"]:
+                if not (src / piece["file"]).is_file():
+                    raise UserError(f"{src / piece['file']} is missing: every piece that "
+                                    f"{meta_path.name} lists must come back with it")
+                data = (src / piece["file"]).read_bytes()
+                if hashlib.sha256(data).hexdigest() != piece["sha256"]:
+                    raise UserError(f"{src / piece['file']} does not match its sha256 in "
+                                    f"{meta_path}: fetch the call's files again")
+                digest.update(data)
+                fh.write(data)
+        if digest.hexdigest() != meta["archive_sha256"]:
+            raise UserError(f"the pieces listed in {meta_path} do not reassemble to the archive "
+                            "it names: fetch the call's files again")
+        stage = Path(tmp) / "stage"
+        with tarfile.open(whole) as tar:
+            tar.extractall(stage, filter="data")
+        placed = []
+        for product in meta["products"]:
+            top = stage / product
+            children = sorted(p for p in top.iterdir() if not p.name.startswith(".")) \
+                if product.startswith("data/runs/") else [top]
+            for item in children:
+                dest = root / item.relative_to(stage)
+                if dest.exists():
+                    print(f"gpu-unpack: {dest.relative_to(root)} exists; left as it is")
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(item), dest)
+                placed.append(dest)
+    return placed

@@ -1,0 +1,268 @@
+"""Here, before a GPU device call: fill ``.gpu/`` with what the bare machine lacks.
+
+The device tool sends the working tree plus carried git-ignored folders (64 MiB in all) to a
+machine that has torch, transformers and peft but no fairseq and no network. ``finetune-lab
+gpu-bundle`` (:func:`bundle`) therefore carries fairseq-fixed's sdist without its examples and
+tests, wheels of what the machine lacks (bitsandbytes keeps only the CUDA build the machine's
+torch loads), the CLS-Books texts and the tokenizer (never committed: they travel as carried
+files), optionally a slice of the binarized pretraining corpus, and the plan
+(:mod:`finetune_lab.runs.gpu_plan`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from finetune_lab._files import atomic_dir
+from finetune_lab.config import PROJECT_ROOT, paths
+from finetune_lab.data import cls_books, pretrain_corpus, tokenizer
+from finetune_lab.errors import UserError
+from finetune_lab.models import checkpoints
+from finetune_lab.runs.gpu_plan import BUNDLE_DIR, GPU_CORPUS, PLAN_FILE, Plan
+
+TRANSFER_LIMIT = 64 * 2**20
+"""Working tree plus carried paths, per call."""
+GPU_PYTHON = "3.12"
+"""The device machine's Python (KINDS.md)."""
+CUDA_LIB = "libbitsandbytes_cuda130.so"
+"""The bitsandbytes build that the machine's torch (cu130) loads; the others stay here."""
+FAIRSEQ_SDIST = "fairseq-fixed==0.12.3.1"
+WHEELS = ("hydra-core==1.3.2", "omegaconf==2.3.0", "bitarray", "bitsandbytes")
+"""fairseq's needs that the machine's image lacks, and bitsandbytes for QLoRA."""
+SDIST_WHEELS = ("antlr4-python3-runtime==4.9.3",)
+"""Pure-Python needs published only as sdists: built into wheels here."""
+DROP_FROM_SDIST = ("fairseq/examples", "examples", "tests", "docs")
+"""17 of fairseq's 23 MB; nothing the lab imports lives there."""
+TINY_SIZES = {"train": 16, "valid": 8, "test": 8}
+TINY_VALID_TOKENS = 4096
+SLICE_CHUNK = 1000
+"""Consecutive paragraphs kept or dropped together by :func:`corpus_slice`."""
+
+
+def _pip(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise UserError(f"pip {' '.join(args[:3])} … failed (is PyPI reachable?):\n"
+                        f"{proc.stderr.strip()[-2000:]}")
+
+
+def _platform_args(python: str) -> list[str]:
+    args = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
+    for tag in ("manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+                "manylinux2014_x86_64"):
+        args += ["--platform", tag]
+    return args
+
+
+def slim_sdist(sdist: Path, out: Path) -> Path:
+    """fairseq's sdist less :data:`DROP_FROM_SDIST`, as ``fairseq-src.tar.xz`` (10.6 MB →
+    about 0.5 MB)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        (top,) = Path(tmp).iterdir()
+        for rel in DROP_FROM_SDIST:
+            shutil.rmtree(top / rel, ignore_errors=True)
+        target = out / "fairseq-src.tar.xz"
+        with tarfile.open(target, "w:xz") as tar:
+            tar.add(top, arcname="fairseq-src")
+    return target
+
+
+def slim_bitsandbytes(wheel: Path, keep: str = CUDA_LIB) -> Path:
+    """Rewrite the bitsandbytes wheel with one CUDA library (and the CPU one): 43 MB → ~2 MB.
+    Its RECORD loses the dropped files, so pip installs the rest as a whole wheel."""
+    tmp = wheel.with_suffix(".slim")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+        dropped = {n for n in src.namelist()
+                   if Path(n).name.startswith("libbitsandbytes_")
+                   and Path(n).name not in (keep, "libbitsandbytes_cpu.so")}
+        if not any(Path(n).name == keep for n in src.namelist()):
+            raise UserError(f"{wheel.name} has no {keep}: pin a bitsandbytes that ships it")
+        for name in src.namelist():
+            if name in dropped:
+                continue
+            data = src.read(name)
+            if name.endswith(".dist-info/RECORD"):
+                data = "".join(line + "\n" for line in data.decode().splitlines()
+                               if line.split(",")[0] not in dropped).encode()
+            dst.writestr(name, data)
+    tmp.replace(wheel)
+    return wheel
+
+
+def _wheels(out: Path, python: str) -> list[Path]:
+    wheel_dir = out / "wheels"
+    wheel_dir.mkdir()
+    _pip("download", "-q", "--no-deps", "-d", str(wheel_dir), *_platform_args(python), *WHEELS)
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip("download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp, *SDIST_WHEELS)
+        _pip("wheel", "-q", "--no-deps", "-w", str(wheel_dir), *Path(tmp).iterdir())
+    for w in wheel_dir.glob("bitsandbytes-*.whl"):
+        slim_bitsandbytes(w)
+    return sorted(wheel_dir.iterdir())
+
+
+def tiny_cls(src: Path, dst: Path) -> None:
+    """The first reviews of each split, both labels, for a tiny-budget call."""
+    dst.mkdir(parents=True)
+    for split, n in TINY_SIZES.items():
+        reviews = (src / f"{split}.review").read_text(encoding="utf-8").splitlines()
+        labels = (src / f"{split}.label").read_text(encoding="utf-8").splitlines()
+        picked = [i for lab in ("0", "1") for i in [j for j, x in enumerate(labels) if x == lab][
+            : n // 2]]
+        picked.sort()
+        (dst / f"{split}.review").write_text("".join(reviews[i] + "\n" for i in picked),
+                                             encoding="utf-8")
+        (dst / f"{split}.label").write_text("".join(labels[i] + "\n" for i in picked),
+                                            encoding="utf-8")
+
+
+def corpus_slice(bin_dir: Path, out: Path, tokens: int, valid_tokens: int | None = None,
+                 *, also: Path | None = None, seed: int | None = None) -> int:
+    """About ``tokens`` of the binarized pretraining corpus's training side, as fairseq's own
+    indexed-dataset files with its dictionary: runs of :data:`SLICE_CHUNK` consecutive
+    paragraphs drawn with a seeded coin, so that novels and reviews keep their shares (the corpus
+    lists novels first) and a paragraph keeps its neighbours. The validation sets go whole (or up
+    to ``valid_tokens``); without ``seed``, the first paragraphs; ``also`` (another corpus's ``bin/``, the task-adaptive one) is appended
+    whole. Returns the training tokens kept."""
+    out.mkdir(parents=True)
+    shutil.copy2(bin_dir / "dict.txt", out / "dict.txt")
+    for name in ("valid", "valid1"):
+        if (bin_dir / f"{name}.idx").is_file():
+            _slice(bin_dir / name, out / name, valid_tokens)
+    extra = [also / "train"] if also is not None else []
+    return _slice(bin_dir / "train", out / "train", tokens, seed=seed, extra=extra)
+
+
+def _slice(src_prefix: Path, dst_prefix: Path, tokens: int | None, *, seed: int | None = None,
+           extra: Sequence[Path] = ()) -> int:
+    """``tokens`` of a dataset (None: all of it): its first items, or with ``seed`` chunks drawn
+    at random; then every item of each ``extra`` dataset."""
+    from fairseq.data import indexed_dataset
+
+    if tokens is None and not extra:
+        for ext in (".bin", ".idx"):
+            shutil.copy2(src_prefix.with_suffix(ext), dst_prefix.with_suffix(ext))
+        return 0
+    src = indexed_dataset.MMapIndexedDataset(str(src_prefix))
+    builder = indexed_dataset.MMapIndexedDatasetBuilder(str(dst_prefix.with_suffix(".bin")),
+                                                        dtype=src._index.dtype)
+    sizes = src.sizes
+    total = int(sizes.sum())
+    if tokens is None or tokens >= total:
+        keep = range(len(src))
+    elif seed is None:
+        keep = range(int((sizes.cumsum() <= tokens).sum()) or 1)
+    else:
+        coin = random.Random(seed)
+        share = tokens / total
+        keep = [i for start in range(0, len(src), SLICE_CHUNK) if coin.random() < share
+                for i in range(start, min(start + SLICE_CHUNK, len(src)))]
+    kept = 0
+    for i in keep:
+        builder.add_item(src[i])
+        kept += int(sizes[i])
+    for prefix in extra:
+        more = indexed_dataset.MMapIndexedDataset(str(prefix))
+        for i in range(len(more)):
+            builder.add_item(more[i])
+            kept += int(more.sizes[i])
+    builder.finalize(str(dst_prefix.with_suffix(".idx")))
+    return kept
+
+
+def tree_bytes(root: Path = PROJECT_ROOT) -> int:
+    """What a device call sends besides carried paths: tracked files and untracked ones that git
+    does not ignore."""
+    proc = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                          cwd=root, capture_output=True, check=True)
+    return sum((root / p).stat().st_size for p in proc.stdout.decode().split("\0")
+               if p and (root / p).is_file())
+
+
+def bundle(out: Path | None = None, *, plan: Plan | None = None,
+           python: str = GPU_PYTHON, corpus: Path | None = None) -> dict[str, Any]:
+    """Fill ``out`` (default ``.gpu/``) with what one device call needs; refuse, naming the sizes,
+    when it would not fit the call's 64 MiB with the working tree."""
+    plan = plan or Plan()
+    out = Path(out) if out else PROJECT_ROOT / BUNDLE_DIR
+    cls_dir, tok_dir = cls_books.default_output(), tokenizer.default_output()
+    for what, path, fix in (("CLS-Books texts", cls_dir, "finetune-lab prepare-cls"),
+                            ("tokenizer", tok_dir, "finetune-lab train-tokenizer")):
+        if not path.is_dir():
+            raise UserError(f"{path} ({what}) does not exist: run `{fix}` first")
+    tree = tree_bytes()  # before the bundle's half-made folder, which git does not ignore
+    with atomic_dir(out) as tmp:
+        with tempfile.TemporaryDirectory() as dl:
+            _pip("download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+                 "-d", dl, FAIRSEQ_SDIST)
+            (sdist,) = Path(dl).glob("*.tar.gz")
+            slim_sdist(sdist, tmp)
+        _wheels(tmp, python)
+        with tempfile.TemporaryDirectory() as stage:
+            data = Path(stage) / "data" / "work"
+            if plan.tiny:
+                tiny_cls(cls_dir, data / cls_dir.name)
+            else:
+                shutil.copytree(cls_dir, data / cls_dir.name)
+            shutil.copytree(tok_dir, data / tok_dir.name)
+            if "pretrain" in plan.steps:
+                # Kept here too, so that the pretraining run's data hashes check here later.
+                src = Path(corpus) if corpus else _default_corpus()
+                also = None
+                if plan.tapt:
+                    also = _tapt_corpus()
+                    if not (also / "train.idx").is_file():
+                        raise UserError(f"{also} has no train.idx: run `finetune-lab "
+                                        "prepare-pretrain --tapt` first, or drop --tapt")
+                with atomic_dir(paths().work / GPU_CORPUS) as sliced:
+                    plan.pretrain_tokens = corpus_slice(
+                        src, sliced / "bin", plan.pretrain_tokens or 10**12,
+                        valid_tokens=TINY_VALID_TOKENS if plan.tiny else None, also=also,
+                        seed=None if plan.tiny else 0)
+            # what lies here already goes into the archive as it is, under its path there
+            extra: list[tuple[Path, str]] = []
+            if "pretrain" in plan.steps:
+                extra.append((paths().work / GPU_CORPUS, f"data/work/{GPU_CORPUS}"))
+            if plan.checkpoint:
+                ckpt_dir = PROJECT_ROOT / plan.checkpoint
+                if not (ckpt_dir / checkpoints.MODEL_FILE).is_file():
+                    raise UserError(f"{ckpt_dir} holds no {checkpoints.MODEL_FILE}: pass a "
+                                    "packaged checkpoint folder to --checkpoint")
+                extra.append((ckpt_dir, plan.checkpoint))
+            with tarfile.open(tmp / "data.tar.xz", "w:xz") as tar:
+                tar.add(Path(stage) / "data", arcname="data")
+                for path, arcname in extra:
+                    tar.add(path, arcname=arcname)
+        (tmp / PLAN_FILE).write_text(json.dumps(asdict(plan), indent=1) + "\n", encoding="utf-8")
+        carried = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+        ckpt = checkpoints.packaged_dir() / checkpoints.MODEL_FILE
+        held = f"{ckpt.stat().st_size / 2**20:.1f} MiB" if ckpt.is_file() else "not there"
+        if tree + carried > TRANSFER_LIMIT:
+            raise UserError(
+                f"{out} ({carried / 2**20:.1f} MiB) and the working tree ({tree / 2**20:.1f} MiB, "
+                f"of which {ckpt.name} {held}) exceed the device "
+                f"call's {TRANSFER_LIMIT / 2**20:.0f} MiB: carry a smaller corpus slice "
+                "(--pretrain-tokens), or move the checkpoint out of the tree for a pretraining call")
+    return {"bundle": str(out), "carried_bytes": carried, "tree_bytes": tree, "plan": asdict(plan)}
+
+
+def _default_corpus() -> Path:
+    return pretrain_corpus.default_output() / "bin"
+
+
+def _tapt_corpus() -> Path:
+    return pretrain_corpus.tapt_output() / "bin"

@@ -1,0 +1,157 @@
+"""There, on the GPU machine: install what the bundle carries, run the plan's jobs, pack the runs.
+
+``bash scripts/gpu-lab.sh`` starts :func:`remote` (through ``python -m finetune_lab.gpu_lab``):
+it installs the carried wheels, compiles fairseq's two Cython modules in place, binarizes
+CLS-Books with the same tokenizer (so the data hashes match the ones here), runs the plan's jobs
+side by side (one process per run, CPU threads split between them, all on the one GPU), and
+packs the new run folders and weights (:mod:`finetune_lab.runs.gpu_archive`). The machine has
+torch, transformers and peft but no fairseq: this module imports none of them at its top.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.config import PROJECT_ROOT, paths
+from finetune_lab.errors import UserError
+from finetune_lab.runs import jobs
+from finetune_lab.runs.gpu_archive import pack
+from finetune_lab.runs.gpu_plan import (
+    PLAN_FILE,
+    Plan,
+    lab_jobs,
+    pretrain_budget,
+    pretrain_deadline,
+    pretrain_jobs,
+)
+
+CYTHON_MODULES = ("data_utils_fast", "token_block_utils_fast")
+"""fairseq's compiled modules that the lab needs; its C++ ones (BLEU, NAT, BASE layers) it
+does not."""
+
+
+def build_fairseq(src: Path) -> None:
+    """Compile fairseq's Cython modules in place (seconds; its C++ extensions are not needed)."""
+    code = (
+        "import numpy\n"
+        "from setuptools import Extension, setup\n"
+        "from Cython.Build import cythonize\n"
+        f"names = {list(CYTHON_MODULES)!r}\n"
+        "exts = [Extension('fairseq.data.' + n, ['fairseq/data/' + n + '.pyx'],\n"
+        "        include_dirs=[numpy.get_include()], language='c++',\n"
+        "        extra_compile_args=['-std=c++11', '-O2']) for n in names]\n"
+        "setup(name='fairseq-src', ext_modules=cythonize(exts, quiet=True),\n"
+        "      script_args=['build_ext', '--inplace', '-q'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise UserError(f"compiling fairseq's Cython modules failed:\n{proc.stderr[-3000:]}")
+
+
+def run_jobs(todo: Sequence[jobs.Job], *, env: dict[str, str], parallel: int | None = None,
+             deadline: float | None = None) -> list[dict[str, Any]]:
+    """Run the jobs side by side (:func:`finetune_lab.runs.jobs.run_parallel`); each one's exit
+    code, time and log (relative to the logs' parent folder), for ``gpu-lab.json``."""
+    results = jobs.run_parallel(todo, parallel or len(todo), env=env, label="gpu-lab",
+                                deadline=deadline)
+    return [{"job": r.name, "exit_code": r.exit_code, "seconds": r.seconds,
+             "log": f"{r.log.parent.name}/{r.log.name}"} for r in results]
+
+
+def device_info() -> dict[str, Any]:
+    import torch
+
+    if torch.cuda.is_available():
+        return {"type": "cuda", "name": torch.cuda.get_device_name(0),
+                "count": torch.cuda.device_count(), "torch": torch.__version__}
+    return {"type": "cpu", "name": "cpu", "count": os.cpu_count(), "torch": torch.__version__}
+
+
+def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[str, Any]:
+    """Everything the device call does after ``scripts/gpu-lab.sh`` starts it."""
+    started = time.time()
+    bundle_dir = Path(bundle_dir).resolve()
+    plan = Plan(**json.loads((bundle_dir / PLAN_FILE).read_text(encoding="utf-8")))
+    timings: dict[str, float] = {}
+    work = Path(tempfile.mkdtemp(prefix="gpu-lab-"))
+    site, src = work / "site", work / "fairseq-src"
+
+    def step(name: str, t0: float) -> None:
+        timings[name] = round(time.time() - t0, 1)
+        print(f"gpu-lab: {name} done in {timings[name]:.0f} s", flush=True)
+
+    t0 = time.time()
+    wheels = sorted(str(w) for w in (bundle_dir / "wheels").glob("*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--no-compile", "--disable-pip-version-check", "--target", str(site),
+                    *wheels], check=True)
+    with tarfile.open(bundle_dir / "fairseq-src.tar.xz") as tar:
+        tar.extractall(work, filter="data")
+    build_fairseq(src)
+    step("install", t0)
+    t0 = time.time()
+    with tarfile.open(bundle_dir / "data.tar.xz") as tar:
+        tar.extractall(PROJECT_ROOT, filter="data")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), str(src), str(PROJECT_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    logs = work / "logs"
+    cli = [sys.executable, "-m", "finetune_lab.cli"]
+    prep = []
+    if "lab" in plan.steps:
+        prep.append(jobs.Job("binarize-cls", [*cli, "binarize-cls"], logs / "binarize-cls.log"))
+    if "lab" in plan.steps and "transformers" in plan.lab_parts:
+        prep.append(jobs.Job("convert-hf", [*cli, "convert-hf"], logs / "convert-hf.log"))
+    results = []
+    for job in prep:  # the runs share these, so they come first, one at a time
+        results += run_jobs([job], env=env, parallel=1)
+    step("data", t0)
+    todo: list[jobs.Job] = []
+    if "pretrain" in plan.steps:
+        todo += pretrain_jobs(plan, logs, minutes=pretrain_budget(plan, started))
+    t0 = time.time()
+    if plan.then_finetune and "lab" in plan.steps:  # pretraining first, then its weights
+        results += run_jobs(todo, env=env, parallel=1, deadline=pretrain_deadline(plan, started))
+        step("pretraining", t0)
+        fresh = paths().work / "candidates" / plan.pretrain_name
+        if (fresh / "model.pt").is_file():
+            plan = replace(plan, checkpoint=fresh.relative_to(PROJECT_ROOT).as_posix())
+        else:
+            print("gpu-lab: the pretraining packaged no weights: the lab's pretrained runs use "
+                  "the committed checkpoint", flush=True)
+        todo = []
+    if "lab" in plan.steps:
+        todo += lab_jobs(plan, logs)
+    # The call is killed at 10 minutes with nothing sent back: stop the runs in time to pack.
+    results += run_jobs(todo, env=env, parallel=parallel, deadline=started + plan.runs_until_s)
+    step("runs", t0)
+    runs = paths().runs
+    experiments = [plan.experiment(base) for base in ("fairseq", "transformers", "lora",
+                                                      "pretrain")]
+    if plan.checkpoint:
+        experiments.append(plan.candidate_experiment or plan.experiment("fairseq-candidate"))
+    products = [runs / name for name in experiments if (runs / name).is_dir()]
+    if "pretrain" in plan.steps:  # never a carried --checkpoint back
+        products += [p for p in [paths().work / "candidates" / plan.pretrain_name] if p.is_dir()]
+    kept = paths().work / "gpu-lab-logs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+    shutil.copytree(logs, kept, dirs_exist_ok=True)
+    products.append(kept)
+    t0 = time.time()
+    result = pack(products, out, extra={
+        "plan": asdict(plan), "device": device_info(), "jobs": results, "timings_s": timings,
+        "wall_s": round(time.time() - started, 1),
+        "products": [p.relative_to(PROJECT_ROOT).as_posix() for p in products]})
+    print(f"gpu-lab: packed {len(result['pieces'])} pieces in {time.time() - t0:.0f} s; "
+          f"whole call {time.time() - started:.0f} s", flush=True)
+    return result

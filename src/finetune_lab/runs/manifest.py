@@ -1,0 +1,313 @@
+"""Run manifests: what a run was, what it read, where and when it ran, and whether it finished.
+
+A manifest is the one file that lets a reader trust (or reject) the TensorBoard events next to
+it. It is always written atomically (temp file in the same folder, then :func:`os.replace`), so a
+crash mid-write leaves the previous manifest, never half a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.errors import UserError
+from finetune_lab._files import CONVERSION_RECORD, digest_of, sha256_file, sha256_tree, utc_now, write_json_atomic  # noqa: F401  (part of the run API)
+
+MANIFEST_NAME = "manifest.json"
+SCHEMA_VERSION = 1
+
+STATUS_RUNNING = "running"
+STATUS_COMPLETE = "complete"
+STATUS_FAILED = "failed"
+STATUS_PAUSED = "paused"
+"""A resumable run (long pretraining) that stopped at a segment's end, its budget not spent."""
+STATUSES = (STATUS_RUNNING, STATUS_COMPLETE, STATUS_FAILED, STATUS_PAUSED)
+
+FRAMEWORKS = ("fairseq", "transformers")
+
+# The keys every manifest must carry, and their types: SCHEMA_FILE (manifest.schema.json).
+# Keys that must be filled once a run says it is complete.
+COMPLETE_KEYS = ("end_time", "wall_time_s", "exit_code", "outputs")
+
+# Packages whose versions decide what a run computes; recorded in every manifest.
+TRACKED_PACKAGES = (
+    "torch",
+    "fairseq-fixed",
+    "fairseq",
+    "transformers",
+    "peft",
+    "numpy",
+    "sentencepiece",
+    "tensorboard",
+    "finetune-lab",
+)
+
+EVENT_FILE_MARKER = "events.out.tfevents"
+
+
+class ManifestError(UserError):
+    """A manifest is missing, unreadable or incomplete."""
+
+
+def portable_path(path: Path | str) -> str:
+    """A path as stored in manifests: relative to the project root when inside it.
+
+    Relative paths keep manifests valid in another checkout of the repository.
+    """
+    resolved = Path(path).expanduser().resolve()
+    try:
+        return resolved.relative_to(PROJECT_ROOT).as_posix()
+    except ValueError:
+        return str(resolved)
+
+
+def resolve_stored_path(stored: str) -> Path:
+    """Inverse of :func:`portable_path`."""
+    p = Path(stored)
+    return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+BUILD_RECORD = "manifest.json"
+"""A data folder's own record of how it was built (commands, counts, timings): provenance, not
+data. Run inputs leave it out, so rebuilding identical data does not invalidate the runs."""
+BUILD_RECORDS = frozenset({BUILD_RECORD, CONVERSION_RECORD})
+"""Every such record at the top of an input folder."""
+BUILD_LOG = "preprocess.log"
+"""``fairseq-preprocess``'s log, in every folder it writes: its options, the absolute path of
+the dictionary among them, so it differs between two checkouts of identical data."""
+
+
+def is_build_record(rel: str) -> bool:
+    """Whether a file of an input folder (path relative to it) records how the data was built
+    rather than holding data: left out of run inputs, so that identical data built again, or
+    built in a checkout at another path, keeps the runs valid."""
+    return rel in BUILD_RECORDS or rel.rsplit("/", 1)[-1] == BUILD_LOG
+
+
+def input_record(path: Path | str) -> dict[str, Any]:
+    """``{"path": ..., "sha256": {relpath: sha}}`` for a data folder/file or checkpoint (a
+    folder's build records, :func:`is_build_record`, left out)."""
+    hashes = sha256_tree(path)
+    if Path(path).is_dir():
+        hashes = {rel: sha for rel, sha in hashes.items() if not is_build_record(rel)}
+    return {"path": portable_path(path), "sha256": hashes}
+
+
+# --- environment capture -------------------------------------------------------------------
+
+
+def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str]:
+    """Installed versions of ``names`` (missing ones are left out, not guessed)."""
+    found: dict[str, str] = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def git_commit(repo: Path | str = PROJECT_ROOT) -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}``; tolerant of no git and no commits."""
+
+    def _git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(repo), *args],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo, else :func:`platform.processor`."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_info() -> dict[str, Any]:
+    """The device a run used: GPU name and count when CUDA is visible, else the CPU model.
+
+    ``threads`` is torch's intra-op thread count: on a shared CPU it says how many cores
+    a run had (two one-thread runs side by side each report 1), so speeds compare fairly.
+    """
+    info: dict[str, Any] = {"cpu": cpu_model(), "cpu_count": os.cpu_count()}
+    try:
+        import torch
+
+        info["threads"] = torch.get_num_threads()
+
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            info.update(
+                type="cuda",
+                name=torch.cuda.get_device_name(0),
+                count=count,
+                names=[torch.cuda.get_device_name(i) for i in range(count)],
+            )
+            return info
+    except ImportError:
+        pass
+    info.update(type="cpu", name=info["cpu"], count=1)
+    return info
+
+
+def environment_info() -> dict[str, Any]:
+    """Python, platform, package versions and git state of the code that launched a run."""
+    return {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "packages": package_versions(),
+        "git": git_commit(),
+    }
+
+
+# --- reading and writing ---------------------------------------------------------------------
+
+
+def write_manifest(run_dir: Path | str, manifest: Mapping[str, Any]) -> Path:
+    """Atomically write ``run_dir/manifest.json``."""
+    path = Path(run_dir) / MANIFEST_NAME
+    write_json_atomic(path, dict(manifest))
+    return path
+
+
+def read_manifest(run_dir: Path | str) -> dict[str, Any]:
+    """Read ``run_dir/manifest.json``; raise :class:`ManifestError` naming the file if unusable."""
+    path = Path(run_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(
+            f"{path} is missing: this folder is not a recorded run. Re-run it with the "
+            "`finetune-lab finetune ...` or `finetune-lab pretrain ...` command that makes it "
+            "(README, 'Re-running the experiments'), or delete the folder."
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path} is not valid JSON ({exc}); re-run the run.") from exc
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path} does not hold a JSON object; re-run the run.")
+    return data
+
+
+SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
+"""The shape of a manifest, as a JSON Schema (Draft 2020-12): types, required keys, records."""
+
+
+@lru_cache(maxsize=1)
+def _schema_validator():
+    import jsonschema
+
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _where(path: Iterable[Any]) -> str:
+    """``inputs.data[0]`` from jsonschema's path ``["inputs", "data", 0]``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def schema_problems(manifest: Any) -> list[str]:
+    """Where ``manifest`` breaks :data:`SCHEMA_FILE`, one sentence per place, using the
+    schema's titles (``manifest 'outputs' is not a mapping of event file to sha256, ...``)."""
+    problems: list[str] = []
+    for err in sorted(_schema_validator().iter_errors(manifest),
+                      key=lambda e: [str(p) for p in e.absolute_path]):
+        where = _where(err.absolute_path)
+        if err.validator == "required":
+            prefix = f"{where}." if where else ""
+            problems += [f"manifest lacks key '{prefix}{k}'" for k in err.validator_value
+                         if isinstance(err.instance, dict) and k not in err.instance
+                         and f"manifest lacks key '{prefix}{k}'" not in problems]
+        else:
+            title = err.schema.get("title") if isinstance(err.schema, dict) else None
+            problems.append(f"manifest '{where}' is not {title}" if title
+                            else f"manifest '{where}': {err.message}")
+    return problems
+
+
+def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
+    """Everything that makes ``manifest`` unusable, as readable sentences (empty if fine): its
+    shape against the schema, then what its status says."""
+    problems = schema_problems(manifest)
+    if any(p.startswith("manifest lacks key") for p in problems):
+        return problems
+    status = manifest["status"]
+    if status == STATUS_RUNNING:
+        problems.append(
+            "status is 'running': the run never finished (killed mid-way, or still in progress)"
+        )
+    elif status == STATUS_FAILED:
+        code = manifest.get("exit_code")
+        problems.append(
+            f"status is 'failed': the training process exited with code {code}" if code is not None
+            else "status is 'failed': the launch was interrupted before its training process "
+                 f"ended ({manifest.get('error') or 'no exit code'})"
+        )
+    elif status == STATUS_PAUSED:
+        problems.append(
+            f"status is 'paused': a long run stopped at update {manifest.get('updates_done')} of "
+            f"{(manifest.get('hyperparameters') or {}).get('max_update')}; the same "
+            "`finetune-lab pretrain --tokens ...` command resumes it"
+        )
+    elif status == STATUS_COMPLETE:
+        problems += [
+            f"manifest says complete but lacks '{k}'"
+            for k in COMPLETE_KEYS
+            if manifest.get(k) is None
+        ]
+    return problems
+
+
+def input_shape_problems(inputs: Any) -> list[str]:
+    """The schema's complaints about a manifest's ``inputs`` alone (the registry hashes inputs
+    only when their shape is right)."""
+    return [p for p in schema_problems({"inputs": inputs})
+            if p.startswith(("manifest 'inputs", "manifest lacks key 'inputs."))]
+
+
+def event_files(run_dir: Path | str) -> list[Path]:
+    """TensorBoard event files anywhere under ``run_dir`` (fairseq writes one folder per subset)."""
+    root = Path(run_dir)
+    return sorted(p for p in root.rglob(f"{EVENT_FILE_MARKER}*") if p.is_file())
+
+
+def output_hashes(run_dir: Path | str) -> dict[str, str]:
+    """sha256 of each event file, keyed by its path relative to the run folder."""
+    root = Path(run_dir)
+    return {p.relative_to(root).as_posix(): sha256_file(p) for p in event_files(root)}
+
+
+def checkpoint_hashes(run_dir: Path | str) -> dict[str, str]:
+    """sha256 of each ``*.pt`` checkpoint a run saved under its folder (relative paths)."""
+    root = Path(run_dir)
+    return {p.relative_to(root).as_posix(): sha256_file(p)
+            for p in sorted(root.rglob("*.pt")) if p.is_file()}

@@ -1,0 +1,360 @@
+"""Producing runs: one folder per run, a manifest that says ``complete`` only when it is true.
+
+Later steps (fine-tuning with fairseq or Transformers) wrap their training in :func:`record_run`;
+the recipe (which flags, which data) stays with them. This module only guarantees the layout
+``<runs root>/<experiment>/<run>/`` and the honesty of the manifest's status:
+
+* ``running`` is written before training starts, so a run killed mid-way stays ``running``;
+* ``complete`` (with end time, wall time and the event files' hashes) only when the training
+  process exited 0 (or, for in-process training, the ``with`` body ended without an exception);
+* ``failed`` otherwise.
+
+Two launches of one run are kept apart by :mod:`finetune_lab.runs.runlock`; the training
+process itself (dying with its launcher, ended when it hangs after saving) is handled by
+:mod:`finetune_lab.runs.trainer_process`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from finetune_lab._files import utc_now
+from finetune_lab.config import paths
+from finetune_lab.errors import UserError
+from finetune_lab.runs import manifest as mf
+from finetune_lab.runs.runlock import run_lock
+from finetune_lab.runs.trainer_process import (
+    RunInterrupted,
+    die_with_parent,
+    log_tail,
+    terminate_as_interrupt,
+    wait_or_end_after,
+)
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+TRAIN_LOG = "train.log"
+
+
+class RunExistsError(UserError):
+    """The run folder already holds a run."""
+
+
+class TrainingFailedError(UserError):
+    """The training process exited non-zero (its log is named in the message)."""
+
+
+def run_dir_for(experiment: str, run: str, runs_root: Path | str | None = None) -> Path:
+    """``<runs root>/<experiment>/<run>``, after checking both names are plain folder names."""
+    for label, name in (("experiment", experiment), ("run", run)):
+        if not _NAME_RE.match(name):
+            raise UserError(
+                f"{label} name {name!r} must be a plain folder name (letters, digits, . _ + -)"
+            )
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    return root / experiment / run
+
+
+EXIT_GRACE_S = 30.0
+"""How long a training process may take to exit after it logged that its work is done: on the
+H100, fairseq with ten data-loading workers logged "done training" (checkpoint saved) and then
+did not exit for over 90 s, until the call's deadline killed it and the weights were lost."""
+
+
+@dataclass
+class RunHandle:
+    """What the body of :func:`record_run` gets: the run folder and a way to launch training."""
+
+    run_dir: Path
+    manifest: dict[str, Any]
+    exit_code: int | None = None
+    log_path: Path | None = field(default=None)
+    paused: bool = False
+    """Set by a resumable run's body when it stopped before its budget was spent."""
+
+    def run(
+        self,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+        check: bool = True,
+        done_marker: str | None = None,
+        exit_grace_s: float = EXIT_GRACE_S,
+    ) -> int:
+        """Run the training process, logging its output to ``train.log`` in the run folder.
+
+        The command line is stored in the manifest (rewritten atomically) before it starts.
+        With ``check`` a non-zero exit raises :class:`TrainingFailedError` (the manifest then
+        ends ``failed``); either way the exit code decides the final status. A process that
+        logged ``done_marker`` (its work saved) but has not exited ``exit_grace_s`` later is
+        killed and counted as done; the manifest says so (``exit_forced``).
+        """
+        command = [str(c) for c in command]
+        self.manifest["command"] = command
+        mf.write_manifest(self.run_dir, self.manifest)
+        self.log_path = self.run_dir / TRAIN_LOG
+        full_env = {**os.environ, **(env or {})}
+        with open(self.log_path, "ab") as log:
+            start = log.tell()
+            proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            )
+            try:
+                returncode = wait_or_end_after(proc, self.log_path, start, done_marker,
+                                               exit_grace_s)
+            except BaseException:  # an interrupt: the trainer goes too (as subprocess.run does)
+                proc.kill()
+                proc.wait()
+                raise
+        if returncode is None:
+            self.manifest["exit_forced"] = (
+                f"logged {done_marker!r} but had not exited {exit_grace_s:g} s later: killed")
+            returncode = 0
+        self.exit_code = returncode
+        if check and returncode != 0:
+            raise TrainingFailedError(
+                f"training exited with code {returncode}; see {self.log_path} "
+                f"(command: {' '.join(command)})\nlast lines of the log:\n"
+                f"{log_tail(self.log_path)}"
+            )
+        return returncode
+
+
+
+
+@contextmanager
+def record_run(
+    experiment: str,
+    run: str,
+    *,
+    framework: str,
+    init: str,
+    seed: int,
+    hyperparameters: Mapping[str, Any],
+    data: Sequence[Path | str] = (),
+    checkpoint: Path | str | None = None,
+    command: Sequence[str] | None = None,
+    runs_root: Path | str | None = None,
+    overwrite: bool = False,
+    extra: Mapping[str, Any] | None = None,
+    resume: bool = False,
+) -> Iterator[RunHandle]:
+    """Create ``<runs root>/<experiment>/<run>/`` and keep its manifest truthful.
+
+    ``data`` are the files/folders the run reads (hashed now); ``checkpoint`` the initial
+    weights (``None`` for a random init). ``hyperparameters`` must not contain ``seed`` or
+    ``init``: those are recorded separately because they are what varies inside an experiment.
+    An existing run folder is refused unless ``overwrite``, which clears it first so that no
+    stale event file can mix into the new run: a complete run is moved aside
+    (:func:`set_aside`), never deleted.
+
+    ``resume`` makes the run resumable: its manifest lists ``segments`` (one per launch), an
+    unfinished run with the same seed, init and hyperparameters is continued in place (a new
+    segment), and a body that sets ``handle.paused`` leaves it ``paused`` instead of complete.
+    """
+    if framework not in mf.FRAMEWORKS:
+        raise UserError(f"framework {framework!r} is not one of {', '.join(mf.FRAMEWORKS)}")
+    clash = {"seed", "init"} & set(hyperparameters)
+    if clash:
+        raise UserError(
+            f"hyperparameters must not contain {sorted(clash)}: pass them as seed=/init="
+        )
+    run_dir = run_dir_for(experiment, run, runs_root)
+    with run_lock(run_dir):
+        previous = resumable_manifest(run_dir, seed=seed, init=init,
+                                      hyperparameters=hyperparameters) if resume else None
+        if previous is None and run_dir.exists() and any(run_dir.iterdir()):
+            if not overwrite:
+                raise RunExistsError(
+                    f"{run_dir} already holds a run; delete it or pass overwrite=True to redo it"
+                )
+            set_aside(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+        start = utc_now()
+        start_clock = time.monotonic()
+        manifest: dict[str, Any] = {
+            "schema": mf.SCHEMA_VERSION,
+            "experiment": experiment,
+            "run": run,
+            "framework": framework,
+            "init": init,
+            "seed": int(seed),
+            "hyperparameters": dict(hyperparameters),
+            "command": [str(c) for c in (command if command is not None else sys.argv)],
+            "inputs": {
+                "data": [mf.input_record(p) for p in data],
+                "checkpoint": mf.input_record(checkpoint) if checkpoint is not None else None,
+            },
+            "environment": mf.environment_info(),
+            "device": mf.device_info(),
+            "start_time": start,
+            "end_time": None,
+            "wall_time_s": None,
+            "exit_code": None,
+            "outputs": None,
+            "status": mf.STATUS_RUNNING,
+        }
+        if extra:
+            manifest["extra"] = dict(extra)
+        earlier_wall = 0.0
+        if resume:
+            manifest, earlier_wall = _with_new_segment(manifest, previous)
+        mf.write_manifest(run_dir, manifest)
+        handle = RunHandle(run_dir=run_dir, manifest=manifest)
+
+        def _finish(status: str, exit_code: int | None, error: str | None = None) -> None:
+            manifest["end_time"] = utc_now()
+            wall = round(time.monotonic() - start_clock, 3)
+            manifest["wall_time_s"] = round(earlier_wall + wall, 3)
+            if resume:
+                manifest["segments"][-1].update(end_time=manifest["end_time"], wall_time_s=wall,
+                                                exit_code=exit_code, ended=status)
+            manifest["exit_code"] = exit_code
+            manifest["outputs"] = mf.output_hashes(run_dir)
+            manifest["checkpoints"] = mf.checkpoint_hashes(run_dir)
+            if error:
+                manifest["error"] = error
+            manifest["status"] = status
+            mf.write_manifest(run_dir, manifest)
+
+        try:
+            with terminate_as_interrupt():
+                yield handle
+        except KeyboardInterrupt:
+            _finish(mf.STATUS_FAILED, handle.exit_code,
+                    f"interrupted (signal {int(signal.SIGINT)})")
+            raise
+        except RunInterrupted as exc:
+            _finish(mf.STATUS_FAILED, handle.exit_code, str(exc))
+            raise
+        except BaseException as exc:
+            _finish(mf.STATUS_FAILED, handle.exit_code, f"{type(exc).__name__}: {exc}")
+            raise
+        code = 0 if handle.exit_code is None else handle.exit_code
+        done = mf.STATUS_PAUSED if handle.paused else mf.STATUS_COMPLETE
+        _finish(done if code == 0 else mf.STATUS_FAILED, code)
+
+
+def _with_new_segment(fresh: dict[str, Any], previous: dict[str, Any] | None,
+                      ) -> tuple[dict[str, Any], float]:
+    """A resumable run's manifest for a new launch, and the wall time of the earlier ones.
+
+    A continued run keeps its first launch's start, inputs, command and extra; environment and
+    device are this launch's. A launch that never recorded its end was killed: it is marked
+    ``interrupted``.
+    """
+    segments: list[dict[str, Any]] = []
+    manifest = fresh
+    if previous is not None:
+        manifest = {**previous, "status": mf.STATUS_RUNNING,
+                    "environment": fresh["environment"], "device": fresh["device"]}
+        segments = [dict(s) for s in previous.get("segments") or []]
+        for s in segments:
+            s.setdefault("end_time", None)
+            s.setdefault("ended", "interrupted")
+    manifest["segments"] = [*segments, {"start_time": fresh["start_time"],
+                                        "device": fresh["device"]}]
+    return manifest, sum(float(s.get("wall_time_s") or 0) for s in segments)
+
+
+SUPERSEDED = ".superseded"
+"""``<runs root>/.superseded/``: complete runs that a re-run replaced, kept (never listed)."""
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """Clear ``run_dir`` for a new run. A run that had completed (its inputs may have changed
+    since, but its results are real) is moved to ``<runs root>/.superseded/<experiment>/
+    <run>-<time>/`` and the move is printed; an unfinished or failed one is deleted."""
+    status = None
+    if (run_dir / mf.MANIFEST_NAME).is_file():
+        try:
+            status = mf.read_manifest(run_dir).get("status")
+        except UserError:
+            status = None
+    if status != mf.STATUS_COMPLETE:
+        shutil.rmtree(run_dir)
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    folder = run_dir.parent.parent / SUPERSEDED / run_dir.parent.name
+    target, n = folder / f"{run_dir.name}-{stamp}", 1
+    while target.exists():  # two replacements within a second
+        n += 1
+        target = folder / f"{run_dir.name}-{stamp}-{n}"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(run_dir), str(target))
+    print(f"{run_dir} held a complete run, which this one replaces: it was moved to {target}",
+          flush=True)
+    return target
+
+
+def resumable_manifest(run_dir: Path, *, seed: int, init: str,
+                       hyperparameters: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The manifest of an unfinished resumable run that this launch continues, or None.
+
+    A complete run is never resumed, and one with another seed, init or recipe is a different
+    run: both are refused (or overwritten) as usual.
+    """
+    path = run_dir / mf.MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        previous = mf.read_manifest(run_dir)
+    except UserError:
+        return None
+    same = (previous.get("seed") == int(seed) and previous.get("init") == init
+            and previous.get("hyperparameters") == dict(hyperparameters)
+            and isinstance(previous.get("segments"), list))
+    if not same or previous.get("status") == mf.STATUS_COMPLETE:
+        return None
+    return previous
+
+
+FAIRSEQ_DONE = "done training in"
+"""What fairseq-train logs once the last checkpoint is saved."""
+
+
+def fairseq_train_command(args: Sequence[str], run_dir: Path | str,
+                          launcher: Sequence[str] | None = None) -> list[str]:
+    """``python -m fairseq_cli.train ARGS --tensorboard-logdir RUN_DIR`` with this interpreter,
+    or under ``launcher`` (torchrun's command line: ``LAUNCHER -m fairseq_cli.train ARGS``).
+
+    fairseq's ``--tensorboard-logdir`` makes one sub-folder per subset (train, train_inner,
+    valid, test), which the loaders keep apart; in data-parallel training only rank 0 writes.
+    The recipe (``args``) is the caller's.
+    """
+    args = [str(a) for a in args]
+    if any(a == "--tensorboard-logdir" or a.startswith("--tensorboard-logdir=") for a in args):
+        raise UserError("pass no --tensorboard-logdir: the run folder is the log folder")
+    head = [*launcher, "-m"] if launcher else [sys.executable, "-m"]
+    return [*head, "fairseq_cli.train", *args, "--tensorboard-logdir", str(run_dir)]
+
+
+def run_fairseq_train(
+    handle: RunHandle,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    launcher: Sequence[str] | None = None,
+) -> int:
+    """Run ``fairseq-train ARGS`` inside a :func:`record_run` block, logging to its folder.
+
+    Checkpoints saved under the run folder (``--save-dir <run>/checkpoints``) are hashed into
+    the manifest's ``checkpoints`` when the run ends, which is what lets
+    :mod:`finetune_lab.models.checkpoints` trust them later.
+    """
+    return handle.run(fairseq_train_command(args, handle.run_dir, launcher), env=env,
+                      check=check, done_marker=FAIRSEQ_DONE)

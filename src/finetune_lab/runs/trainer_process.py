@@ -1,0 +1,104 @@
+"""The training process of a run: started so that it dies with its launcher, stopped when it
+hangs after its work is saved, and a SIGTERM to the launcher turned into an exception so that
+the run's manifest can say it was interrupted."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class RunInterrupted(BaseException):
+    """SIGTERM reached the launcher: raised so that the trainer is stopped (``subprocess.run``
+    kills its child on any exception) and the manifest says so."""
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While a run is written, SIGTERM raises :class:`RunInterrupted` instead of ending the
+    launcher on the spot (which would leave the manifest ``running`` and, without the
+    parent-death signal, the trainer alive). Only the main thread can take signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        raise RunInterrupted(f"interrupted (signal {signum})")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def die_with_parent() -> None:  # pragma: no cover (runs in the child, between fork and exec)
+    """Linux: have the kernel send SIGTERM to the trainer when its launcher dies, so that a
+    killed ``finetune``/``pretrain`` leaves no trainer writing into the run folder."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The end of a training log, so a failure can be read where it is reported (e.g. in CI)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_or_end_after(proc: subprocess.Popen, log_path: Path, start: int,
+                       done_marker: str | None, grace_s: float, poll_s: float = 1.0) -> int | None:
+    """``proc``'s exit code; None when it logged ``done_marker`` and was killed ``grace_s``
+    later for not exiting (it and its children: data-loading workers)."""
+    if done_marker is None:
+        return proc.wait()
+    marker, seen_at, offset, tail = done_marker.encode(), None, start, b""
+    while True:
+        try:
+            return proc.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            pass
+        if seen_at is None:
+            with open(log_path, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+            offset += len(chunk)
+            if marker in tail + chunk:
+                seen_at = time.monotonic()
+            tail = (tail + chunk)[-len(marker):]
+        elif time.monotonic() - seen_at > grace_s:
+            kill_tree(proc.pid)
+            proc.wait()
+            return None
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants (read from /proc; elsewhere ``pid`` alone)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, found = [pid], []
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    for p in found:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass

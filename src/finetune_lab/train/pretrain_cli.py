@@ -1,0 +1,130 @@
+"""The ``pretrain`` and ``package-checkpoint`` commands.
+
+``pretrain`` runs on a budget in minutes or updates (:mod:`~finetune_lab.train.pretrain`), or,
+with ``--tokens``, one long resumable run (:mod:`~finetune_lab.train.pretrain_long`); both are
+behind the one command so that their options stay one set.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from finetune_lab.argtypes import non_negative_int, positive_float, positive_int, resolved_path
+from finetune_lab.data import tokenizer
+from finetune_lab.models import checkpoints, trust
+from finetune_lab.train.pretrain import pretrain
+from finetune_lab.train.pretrain_lineage import checkpoint_metadata
+from finetune_lab.train.pretrain_long import pretrain_long
+from finetune_lab.train.pretrain_recipe import (EXPERIMENT, PRECISIONS, Launch, PretrainRecipe,
+                                                default_recipe, device_defaults)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``pretrain`` and ``package-checkpoint``."""
+    p = sub.add_parser("pretrain", help="pretrain the stand-in RoBERTa-small-fr (masked LM)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--max-update", type=positive_int, help="budget in updates")
+    budget.add_argument("--minutes", type=positive_float,
+                        help="budget in minutes (default: 8 on a GPU, 120 on a CPU); "
+                             "turned into updates by a short calibration run")
+    budget.add_argument("--tokens", type=positive_float, metavar="N",
+                        help="a long, resumable run: the budget in tokens (e.g. 150e6), with "
+                             "one schedule over all of it; run the same command again to resume "
+                             "it (see --segment-minutes, --tapt-fraction)")
+    p.add_argument("--segment-minutes", type=positive_float,
+                   help="with --tokens: stop this launch (saving, resumable) after this long")
+    p.add_argument("--tapt-fraction", type=float, default=0.0,
+                   help="with --tokens: the last fraction of the budget is task-adaptive, on "
+                        "`prepare-pretrain --tapt`'s corpus (the CLS-Books training texts)")
+    p.add_argument("--dropout", type=float,
+                   help="dropout and attention dropout (default: 0 on a CPU, where the model "
+                        "underfits, as the ablations measured; 0.1 on a GPU, RoBERTa's)")
+    p.add_argument("--stop-minutes", type=float,
+                   help="with --max-update: also stop (and save) when this much time has passed")
+    p.add_argument("--seed", type=non_negative_int,
+                   help="fixes initialisation and sample order (default 1; with --continue-from, "
+                        "1 + the runs behind the weights, so that no run replays its parent's "
+                        "samples)")
+    p.add_argument("--run", help="run name (default: <device>-seed<seed>; with --tokens, "
+                                  "<device>-long)")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default by device)")
+    p.add_argument("--update-freq", type=int, help="steps per update (default by device)")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"peak learning rate (default: {PretrainRecipe.lr:g}; 7e-4 on a GPU)")
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="default: bf16 on a GPU that has it (else fp16), and on a CPU with AMX "
+                        "or AVX512-BF16; fp32 on other CPUs")
+    p.add_argument("--data", type=resolved_path, help="binarized corpus (default: prepare-pretrain's)")
+    p.add_argument("--no-package", action="store_true",
+                   help="do not replace data/checkpoints/roberta-small-fr")
+    p.add_argument("--package-to", type=Path, metavar="DIR",
+                   help="package the result here instead of data/checkpoints/roberta-small-fr: "
+                        "a candidate to fine-tune (`finetune fairseq --checkpoint DIR "
+                        "--experiment fairseq-candidate`) before it replaces the committed one")
+    p.add_argument("--overwrite", action="store_true", help="redo an existing run")
+    p.add_argument("--experiment", default=EXPERIMENT,
+                   help="run-cache folder (default: pretrain; the ablations use "
+                        "pretrain-ablation)")
+    dist = p.add_argument_group(
+        "data-parallel training (fairseq's own, through torchrun; see the README's Scaling out)")
+    dist.add_argument("--nproc-per-node", type=positive_int, default=1,
+                      help="processes on this machine (one per GPU; gloo on CPUs)")
+    dist.add_argument("--nnodes", type=positive_int, default=1, help="machines")
+    dist.add_argument("--node-rank", type=non_negative_int, default=0, help="this machine's rank")
+    dist.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address")
+    dist.add_argument("--master-port", type=positive_int, default=29500)
+    p.add_argument("--continue-from", type=Path, metavar="CHECKPOINT_DIR",
+                   help="continue pretraining from a packaged checkpoint folder (e.g. "
+                        "data/checkpoints/roberta-small-fr) with a fresh warm-up and decay, so "
+                        "CPU sessions add up; the new package records the lineage")
+    p.set_defaults(func=_run)
+
+    pk = sub.add_parser("package-checkpoint",
+                        help="package a trusted fairseq checkpoint as model.pt + dict + spm")
+    pk.add_argument("source", type=Path)
+    pk.add_argument("--dest", type=Path)
+    pk.add_argument("--trust", action="store_true",
+                    help="package a SOURCE that no manifest of this project lists (one you made "
+                         "or trust); the package's manifest says so")
+    pk.set_defaults(func=_run_package)
+
+
+def _run(args: argparse.Namespace) -> int:
+    d = device_defaults()
+    recipe = default_recipe(batch_size=args.batch_size, update_freq=args.update_freq,
+                            lr=args.lr, dropout=args.dropout, attention_dropout=args.dropout)
+    launch = Launch(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                    node_rank=args.node_rank, master_addr=args.master_addr,
+                    master_port=args.master_port)
+    if args.tokens is not None:
+        run_dir = pretrain_long(run=args.run or f"{d['device']}-long", tokens=int(args.tokens),
+                                continue_from=args.continue_from, seed=args.seed,
+                                data_dir=args.data, tapt_fraction=args.tapt_fraction,
+                                recipe=replace(recipe, validate_every=250),
+                                precision=args.precision, segment_minutes=args.segment_minutes,
+                                package=not args.no_package, package_to=args.package_to,
+                                launch=launch)
+        print(f"pretrain: run recorded in {run_dir}")
+        return 0
+    run_dir = pretrain(max_update=args.max_update, minutes=args.minutes or args.stop_minutes,
+                       seed=args.seed,
+                       run=args.run, data_dir=args.data, recipe=recipe,
+                       package=not args.no_package, package_to=args.package_to,
+                       overwrite=args.overwrite,
+                       continue_from=args.continue_from, precision=args.precision,
+                       experiment=args.experiment, launch=launch)
+    print(f"pretrain: run recorded in {run_dir}")
+    return 0
+
+
+def _run_package(args: argparse.Namespace) -> int:
+    spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
+    manifests = trust.default_manifests()
+    dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest,
+                                          manifests=manifests, trust=args.trust,
+                                          metadata=checkpoint_metadata(args.source, manifests,
+                                                                       trust=args.trust))
+    print(f"package-checkpoint: wrote {dest}")
+    return 0

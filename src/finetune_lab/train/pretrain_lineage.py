@@ -1,0 +1,105 @@
+"""Where a pretraining run's weights come from: the packaged checkpoint a run continues, the
+runs behind the weights (their lineage, so that the tokens seen add up across continued runs)
+and what the packaged checkpoint's manifest records of its origin."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.config import paths
+from finetune_lab.errors import UserError
+from finetune_lab.models import checkpoints
+from finetune_lab.models.trust import check_trusted, load_trusted
+from finetune_lab.runs.manifest import portable_path, sha256_file
+from finetune_lab.train.pretrain_recipe import state_dir
+
+
+def continuation_source(folder: Path, bin_dir: Path) -> dict[str, Any]:
+    """The packaged checkpoint to continue pretraining from, checked, with its lineage.
+
+    It must be trusted (its sha256 in its manifest) and share the corpus's dictionary, or the
+    embedding rows would mean other pieces. The lineage lists every run the weights went through
+    (updates and tokens each), so the tokens seen add up across continued runs.
+    """
+    folder = Path(folder)
+    model, manifest = folder / checkpoints.MODEL_FILE, folder / checkpoints.MANIFEST_FILE
+    for f in (model, manifest, folder / checkpoints.DICT_FILE):
+        if not f.is_file():
+            raise UserError(f"{f} is missing: --continue-from needs a packaged checkpoint folder "
+                            "(model.pt, dict.txt, manifest.json), as `finetune-lab pretrain` "
+                            "writes to data/checkpoints/roberta-small-fr")
+    check_trusted(model, [manifest])
+    if sha256_file(folder / checkpoints.DICT_FILE) != sha256_file(bin_dir / "dict.txt"):
+        raise UserError(f"{bin_dir / 'dict.txt'} is not the dictionary of {folder}: binarize the "
+                        "corpus with the checkpoint's tokenizer (`finetune-lab reproduce` adopts "
+                        "it; or copy its dict.txt and sentencepiece model to data/work/tokenizer "
+                        "and run `finetune-lab prepare-pretrain`)")
+    man = checkpoints.package_manifest(folder)
+    lineage = man.get("lineage")
+    if lineage is None:  # packaged before lineages were kept: one run, read from its manifest
+        tokens = None
+        run_manifest = paths().project / str(man.get("run") or "") / "manifest.json"
+        if man.get("run") and run_manifest.is_file():
+            hp = json.loads(run_manifest.read_text(encoding="utf-8"))["hyperparameters"]
+            tokens = int(hp["tokens_per_update"]) * int(man.get("num_updates") or 0)
+        lineage = [{"run": man.get("run"), "updates": man.get("num_updates"), "tokens": tokens}]
+    return {"path": str(model), "sha256": sha256_file(model), "run": man.get("run"),
+            "lineage": lineage}
+
+
+def continued_run_name(parent_run: str, runs_behind: int) -> str:
+    """``cpu-seed1`` continued once is ``cpu-seed1-c1``, then ``cpu-seed1-c2`` (not ``-c1-c2``)."""
+    first = re.sub(r"-c\d+$", "", Path(parent_run).name)
+    return f"{first}-c{runs_behind}"
+
+
+def lineage_of(manifest: dict[str, Any], run: str | None) -> list[dict[str, Any]]:
+    """The runs behind a pretraining run's final weights, itself (``run``) last, each with its
+    updates and tokens: what a package records, and what the report reads for a candidate."""
+    hp = manifest["hyperparameters"]
+    done = manifest.get("updates_done")
+    earlier = ((manifest.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+    return [*earlier, {"run": run, "updates": done,
+                       "tokens": done * int(hp["tokens_per_update"]) if done is not None else None}]
+
+
+def checkpoint_metadata(source: Path, manifests: list[Path], *,
+                        trust: bool = False) -> dict[str, Any]:
+    """What the packaged checkpoint's manifest says of its origin: run, the lineage of its
+    weights (:func:`lineage_of`, whether packaged by ``pretrain`` or ``package-checkpoint``) and
+    validation loss."""
+    sha = sha256_file(source)
+    run, lineage = None, None
+    for m in manifests:
+        manifest = json.loads(Path(m).read_text(encoding="utf-8"))
+        saved = manifest.get("saved_checkpoints") or {}
+        if any(v.get("sha256") == sha for v in saved.values()):
+            run = portable_path(Path(m).parent)
+            lineage = lineage_of(manifest, run)
+    state = load_trusted(source, manifests, trust=trust)
+    if run is None:  # a checkpoint a run saved on its way (a long run, paused or going on)
+        run, lineage = _saved_on_the_way(Path(source), manifests, state)
+    loss = (state.get("extra_state") or {}).get("best")
+    return {"run": run, "lineage": lineage, "valid_loss_bits": loss,
+            "valid_perplexity": 2 ** loss if loss is not None else None}
+
+
+def _saved_on_the_way(source: Path, manifests: list[Path],
+                      state: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """The run whose save folder holds ``source`` and the lineage of those weights: the run's
+    own, with its entry cut at the checkpoint's update (not the run's latest)."""
+    updates = ((state.get("optimizer_history") or [{}])[-1]).get("num_updates")
+    for m in manifests:
+        folder = Path(m).parent
+        if state_dir(folder.name).resolve() != source.parent.resolve() or updates is None:
+            continue
+        manifest = json.loads(Path(m).read_text(encoding="utf-8"))
+        run = portable_path(folder)
+        *earlier, _ = lineage_of(manifest, run)
+        tokens = int(updates) * int(manifest["hyperparameters"]["tokens_per_update"])
+        return run, [*earlier, {"run": run, "updates": int(updates), "tokens": tokens}]
+    return None, None
+

@@ -1,0 +1,238 @@
+"""One long pretraining run on a budget in tokens, in as many launches as it takes.
+
+Short continued runs each pay a fresh warm-up and never reach the low learning rates at the end
+of a decay. Here the schedule (warm-up, then linear decay to 0) is laid once over the whole
+budget, and each launch (a *segment*: a session on a CPU, a call on a GPU) resumes from
+fairseq's own ``checkpoint_last.pt`` (weights, optimizer, scheduler and data position), so a
+run interrupted anywhere goes on as if it had not been. The budget may end with a
+task-adaptive phase [Gururangan et al. 2020] on a second corpus (``prepare-pretrain --tapt``):
+same schedule, same validation sets, only the training samples change.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.config import paths
+from finetune_lab.data import pretrain_corpus, tokenizer
+from finetune_lab.errors import UserError
+from finetune_lab.models import checkpoints, trust
+from finetune_lab.runs.fairseq_logs import line_stat
+from finetune_lab.runs.manifest import (device_info, portable_path, read_manifest, sha256_file,
+                                        write_json_atomic)
+from finetune_lab.runs.recording import record_run, run_fairseq_train
+from finetune_lab.train.pretrain_fairseq import (echoing, fairseq_args, fairseq_progress,
+                                                 require_corpus)
+from finetune_lab.train.pretrain_lineage import checkpoint_metadata, continuation_source
+from finetune_lab.train.pretrain_recipe import (EXPERIMENT, Launch, PretrainRecipe, cpu_has_bf16,
+                                                default_recipe, device_defaults,
+                                                experiment_config, spread, state_dir)
+from finetune_lab.train.pretrain_throughput import throughput_record
+
+LAST = "checkpoint_last.pt"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of the schedule on one corpus: updates ``start`` (excluded) to ``until``."""
+
+    name: str
+    data: Path
+    start: int
+    until: int
+
+
+def plan_phases(total_updates: int, general: Path, tapt: Path | None,
+                tapt_fraction: float) -> list[Phase]:
+    """The general phase, then (if any) the task-adaptive one over the last ``tapt_fraction``."""
+    if total_updates < 1:
+        raise UserError("the token budget is less than one update: raise --tokens")
+    if not 0 <= tapt_fraction < 1:
+        raise UserError(f"--tapt-fraction must be in [0, 1) (got {tapt_fraction})")
+    if tapt is None or tapt_fraction == 0:
+        return [Phase("general", general, 0, total_updates)]
+    switch = max(1, round(total_updates * (1 - tapt_fraction)))
+    return [Phase("general", general, 0, switch), Phase("tapt", tapt, switch, total_updates)]
+
+
+def resume_point(save_dir: Path) -> dict[str, Any] | None:
+    """Updates done and fairseq's cumulative training time in ``checkpoint_last.pt`` (None: none).
+
+    The file is this run's own (in its save folder), read memory-mapped without the optimizer
+    state being copied.
+    """
+    import torch
+
+    last = save_dir / LAST
+    if not last.is_file():
+        return None
+    with trust.fairseq_safe_globals():
+        state = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+    history = state.get("optimizer_history") or [{}]
+    extra = state.get("extra_state") or {}
+    return {"updates": int(history[-1].get("num_updates") or 0),
+            "training_time_s": float(extra.get("previous_training_time") or 0.0)}
+
+
+def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str | None:
+    """``tokens done / budget, tokens/s, ETA`` from one of fairseq's ``train_inner`` lines."""
+    if "| train_inner |" not in line:
+        return None
+    updates, wps = line_stat(line, "num_updates"), line_stat(line, "wps")
+    if updates is None or wps is None or wps <= 0:
+        return None
+    done = int(updates) * tokens_per_update
+    total = total_updates * tokens_per_update
+    eta_s = max(0, total - done) / wps
+    return (f"pretrain: {done / 1e6:.2f} M of {total / 1e6:.2f} M tokens "
+            f"({100 * done / total:.1f} %), {wps:,.0f} tokens/s, "
+            f"{(total - done) / 1e6:.2f} M left, ETA {eta_s / 3600:.1f} h")
+
+
+def pretrain_long(
+    *,
+    run: str,
+    tokens: int,
+    continue_from: Path | None = None,
+    seed: int | None = None,
+    data_dir: Path | None = None,
+    tapt_dir: Path | None = None,
+    tapt_fraction: float = 0.0,
+    recipe: PretrainRecipe | None = None,
+    precision: str | None = None,
+    segment_minutes: float | None = None,
+    segment_updates: int | None = None,
+    runs_root: Path | None = None,
+    package: bool = True,
+    package_to: Path | None = None,
+    quiet: bool = False,
+    launch: Launch = Launch(),
+) -> Path:
+    """Run (or resume) the long run ``run`` until its budget is spent or this segment's time is.
+
+    The first launch fixes the recipe; a later one with another recipe, seed or budget is
+    refused (a different run needs another name). ``segment_minutes`` (or ``segment_updates``)
+    ends this launch early, resumable. When the budget is spent, the final weights (the end of
+    the decay) are packaged, to ``package_to`` or the committed checkpoint's folder.
+    """
+    from finetune_lab.runs.registry import EXPERIMENT_CONFIG  # heavy: pandas
+
+    defaults = device_defaults()
+    recipe = recipe or default_recipe()
+    device, precision = defaults["device"], precision or defaults["precision"]
+    if device == "cpu" and precision == "bf16" and not cpu_has_bf16():
+        print("pretrain: this CPU has no native bf16: it is emulated, slower than fp32")
+    general = require_corpus(Path(data_dir) if data_dir else pretrain_corpus.default_output())
+    tapt = None
+    if tapt_fraction > 0:
+        tapt = require_corpus(Path(tapt_dir) if tapt_dir else pretrain_corpus.tapt_output())
+        if sha256_file(tapt / "dict.txt") != sha256_file(general / "dict.txt"):
+            raise UserError(f"{tapt} and {general} have different dictionaries: build both with "
+                            "the same tokenizer (`finetune-lab prepare-pretrain` and "
+                            "`finetune-lab prepare-pretrain --tapt`)")
+    spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
+    tokens_per_update = recipe.tokens_per_sample * recipe.batch_size * recipe.update_freq
+    total = math.ceil(tokens / tokens_per_update)
+    recipe = replace(recipe, max_update=total)
+    phases = plan_phases(total, general, tapt, tapt_fraction)
+    parent = continuation_source(Path(continue_from), general) if continue_from else None
+    if seed is None:  # as `pretrain`: never replay the samples the weights were trained on
+        seed = 1 + (len(parent["lineage"]) if parent is not None else 0)
+
+    save_dir = state_dir(run)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    point = resume_point(save_dir)
+    per_process = spread(recipe, launch.world_size)
+    hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": None,
+             **launch.hyperparameters(per_process),
+             "budget_tokens": int(tokens), "tapt_fraction": tapt_fraction,
+             "phases": [{"name": p.name, "until_update": p.until} for p in phases]}
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    run_manifest = root / EXPERIMENT / run / "manifest.json"
+    if point is not None and not run_manifest.is_file():
+        raise UserError(f"{save_dir} holds the state of a run that {run_manifest.parent} does "
+                        "not record: delete that folder, or recover the run folder")
+    if point is None and run_manifest.is_file():
+        if read_manifest(run_manifest.parent).get("status") != "complete":
+            raise UserError(
+                f"{run_manifest.parent} is an unfinished run whose resumable state "
+                f"({save_dir / LAST}) is not on this machine. It cannot resume; start a new run "
+                "from the weights it last packaged (`--continue-from DIR --run NEW`), or "
+                "delete the run folder to start it over")
+    write_json_atomic(root / EXPERIMENT / EXPERIMENT_CONFIG, experiment_config(recipe))
+
+    init_copy = save_dir / "init_model.pt"
+    if parent is not None and point is None:
+        shutil.copyfile(parent["path"], init_copy)
+    extra: dict[str, Any] = {"calibration": None}
+    if parent is not None:
+        extra["continued_from"] = {k: parent[k] for k in ("sha256", "run", "lineage")}
+    env = {trust.TRUSTED_DIRS_ENV: str(save_dir)}
+    deadline = time.monotonic() + 60 * segment_minutes if segment_minutes else None
+    with record_run(EXPERIMENT, run, framework="fairseq",
+                    init="random" if parent is None else "continued", seed=seed,
+                    hyperparameters=hyper, data=[p.data for p in phases], runs_root=runs_root,
+                    extra=extra, resume=True) as handle:
+        *earlier, segment = handle.manifest["segments"]
+        segment["updates_from"] = first = point["updates"] if point else 0
+        if earlier and earlier[-1].get("updates_to") is None:  # killed: it got as far as saved
+            earlier[-1]["updates_to"] = first
+        for phase in phases:
+            point = resume_point(save_dir)
+            done = point["updates"] if point else 0
+            if done >= phase.until:
+                continue
+            if done < phase.start:  # the previous phase stopped early (time): resume it first
+                break
+            stop_minutes = None
+            if deadline is not None:
+                left = (deadline - time.monotonic()) / 60
+                if left < 1:
+                    break
+                stop_minutes = (point["training_time_s"] if point else 0) / 60 + left
+            until = phase.until
+            if segment_updates is not None:
+                if done >= first + segment_updates:
+                    break
+                until = min(until, first + segment_updates)
+            args = fairseq_args(phase.data, save_dir, per_process, seed=seed, device=device,
+                                precision=precision, stop_minutes=stop_minutes,
+                                init_from=init_copy if point is None and parent else None,
+                                stop_update=until) + launch.fairseq_flags(device)
+            if point is not None and done == phase.start and phase.start > 0:
+                args.append("--reset-dataloader")  # the phase's corpus, from its start
+            print(f"pretrain: {run}, phase {phase.name}: updates {done} to {until} of "
+                  f"{total} ({tokens_per_update} tokens each)", flush=True)
+            progress = partial(progress_line, tokens_per_update=tokens_per_update,
+                               total_updates=total)
+            with echoing(handle.run_dir / "train.log",
+                         None if quiet else lambda line: progress(line) or fairseq_progress(line)):
+                run_fairseq_train(handle, args, env=env, launcher=launch.launcher())
+        point = resume_point(save_dir)
+        done = point["updates"] if point else 0
+        segment["updates_to"] = done
+        handle.manifest["updates_done"] = done
+        handle.paused = done < total
+        log_text = (handle.run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
+        handle.manifest["throughput"] = throughput_record(log_text, recipe, device_info())
+        final = save_dir / LAST
+        if not handle.paused:
+            handle.manifest["saved_checkpoints"] = {
+                LAST: {"path": portable_path(final), "sha256": sha256_file(final)}}
+        run_dir = handle.run_dir
+    if done < total:
+        print(f"pretrain: {run} paused at update {done} of {total}; run the same command "
+              "again to go on", flush=True)
+        return run_dir
+    if not package:
+        return run_dir
+    manifests = [run_dir / "manifest.json"]
+    checkpoints.package_checkpoint(final, spm_model, spm_dict, package_to, manifests=manifests,
+                                   metadata=checkpoint_metadata(final, manifests))
+    return run_dir
