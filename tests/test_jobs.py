@@ -39,7 +39,8 @@ def test_the_pool_keeps_its_width_splits_threads_and_outlives_a_failure(tmp_path
     assert "3 done, 0 running, 0 left" in out
 
 
-def test_ctrl_c_stops_every_job(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_every_job(tmp_path, sig):
     code = (
         "import sys, time; from pathlib import Path; from finetune_lab.runs import jobs\n"
         f"tmp = Path({str(tmp_path)!r})\n"
@@ -55,7 +56,7 @@ def test_ctrl_c_stops_every_job(tmp_path):
         assert time.time() < deadline, "the jobs never started"
         time.sleep(0.1)
     pids = [int(p.read_text()) for p in pid_files]
-    parent.send_signal(signal.SIGINT)
+    parent.send_signal(sig)
     assert parent.wait(timeout=60) == 130
     for pid in pids:
         with pytest.raises(ProcessLookupError):

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,6 +95,15 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
     free = list(range(parallel))
     say(f"{label}: {len(jobs)} job(s), {parallel} at a time, {threads} thread(s) each"
         + (f", one of {gpus} GPUs each" if gpus > 1 else ""))
+
+    def terminated(signum: int, _frame: object) -> None:
+        # SIGTERM (a scheduler, a session's end, `kill`) stops the grid as Ctrl-C does; without
+        # this the launcher dies alone and its runs go on unwatched. A launcher started in the
+        # background by a shell ignores SIGINT, so SIGTERM is the signal that reaches it.
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
     try:
         while pending or running:
             if deadline is not None and time.time() > deadline:
@@ -129,6 +139,9 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
         say(f"{label}: interrupted; stopping {len(running)} running job(s)")
         _stop(running, done)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     order = {j.name: i for i, j in enumerate(jobs)}
     return sorted(done, key=lambda r: order[r.name])
 
