@@ -15,8 +15,8 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.book import fairseq_report as fr
-from finetune_lab.book.pretrain_report import (VALID_SUBSETS, PretrainRuns, facts_of, run_facts,
-                                               valid_curve)
+from finetune_lab.book.pretrain_report import (VALID_SUBSETS, PretrainRuns, facts_of, loss_curve,
+                                               run_facts, valid_curve)
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.registry import RunRecord, discover_runs
@@ -97,8 +97,7 @@ def _facts_at_checkpoint(runs: PretrainRuns, rec: RunRecord, facts: dict[str, An
         valid, reviews = (valid_curve(runs, rec.name, s) for s in VALID_SUBSETS)
     else:  # in progress, so not among the loaded runs: its event files, read as they are
         raw = event_scalars(rec.path)
-        valid, reviews = (raw[(raw["tag"] == "loss") & (raw["subset"] == s)].sort_values("step")
-                          for s in VALID_SUBSETS)
+        valid, reviews = (loss_curve(raw, s) for s in VALID_SUBSETS)
     return {**facts, "lineage": source["lineage"], "updates": update,
             "tokens_total": sum(int(x.get("tokens") or 0) for x in source["lineage"]),
             "valid_loss_bits": _at_update(valid, update) or source.get("valid_loss_bits"),

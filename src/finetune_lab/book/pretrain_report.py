@@ -114,11 +114,15 @@ def expected_blocks(counts: dict[str, Any], tokens_per_sample: int) -> int:
     return -(-(counts["tokens"] + lines) // (tokens_per_sample - 1))
 
 
+def loss_curve(scalars: pd.DataFrame, subset: str = "valid") -> pd.DataFrame:
+    """The validation losses (bits) on one held-out set among ``scalars``, by update."""
+    return scalars[(scalars["tag"] == "loss") & (scalars["subset"] == subset)].sort_values("step")
+
+
 def valid_curve(runs: PretrainRuns, name: str, subset: str = "valid") -> pd.DataFrame:
     """One run's validation losses (bits) on one held-out set, by update."""
     df = runs.scalars
-    return df[(df["run"] == name) & (df["tag"] == "loss")
-              & (df["subset"] == subset)].sort_values("step")
+    return loss_curve(df[df["run"] == name], subset)
 
 
 def facts_of(runs: PretrainRuns, rec: RunRecord, lineage: list[dict[str, Any]]) -> dict[str, Any]:
