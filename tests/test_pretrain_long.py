@@ -26,8 +26,10 @@ def test_phases_split_the_budget():
         pretrain_long.Phase("general", general, 0, 20)]
     assert pretrain_long.plan_phases(20, general, tapt, 0.3) == [
         pretrain_long.Phase("general", general, 0, 14), pretrain_long.Phase("tapt", tapt, 14, 20)]
+    assert pretrain_long.plan_phases(20, general, tapt, 1.0) == [
+        pretrain_long.Phase("tapt", tapt, 0, 20)]
     with pytest.raises(UserError, match="tapt-fraction"):
-        pretrain_long.plan_phases(20, general, tapt, 1.0)
+        pretrain_long.plan_phases(20, general, tapt, 1.5)
     with pytest.raises(UserError, match="less than one update"):
         pretrain_long.plan_phases(0, general, None, 0.0)
 

@@ -101,6 +101,10 @@ def test_a_fresh_warm_up_costs_what_the_first_validation_shows():
     assert cost((250, 9.03), ended=9.0) == "not won back"
     assert cost((250, 8.90)) == "none"
     assert pc.warmup_cost(_table(-2.0).iloc[1]) is None  # no first validation known
+    tapt = _table(-2.0)
+    tapt["first valid"], tapt["started at"] = [None, (250, 9.03)], [None, 8.93]
+    tapt["all task-adaptive"] = [False, True]  # trains on reviews: its novels' loss rises
+    assert pc.warmup_cost(tapt.iloc[1]) is None
 
 
 def test_a_continued_run_is_drawn_after_its_ancestors():

@@ -37,6 +37,13 @@ def test_footer_lists_runs_hashes_devices_and_inputs(tiny_grid, tmp_path: Path,
     n_files = sum(1 for p in (runs_root / EXPERIMENT).rglob("*") if p.is_file())
     assert f"Inputs of `chapters/r.qmd` (its declared data, and the package modules its code " \
         f"imports, directly or not): {n_files} files" in text
+    # the HTML's full form and the PDF's compact one, as Quarto conditional content
+    html, rest = text.split('::: {.content-visible when-format="html"}')[1].split(":::", 1)
+    pdf = rest.split('::: {.content-hidden when-format="html"}')[1].split(":::")[0]
+    assert man["device"]["name"] in html and man["device"]["name"] not in pdf
+    assert "| run | status | manifest |" in pdf
+    assert f"`{sha256_file(good / 'manifest.json')[:8]}`" in pdf
+    assert "excluded |" in pdf and "listed in the HTML book" in pdf
     md = provenance_footer(records, chapter="chapters/r.qmd", project=tmp_path)
     assert md._repr_markdown_().startswith("## Provenance")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from finetune_lab.models.checkpoints import DICT_FILE, load_hub_model, packaged_dir
+from finetune_lab.render_cache import per_render
 
 DEMO_SENTENCES = (
     "Ce livre est vraiment <mask>.",
@@ -18,6 +19,7 @@ DEMO_SENTENCES = (
 """Review-like sentences (the lab's task) and narrative ones (the pretraining domain)."""
 
 
+@per_render
 def fill_mask_table(sentences: tuple[str, ...] = DEMO_SENTENCES, topk: int = 5) -> pd.DataFrame:
     """Top-k completions of each sentence, computed now on CPU from the committed checkpoint."""
     import torch

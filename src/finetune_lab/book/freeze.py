@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finetune_lab import render_cache
 from finetune_lab._files import digest_of, utc_now, write_json_atomic
 from finetune_lab.book.chapter_inputs import MISSING, chapter_inputs, chapters, hash_inputs
 from finetune_lab.config import PROJECT_ROOT
@@ -190,7 +191,12 @@ def rendered_chapters(project: Path, environ: dict[str, str] | None = None) -> l
 
 def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = None,
                log=print) -> list[StaleChapter]:
-    """Invalidate stale frozen chapters and write pending records; returns what it invalidated."""
+    """Invalidate stale frozen chapters and write pending records; returns what it invalidated.
+
+    Also opens the render's cache (:mod:`finetune_lab.render_cache`), so that a chapter
+    executed for several formats computes its facts once.
+    """
+    render_cache.open_cache(project)
     invalidated = []
     for chapter in rendered_chapters(project, environ):
         if not (project / chapter).is_file():
@@ -215,7 +221,9 @@ def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = No
 
 
 def post_render(project: Path = PROJECT_ROOT, log=print) -> list[str]:
-    """Promote pending records of chapters that now have fresh frozen results."""
+    """Promote pending records of chapters that now have fresh frozen results, and close the
+    render's cache."""
+    render_cache.close_cache(project)
     promoted = []
     base = project / FREEZE_DIR / RECORDS_DIR
     if not base.is_dir():

@@ -24,6 +24,7 @@ from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 from finetune_lab.models.fairseq_compat import quiet_import
 from finetune_lab.models.hf_tokenizer import FairseqIdTokenizer, token_id_check
 from finetune_lab.models.params import RobertaSize
+from finetune_lab.render_cache import per_render
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.registry import discover_runs
 from finetune_lab.runs.runspeed import SPEED_COLUMNS, comparable, speed_table
@@ -61,6 +62,7 @@ class ConversionCheck:
         return float(self.table["max abs difference"].max())
 
 
+@per_render
 def conversion_check() -> ConversionCheck:
     """On the committed checkpoint when it exists, else on a tiny randomized fairseq model."""
     ckpt = packaged_dir() / MODEL_FILE
@@ -93,6 +95,7 @@ def _shown(path: Path) -> str:
     return path.relative_to(project).as_posix() if path.is_relative_to(project) else str(path)
 
 
+@per_render
 def token_check() -> TokenCheck:
     """Token-id check over every CLS-Books review, where the prepared data are here."""
     cls_dir = default_cls()
@@ -109,6 +112,7 @@ def token_check() -> TokenCheck:
 # --- learning-rate schedules ------------------------------------------------------------------
 
 
+@per_render
 def lr_schedules(n_train: int | None = None, recipe: FinetuneRecipe = LAB_RECIPE) -> pd.DataFrame:
     """The learning rate of every update, from fairseq's and Transformers' own scheduler classes.
 
@@ -171,6 +175,7 @@ def plot_lr_schedules(df: pd.DataFrame):
     return fig
 
 
+@per_render
 def adam_eps_factor(recipe: FinetuneRecipe = LAB_RECIPE, updates: tuple[int, ...] = (1, 10, 67, 200)
                     ) -> pd.DataFrame:
     """fairseq adds eps to √v before bias correction: its eps equals AdamW's ε / √(1 − β₂ᵗ)."""

@@ -141,10 +141,12 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
         entries.append(("candidate (not packaged)", rec, facts,
                         _probe_runs(probe_best, probe_records, name)))
     for role, rec, facts, tuned in entries:
-        tapt = float(rec.manifest["hyperparameters"].get("tapt_fraction") or 0) > 0
+        tapt_fraction = float(rec.manifest["hyperparameters"].get("tapt_fraction") or 0)
+        tapt = tapt_fraction > 0
         at = f" at update {facts['at_update']:,}" if facts.get("at_update") else ""
         row = {"weights": role, "run": f"`{rec.experiment}/{rec.name}`{at}",
                "task-adaptive": "yes: saw the CLS-Books training texts" if tapt else "no",
+               "all task-adaptive": tapt_fraction >= 1,
                "updates (all runs)": sum(int(x.get("updates") or 0) for x in facts["lineage"])
                or facts["updates"],
                "tokens (M, all runs)": facts["tokens_total"] / 1e6,
@@ -200,7 +202,10 @@ def warmup_cost(row: pd.Series) -> str | None:
     """What the fresh warm-up of a continued candidate cost its weights (a row of
     :func:`candidate_table`): ``"none"`` (its first validation was no worse than where its
     weights started), ``"won back"`` (worse, but it ended no worse), ``"not won back"``, or
-    None when either loss is unknown."""
+    None when either loss is unknown, or for a run that is all task-adaptive (its loss on the
+    novels rises by design: it trains on reviews only)."""
+    if row.get("all task-adaptive"):
+        return None
     first, start = row.get("first valid"), row.get("started at")
     if not isinstance(first, tuple) or start is None or pd.isna(start):
         return None
@@ -218,7 +223,8 @@ def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
         return "n/a" if v is None or pd.isna(v) else format(v, fmt)
 
     out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high", "first valid",
-                              "started at", "own updates", "continued", "acc mean", "acc std"],
+                              "started at", "own updates", "continued", "all task-adaptive",
+                              "acc mean", "acc std"],
                      errors="ignore").copy()
     for col, low, high in (("minus random (points)", "ci_low", "ci_high"),
                            ("minus packaged (points)", "pk_low", "pk_high")):

@@ -113,6 +113,12 @@ def long_runs(runs: PretrainRuns) -> list[RunRecord]:
             and isinstance(r.manifest.get("segments"), list)]
 
 
+def budget_tokens(rec: RunRecord) -> int:
+    """A long run's budget in tokens: its updates times the tokens of one."""
+    hp = rec.manifest["hyperparameters"]
+    return int(hp["max_update"]) * int(hp["tokens_per_update"])
+
+
 @dataclass(frozen=True)
 class LongRun:
     """A long run's budget (tokens, updates, recipe), its task-adaptive phase (``tapt_tokens``
@@ -141,10 +147,11 @@ def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
         man, hp = rec.manifest, rec.manifest["hyperparameters"]
         per, total = int(hp["tokens_per_update"]), int(hp["max_update"])
         phases = hp.get("phases") or []
-        switch = int(phases[0]["until_update"]) if len(phases) > 1 else None
+        switch = (int(phases[0]["until_update"]) if len(phases) > 1
+                  else 0 if phases and phases[0].get("name") == "tapt" else None)
         lineage = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
         out.append(LongRun(
-            name=f"{rec.experiment}/{rec.name}", budget_tokens=total * per, updates=total,
+            name=f"{rec.experiment}/{rec.name}", budget_tokens=budget_tokens(rec), updates=total,
             tokens_per_update=per, precision=hp.get("precision"), dropout=hp.get("dropout"),
             lr=hp.get("lr"), tapt_from=switch,
             tapt_tokens=(total - switch) * per if switch is not None else None,

@@ -78,13 +78,33 @@ def _md_table(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def compact_run_rows(runs: Iterable[RunRecord]) -> list[dict[str, str]]:
+    """The PDF's form of :func:`run_rows`: columns short enough for a page (the HTML has all)."""
+    return [{"run": f"{r.experiment}/{r.name}",
+             "status": "valid" if r.valid else "excluded",
+             "manifest": _short(sha256_file(r.path / MANIFEST_NAME), 8)
+             if (r.path / MANIFEST_NAME).is_file() else "–"} for r in runs]
+
+
+def _when(fmt: str, body: list[str], unless: bool = False) -> list[str]:
+    """Quarto conditional content: ``body`` only in (or, ``unless``, all but) format ``fmt``."""
+    cls = "content-hidden" if unless else "content-visible"
+    return ["", f"::: {{.{cls} when-format=\"{fmt}\"}}", *body, ":::"]
+
+
 def provenance_markdown(
     runs: Iterable[RunRecord] = (),
     chapter: str | None = None,
     project: Path = PROJECT_ROOT,
     max_files: int = 15,
 ) -> str:
-    """The footer as Markdown text (see :func:`provenance_footer` for the displayable object)."""
+    """The footer as Markdown text (see :func:`provenance_footer` for the displayable object).
+
+    The HTML gets the full form (input files and runs with their hashes, devices, versions);
+    other formats (the PDF) a compact one that fits its pages: the digest, and runs by name,
+    status and short manifest hash. Both are in the text, as Quarto conditional content, so
+    that one execution serves every format.
+    """
     runs = list(runs)
     chapter = chapter or current_chapter(project)
     git = git_commit(project)
@@ -102,24 +122,32 @@ def provenance_markdown(
         "`finetune-lab check-freeze` fails if any input hashed below has changed since, and the "
         "pre-render script then makes Quarto execute the page again.",
     ]
+    full: list[str] = []
+    compact: list[str] = []
     patterns = chapter_inputs(project, chapter) if chapter and (project / chapter).is_file() else None
     if patterns is not None:
         files = hash_inputs(project, patterns)
-        parts += ["", f"Inputs of `{chapter}` (its declared data, and the package modules its "
-                      f"code imports, directly or not): {len(files)} files, digest "
-                      f"{_short(digest_of(files), 16)}."]
+        summary = (f"Inputs of `{chapter}` (its declared data, and the package modules its "
+                   f"code imports, directly or not): {len(files)} files, digest "
+                   f"{_short(digest_of(files), 16)}")
+        parts += ["", summary + "."]
         shown = list(files.items())[:max_files]
-        parts += ["", _md_table([{"input": f"`{k}`", "sha256": _short(v)} for k, v in shown])]
+        full += ["", _md_table([{"input": f"`{k}`", "sha256": _short(v)} for k, v in shown])]
         if len(files) > max_files:
-            parts.append(f"\n(and {len(files) - max_files} more files in the digest)")
+            full.append(f"\n(and {len(files) - max_files} more files in the digest)")
+        compact += ["", "The files and their hashes are listed in the HTML book."]
     elif chapter:
         parts += ["", f"`{chapter}` declares no `inputs:` and imports no package module; its "
                       "freeze follows its text only."]
     if runs:
         used = [r for r in runs if r.valid]
         excluded = [r for r in runs if not r.valid]
-        parts += ["", f"Runs: {len(used)} used, {len(excluded)} excluded.", "",
-                  _md_table(run_rows(runs))]
+        parts += ["", f"Runs: {len(used)} used, {len(excluded)} excluded."]
+        full += ["", _md_table(run_rows(runs))]
+        compact += ["", "Devices, package versions, commits and output hashes of each run are in "
+                        "the HTML book and in its manifest.", "", _md_table(compact_run_rows(runs))]
+    if full:
+        parts += _when("html", full) + _when("html", compact, unless=True)
     return "\n".join(parts) + "\n"
 
 

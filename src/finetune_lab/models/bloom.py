@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab.data.qa_prompts import QAPair, lab_format_example, load_faq
+from finetune_lab.render_cache import per_render
 
 BLOOM_560M: dict[str, Any] = {
     "vocab_size": 250_880,
@@ -79,6 +80,7 @@ class BloomShape:
     layers: int
 
     @classmethod
+    @per_render
     def of(cls, config=None) -> "BloomShape":
         cfg = config if config is not None else bloom_config()
         return cls(vocab=cfg.vocab_size, d=cfg.hidden_size, layers=cfg.n_layer)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from finetune_lab.models.bloom import BLOOM_560M, BLOOM_LINEARS, BloomShape
 from finetune_lab.models.lora_configs import LAB_LORA
+from finetune_lab.render_cache import per_render
 
 NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
 """Bits per quantised weight with double quantisation: 4-bit code, an 8-bit absmax per block of
@@ -70,6 +71,7 @@ def _quant_state_bytes(state) -> int:
 
 
 @lru_cache(maxsize=4)
+@per_render
 def params4bit_by_shape(d: int = BLOOM_560M["hidden_size"], seed: int = 0) -> pd.DataFrame:
     """A real ``Linear4bit`` (NF4, double quantisation) per BLOOM block Linear, quantised on CPU.
 
@@ -102,6 +104,7 @@ def params4bit_by_shape(d: int = BLOOM_560M["hidden_size"], seed: int = 0) -> pd
     return pd.DataFrame(rows)
 
 
+@per_render
 def four_bit_totals(config=None, measured: bool | None = None) -> dict[str, Any]:
     """Totals the lab's helper and peft print for the lab's QLoRA model on BLOOM-560m.
 
@@ -231,6 +234,7 @@ def nf4_table() -> pd.DataFrame:
     return df
 
 
+@per_render
 def nf4_matches_bitsandbytes(tolerance: float = 1e-6) -> bool | None:
     """Whether :func:`nf4_codebook` equals bitsandbytes' table to ``tolerance``; ``None`` when
     bitsandbytes is not installed (nothing to compare with)."""

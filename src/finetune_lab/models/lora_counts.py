@@ -22,6 +22,7 @@ import pandas as pd
 
 from finetune_lab.models.bloom import BloomShape, bloom_config, meta_bloom, tiny_bloom_config
 from finetune_lab.models.lora_configs import LAB_LORA, lora_config
+from finetune_lab.render_cache import per_render
 
 TARGET_SETS: dict[str, list[str]] = {
     "query_key_value (the lab)": ["query_key_value"],
@@ -46,6 +47,7 @@ def peft_bloom(config=None, base=None, **lora_overrides: Any):
     return _quiet_peft(model, lora_config(**lora_overrides))
 
 
+@per_render
 def peft_counts(config=None, **lora_overrides: Any) -> tuple[int, int]:
     """``(trainable, total)`` as peft's ``get_nb_trainable_parameters()`` reports them."""
     return tuple(int(x) for x in peft_bloom(config, **lora_overrides)
@@ -84,6 +86,7 @@ def target_sweep(r: int = LAB_LORA["r"]) -> pd.DataFrame:
 
 
 @lru_cache(maxsize=1)
+@per_render
 def bias_sweep() -> pd.DataFrame:
     """``bias`` none / lora_only / all: which bias vectors become trainable besides A and B."""
     shape = BloomShape.of()
@@ -103,6 +106,7 @@ LAYER0_QKV = r"h\.0\.self_attention\.query_key_value"
 
 
 @lru_cache(maxsize=1)
+@per_render
 def pattern_table() -> pd.DataFrame:
     """``modules_to_save``, ``rank_pattern`` and ``alpha_pattern`` next to the lab's config.
 
@@ -138,6 +142,7 @@ def pattern_table() -> pd.DataFrame:
 
 
 @lru_cache(maxsize=1)
+@per_render
 def task_type_table() -> pd.DataFrame:
     """``task_type`` picks the ``PeftModel`` subclass; the adapted weights do not change.
 
@@ -171,6 +176,7 @@ SCALING_CASES: tuple[tuple[int, int, bool], ...] = (
 )
 
 
+@per_render
 def scaling_check(cases: Sequence[tuple[int, int, bool]] = SCALING_CASES,
                   seed: int = 0) -> pd.DataFrame:
     """peft's ``scaling`` and the adapter's real output, against ``(alpha / r) B A x``.
@@ -225,6 +231,7 @@ def peft_print_trainable_parameters(model) -> str:
     return buf.getvalue().strip()
 
 
+@per_render
 def lab_printout() -> dict[str, str]:
     """Both printouts for the lab's config on BLOOM-560m (full precision, meta device)."""
     model = peft_bloom()

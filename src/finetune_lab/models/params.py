@@ -17,6 +17,7 @@ from functools import lru_cache
 import pandas as pd
 
 from finetune_lab.models.fairseq_compat import quiet_import
+from finetune_lab.render_cache import per_render
 
 WRITEUP_ANSWERS: tuple[int, ...] = (22_807_552, 22_829_056, 20_578_304)
 """Totals found in students' writeups of this lab (inputs to explain, not results)."""
@@ -233,6 +234,7 @@ def fairseq_component_counts(model) -> dict[str, int]:
     return out
 
 
+@per_render
 def component_check(size: RobertaSize = SMALL) -> pd.DataFrame:
     """Analytic count next to the real model's ``numel()``, component by component."""
     counted = fairseq_component_counts(fairseq_model(size, classification_head=True))
@@ -244,6 +246,7 @@ def component_check(size: RobertaSize = SMALL) -> pd.DataFrame:
 
 
 @lru_cache(maxsize=4)
+@per_render
 def counted_totals(size: RobertaSize = SMALL) -> pd.DataFrame:
     """Exact ``numel()`` totals of the real fairseq and Transformers models."""
     from transformers import RobertaForMaskedLM, RobertaForSequenceClassification

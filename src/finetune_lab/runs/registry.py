@@ -21,6 +21,7 @@ import pandas as pd
 from finetune_lab._files import sha256_file
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
+from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.eventfiles import EventFileError, read_event_file_strict
 
@@ -283,6 +284,7 @@ def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] |
                     )
 
 
+@per_render
 def discover_runs(
     root: Path | str | None = None,
     experiments: Iterable[str] | None = None,

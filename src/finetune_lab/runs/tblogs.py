@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from finetune_lab.render_cache import per_render
 from finetune_lab.runs.registry import InvalidRunError, RunRecord, discover_runs
 
 COLUMNS = ["experiment", "framework", "init", "seed", "run", "subset", "tag", "step", "epoch",
@@ -74,6 +75,7 @@ def _transformers_frame(raw: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+@per_render
 def event_scalars(run_dir: Path) -> pd.DataFrame:
     """Every scalar of a run folder's event files (``step``, ``tag``, ``value``, ``subset``),
     valid run or not: for showing what a failed run logged, labelled as such by the caller."""

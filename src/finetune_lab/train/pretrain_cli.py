@@ -36,8 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--segment-minutes", type=positive_float,
                    help="with --tokens: stop this launch (saving, resumable) after this long")
     p.add_argument("--tapt-fraction", type=float, default=0.0,
-                   help="with --tokens: the last fraction of the budget is task-adaptive, on "
-                        "`prepare-pretrain --tapt`'s corpus (the CLS-Books training texts)")
+                   help="with --tokens: the last fraction of the budget (1: all of it) is "
+                        "task-adaptive, on `prepare-pretrain --tapt`'s corpus (the CLS-Books "
+                        "training texts)")
     p.add_argument("--dropout", type=float,
                    help="dropout and attention dropout (default: 0 on a CPU, where the model "
                         "underfits, as the ablations measured; 0.1 on a GPU, RoBERTa's)")

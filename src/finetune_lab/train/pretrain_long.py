@@ -50,13 +50,19 @@ class Phase:
 
 def plan_phases(total_updates: int, general: Path, tapt: Path | None,
                 tapt_fraction: float) -> list[Phase]:
-    """The general phase, then (if any) the task-adaptive one over the last ``tapt_fraction``."""
+    """The general phase, then (if any) the task-adaptive one over the last ``tapt_fraction``.
+
+    A fraction of 1 is a run that is all task-adaptive: continued weights (``--continue-from``)
+    adapted to the task's texts, as Gururangan et al. continue RoBERTa.
+    """
     if total_updates < 1:
         raise UserError("the token budget is less than one update: raise --tokens")
-    if not 0 <= tapt_fraction < 1:
-        raise UserError(f"--tapt-fraction must be in [0, 1) (got {tapt_fraction})")
+    if not 0 <= tapt_fraction <= 1:
+        raise UserError(f"--tapt-fraction must be in [0, 1] (got {tapt_fraction})")
     if tapt is None or tapt_fraction == 0:
         return [Phase("general", general, 0, total_updates)]
+    if tapt_fraction == 1:
+        return [Phase("tapt", tapt, 0, total_updates)]
     switch = max(1, round(total_updates * (1 - tapt_fraction)))
     return [Phase("general", general, 0, switch), Phase("tapt", tapt, switch, total_updates)]
 
