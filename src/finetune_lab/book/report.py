@@ -60,7 +60,7 @@ def markdown_table(
     return "\n".join(lines)
 
 
-MAX_COLUMN_WEIGHT = 60
+MAX_COLUMN_WEIGHT = 40
 """Dashes at most under one column header (see :func:`markdown_table`)."""
 
 
