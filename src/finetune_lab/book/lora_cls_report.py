@@ -21,6 +21,7 @@ from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 from finetune_lab.models.hf_convert import hf_model_config
 from finetune_lab.models.params import SMALL, RobertaSize
+from finetune_lab.render_cache import per_render
 from finetune_lab.runs.registry import exclusions_markdown
 from finetune_lab.runs.runmeasure import count_parameters
 from finetune_lab.runs.seedstats import fmt_mean_std, init_gap
@@ -31,6 +32,7 @@ from finetune_lab.train.lora_cls import (DEFAULT_METHODS, DEFAULT_SEEDS, EXPERIM
                                          wrap)
 
 
+@per_render
 def method_table(size: RobertaSize | None = None, methods: Iterable[str] = METHODS
                  ) -> pd.DataFrame:
     """Per method: adapted layers, learning rate, trainable and total parameters (peft on a

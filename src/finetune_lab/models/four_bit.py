@@ -30,6 +30,7 @@ NF4_OFFSET = 0.9677083
 GiB = 2 ** 30
 
 
+@per_render
 def bitsandbytes_available() -> bool:
     """True when bitsandbytes imports (it quantises to 4-bit on CPU from version 0.48 on)."""
     try:
@@ -214,6 +215,7 @@ def nf4_codebook(offset: float = NF4_OFFSET) -> list[float]:
     return (levels / np.abs(levels).max()).tolist()
 
 
+@per_render
 def bnb_nf4_codebook() -> list[float]:
     """The NF4 table inside bitsandbytes (raises ``ImportError`` without it)."""
     _import_bnb()

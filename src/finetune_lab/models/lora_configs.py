@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from finetune_lab.render_cache import per_render
+
 # bitsandbytes (imported by transformers when installed) logs, on CPUs with AVX512-BF16, that
 # an optional kernel package is missing; it changes nothing here, so keep it out of outputs.
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
@@ -104,6 +106,7 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
+@per_render
 def lora_field_table(fields: tuple[str, ...] | None = DEMONSTRATED_FIELDS) -> pd.DataFrame:
     """Each ``LoraConfig`` field: the lab's value, peft's default and peft's help text.
 
@@ -129,6 +132,7 @@ def lora_field_table(fields: tuple[str, ...] | None = DEMONSTRATED_FIELDS) -> pd
     return pd.DataFrame(rows)
 
 
+@per_render
 def other_lora_fields() -> pd.DataFrame:
     """The fields :func:`lora_field_table` leaves out, with the first sentence of their help."""
     df = lora_field_table(None)
@@ -157,6 +161,7 @@ def _docstring_args(doc: str) -> dict[str, str]:
     return out
 
 
+@per_render
 def bnb_field_table() -> pd.DataFrame:
     """The lab's ``BitsAndBytesConfig`` arguments: value, transformers' default and its doc."""
     from transformers import BitsAndBytesConfig

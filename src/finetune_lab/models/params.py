@@ -184,6 +184,12 @@ def fairseq_model(size: RobertaSize = SMALL, classification_head: bool = True):
     return model
 
 
+@per_render
+def fairseq_model_text(size: RobertaSize = SMALL) -> str:
+    """The fine-tuning model as fairseq prints it (its module tree), for the chapter."""
+    return str(fairseq_model(size))
+
+
 def hf_config(size: RobertaSize = SMALL):
     """The Transformers config equivalent to the course model (as its HF release)."""
     from transformers import RobertaConfig

@@ -30,6 +30,7 @@ COLUMNS = ["experiment", "framework", "init", "seed", "run", "subset", "tag", "s
            "value"]
 
 
+@per_render
 def _read_scalars(run_dir: Path) -> pd.DataFrame:
     from tbparse import SummaryReader
 
@@ -75,7 +76,6 @@ def _transformers_frame(raw: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-@per_render
 def event_scalars(run_dir: Path) -> pd.DataFrame:
     """Every scalar of a run folder's event files (``step``, ``tag``, ``value``, ``subset``),
     valid run or not: for showing what a failed run logged, labelled as such by the caller."""

@@ -19,6 +19,7 @@ import pandas as pd
 
 from finetune_lab.data.cls_splits import train_size
 from finetune_lab.models.fairseq_compat import quiet_import
+from finetune_lab.render_cache import per_render
 from finetune_lab.train.hf_finetune import OPTIM, training_arguments
 from finetune_lab.train.recipe import LAB_RECIPE, FinetuneRecipe
 
@@ -51,6 +52,7 @@ def _value(option: Any) -> str:
     return str(getattr(option, "value", option))
 
 
+@per_render
 def hf_vs_fairseq_defaults(recipe: FinetuneRecipe = LAB_RECIPE, n_train: int | None = None) -> pd.DataFrame:
     """Each setting: Trainer/run_glue default (read live), fairseq default, lab recipe, our value.
 
