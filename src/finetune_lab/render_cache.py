@@ -17,11 +17,11 @@ import hashlib
 import os
 import pickle
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from finetune_lab._files import write_bytes_atomic
 from finetune_lab.config import PROJECT_ROOT
 
 CACHE_DIR = ".quarto/finetune-lab-render-cache"
@@ -76,9 +76,7 @@ def per_render(fn: F) -> F:
             data = pickle.dumps(value)
         except (pickle.PicklingError, TypeError, AttributeError):
             return value
-        with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".tmp") as tmp:
-            tmp.write(data)
-        os.replace(tmp.name, path)  # a chapter run beside this one never reads half a file
+        write_bytes_atomic(path, data)  # a chapter run beside this one never reads half a file
         return value
 
     return wrapper  # type: ignore[return-value]
