@@ -6,12 +6,13 @@ import json
 from dataclasses import replace
 
 import pytest
-
 from conftest import TINY_ARCH, needs_data_root
-from finetune_lab.train import finetune_fairseq as ff
-from finetune_lab.runs.manifest import read_manifest, sha256_file
-from finetune_lab.train.recipe import LAB_RECIPE
+
+from finetune_lab._files import sha256_file
+from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.runs.registry import validate_run
+from finetune_lab.train import finetune_fairseq as ff
+from finetune_lab.train.recipe import LAB_RECIPE
 
 pytestmark = needs_data_root
 RECIPE = replace(LAB_RECIPE, epochs=2)
@@ -104,9 +105,12 @@ def test_checkpoint_with_another_dictionary_is_refused(tiny_pipeline, tmp_path):
 def test_a_complete_run_from_another_checkpoint_is_recognised():
     """The grid's runs started from the committed checkpoint; the candidate's did not, so a
     second candidate cannot silently "skip" into the first one's runs."""
-    from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
     from finetune_lab.config import paths
-    from finetune_lab.train.finetune_fairseq import CANDIDATE_EXPERIMENT, same_checkpoint
+    from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
+    from finetune_lab.train.finetune_fairseq import (
+        CANDIDATE_EXPERIMENT,
+        same_checkpoint,
+    )
 
     model = packaged_dir() / MODEL_FILE
     assert same_checkpoint(paths().runs / "fairseq" / "pretrained-seed0", model)

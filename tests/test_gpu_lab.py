@@ -20,9 +20,9 @@ import pytest
 import torch
 from conftest import needs_data_root
 
-from finetune_lab.runs import gpu_archive, gpu_bundle, gpu_plan
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
+from finetune_lab.runs import gpu_archive, gpu_bundle, gpu_plan
 
 OFFLINE = ("Could not fetch URL", "NewConnectionError", "Temporary failure in name resolution",
            "No matching distribution")
@@ -50,9 +50,9 @@ def _cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subproces
 
 @pytest.fixture(scope="module")
 def smoke_call(tmp_path_factory):
-    from finetune_lab.models import checkpoints
-    from finetune_lab.data import cls_books, pretrain_corpus
     from finetune_lab import reproduce
+    from finetune_lab.data import cls_books, pretrain_corpus
+    from finetune_lab.models import checkpoints
 
     base = tmp_path_factory.mktemp("gpu-lab")
     home, remote, out = base / "home", base / "remote", base / "out"
@@ -123,7 +123,7 @@ def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
     cand = home / "data" / "work" / "candidates" / "gpu-smoke"
     meta = json.loads((cand / "manifest.json").read_text())
     assert meta["dtype"] == "float16"
-    from finetune_lab.runs.manifest import sha256_file
+    from finetune_lab._files import sha256_file
     assert sha256_file(cand / "model.pt") == meta["files"]["model.pt"]["sha256"]
     # a second unpack replaces nothing
     again = _cli(home, "gpu-unpack", str(smoke_call["out"]))

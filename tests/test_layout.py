@@ -26,7 +26,7 @@ ENTRY_POINTS = {"finetune_lab.cli", "finetune_lab.reproduce", "finetune_lab.gpu_
 HEAVY = {"torch", "fairseq", "fairseq_cli", "transformers", "peft", "bitsandbytes", "matplotlib",
          "seaborn", "pandas", "scipy", "numpy", "tbparse", "tensorboard", "sentencepiece",
          "nbclient", "nbformat", "jupytext", "IPython", "omegaconf", "tokenizers", "jsonschema",
-         "datasets", "accelerate"}
+         "datasets", "accelerate", "sklearn"}
 """Libraries slow enough to import that a module may import them inside the function that
 needs them (so that ``finetune-lab --help`` or the freeze check does not pay for them)."""
 MAX_LINES = 400

@@ -8,22 +8,31 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs_data_root
 
-from finetune_lab.models import checkpoints
-from finetune_lab.models import trust
+from finetune_lab.errors import UserError
+from finetune_lab.models import checkpoints, trust
 from finetune_lab.runs import fairseq_logs
+from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.train import pretrain
 from finetune_lab.train.pretrain_fairseq import fairseq_args, require_corpus
-from finetune_lab.train.pretrain_lineage import (checkpoint_metadata, continuation_source,
-                                                 continued_run_name)
-from finetune_lab.train.pretrain_recipe import (Launch, PretrainRecipe, cpu_has_bf16,
-                                                experiment_config, spread)
-from finetune_lab.train.pretrain_throughput import (gpu_peak_flops, model_flops_per_token,
-                                                    throughput_record)
-from finetune_lab.errors import UserError
-from finetune_lab.runs.manifest import read_manifest
-
-from conftest import needs_data_root
+from finetune_lab.train.pretrain_lineage import (
+    checkpoint_metadata,
+    continuation_source,
+    continued_run_name,
+)
+from finetune_lab.train.pretrain_recipe import (
+    Launch,
+    PretrainRecipe,
+    cpu_has_bf16,
+    experiment_config,
+    spread,
+)
+from finetune_lab.train.pretrain_throughput import (
+    gpu_peak_flops,
+    model_flops_per_token,
+    throughput_record,
+)
 
 pytestmark = needs_data_root
 
@@ -230,7 +239,8 @@ def _valid_losses(run_dir) -> list[float]:
 @pytest.mark.slow
 def test_pretraining_continues_from_the_packaged_weights(tiny_pipeline, tmp_path, monkeypatch):
     from conftest import TINY_ARCH
-    from finetune_lab.runs.manifest import sha256_file
+
+    from finetune_lab._files import sha256_file
 
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))

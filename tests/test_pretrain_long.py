@@ -8,14 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import TINY_ARCH, needs_data_root
 
-from finetune_lab.train import pretrain_long
-from finetune_lab.train.pretrain_fairseq import echoing
-from finetune_lab.train.pretrain_recipe import PretrainRecipe, state_dir
 from finetune_lab.errors import UserError
 from finetune_lab.runs.manifest import read_manifest
-
-from conftest import TINY_ARCH, needs_data_root
+from finetune_lab.train import pretrain_long
+from finetune_lab.train.pretrain_fairseq import echoing
+from finetune_lab.train.pretrain_recipe import PretrainRecipe, state_dir, tapt_start
 
 TOTAL = 20  # updates: general 0-14, task-adaptive 14-20 (tapt_fraction 0.3)
 
@@ -33,6 +32,17 @@ def test_phases_split_the_budget():
     with pytest.raises(UserError, match="less than one update"):
         pretrain_long.plan_phases(0, general, None, 0.0)
 
+
+
+def test_tapt_start_reads_the_recorded_phases():
+    general, tapt = Path("g"), Path("t")
+    recorded = {fraction: {"phases": pretrain_long.phase_records(
+        pretrain_long.plan_phases(20, general, tapt, fraction))} for fraction in (0.0, 0.3, 1.0)}
+    assert tapt_start(recorded[0.0]) is None
+    assert tapt_start(recorded[0.3]) == 14
+    assert tapt_start(recorded[1.0]) == 0
+    # a run from before phases were recorded had no task-adaptive phase
+    assert tapt_start({"tapt_fraction": None}) is None
 
 def test_progress_shows_tokens_rate_and_eta():
     line = "x | INFO | train_inner | epoch 001:  10 / 99 loss=9.1, wps=2000, ups=0.5, num_updates=250"

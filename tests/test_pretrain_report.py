@@ -139,8 +139,11 @@ def test_the_committed_runs_on_the_checkpoint_are_the_pretrained_ones():
 def test_each_candidate_has_its_own_experiment(tmp_path):
     """``fairseq-candidate``, then ``-2``, ``-3``…: never a folder of an earlier candidate, and
     never a look-alike (``fairseq-candidates``, ``fairseq-candidate-old``)."""
-    from finetune_lab.train.finetune_fairseq import (candidate_experiments, candidate_index,
-                                                     next_candidate_experiment)
+    from finetune_lab.train.finetune_fairseq import (
+        candidate_experiments,
+        candidate_index,
+        next_candidate_experiment,
+    )
 
     assert next_candidate_experiment(tmp_path) == "fairseq-candidate"
     for name in ("fairseq-candidate-10", "fairseq-candidate", "fairseq-candidate-2",
@@ -227,6 +230,12 @@ def test_accuracy_against_tokens_draws_every_fine_tuned_weights():
     mean, std, n = pc.random_accuracy()
     assert n == 3 and 60 < mean < 80 and std > 0
     assert "yes: saw the CLS-Books training texts" in table["task-adaptive"].tolist()
+    # the run each row names is read from its manifest: cpu-tapt1 was all task-adaptive,
+    # without dropout; cpu-long2 only in its second half
+    row = table[table["run"].str.startswith("`pretrain/cpu-tapt1`")].iloc[0]
+    assert (row["all task-adaptive"], row["dropout"]) == (True, 0.0)
+    row = table[table["run"].str.startswith("`pretrain/cpu-long2`")].iloc[0]
+    assert (row["task-adaptive"].startswith("yes"), row["all task-adaptive"]) == (True, False)
     # every candidate's verdict is one the chapter words
     verdicts = {pc.candidate_verdict(row) for _, row in table.iloc[1:].iterrows()}
     assert verdicts and verdicts <= {"not fine-tuned", "one seed", "package", "below the bar",

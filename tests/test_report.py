@@ -4,17 +4,45 @@ from __future__ import annotations
 
 import pandas as pd
 
-from finetune_lab.book.report import MAX_COLUMN_WEIGHT, markdown_table
+from finetune_lab.book.report import (
+    LINE_CHARS,
+    MAX_COLUMN_WEIGHT,
+    column_weights,
+    markdown_table,
+)
+
+
+def _dashes(markdown: str) -> list[int]:
+    return [cell.strip(":").count("-") for cell in markdown.split("\n")[1].strip("|").split("|")]
 
 
 def test_a_long_text_column_cannot_crush_the_others():
     """Pandoc sizes a wide pipe table's columns by the dashes under the header: tabulate's
     dashes as wide as a 600-character help text printed the LoRA chapter's first three columns on
     top of each other in the PDF (issue 15)."""
+    help_text = "Lora attention dimension " * 24
     df = pd.DataFrame({"field": ["target_modules"], "lab": ["['query_key_value']"],
-                       "help": ["x" * 600]})
-    lines = markdown_table(df).split("\n")
-    dashes = [cell.strip(":").count("-") for cell in lines[1].strip("|").split("|")]
-    # tabulate pads each cell by one space
-    assert dashes == [len("target_modules") + 1, len("['query_key_value']") + 1, MAX_COLUMN_WEIGHT]
-    assert lines[2].count("x") == 600  # the cells themselves are untouched
+                       "help": [help_text]})
+    text = markdown_table(df)
+    # the identifiers get their whole length (+ 2), the help text the rest of the line
+    field, lab = len("target_modules") + 2, len("['query_key_value']") + 2
+    assert _dashes(text) == [field, lab, LINE_CHARS - field - lab]
+    assert help_text.strip() in text.split("\n")[2]  # the cells themselves are untouched
+
+
+def test_words_that_cannot_wrap_get_their_width():
+    """A header that wraps must not take the width of an identifier that cannot: the LoRA
+    chapter's ``'FEATURE_EXTRACTION'`` ran into the next column of its PDF table."""
+    df = pd.DataFrame({"config": ["modules_to_save=['word_embeddings']"],
+                       "block 0: rank and scaling of the adapter": ["16, 2"],
+                       "help": ["a long sentence of help " * 10]})
+    weights = column_weights([[str(c), *map(str, df[c])] for c in df.columns])
+    assert weights[0] == len("modules_to_save=['word_embeddings']") + 2
+    # the header wraps: its column gets its longest word and a share of the spare width
+    assert len("scaling") + 2 < weights[1] < len(df.columns[1]) + 2 < weights[2]
+    assert sum(weights) == LINE_CHARS
+    # unbreakable runs are capped, so that none of them can take the whole line
+    assert column_weights([[c * 600] for c in "xyz"]) == [MAX_COLUMN_WEIGHT + 2] * 3
+    # a table that fits a line keeps tabulate's natural widths
+    small = pd.DataFrame({"run": ["cpu-long3"], "status": ["paused"]})
+    assert _dashes(markdown_table(small)) == [len("cpu-long3") + 2, len("status") + 2]

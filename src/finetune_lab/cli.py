@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "finetune_lab.train.pretrain_cli",
     "finetune_lab.train.pretrain_ablations",
     "finetune_lab.train.finetune",
+    "finetune_lab.train.linear_probe",
     "finetune_lab.reproduce",
     "finetune_lab.data.cls_books",
     "finetune_lab.data.tokenizer",

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from finetune_lab._files import sha256_file
 from finetune_lab.argtypes import positive_int
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
@@ -31,7 +32,8 @@ from finetune_lab.runs.gpu_archive import unpack
 from finetune_lab.runs.gpu_bundle import GPU_PYTHON, TRANSFER_LIMIT, bundle
 from finetune_lab.runs.gpu_plan import BUNDLE_DIR, LAB_PARTS, Plan
 from finetune_lab.runs.gpu_remote import remote
-from finetune_lab.runs.manifest import sha256_file
+from finetune_lab.runs.registry import validate_run
+from finetune_lab.train.finetune_fairseq import next_candidate_experiment
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -67,8 +69,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _bundle(args: argparse.Namespace) -> int:
-    from finetune_lab.train.finetune_fairseq import next_candidate_experiment  # heavy: pandas
-
     plan = Plan(steps=list(args.steps), tiny=args.tiny,
                 pretrain_minutes=args.pretrain_minutes,
                 pretrain_tokens=args.pretrain_tokens if "pretrain" in args.steps else 0,
@@ -104,8 +104,6 @@ def _bundle(args: argparse.Namespace) -> int:
 
 
 def _unpack(args: argparse.Namespace) -> int:
-    from finetune_lab.runs.registry import validate_run  # heavy: pandas
-
     placed = unpack(args.files)
     bad = 0
     for dest in placed:

@@ -7,6 +7,7 @@ the fairseq grid's, and says which verdict each set of weights earns. The chapte
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,15 +16,22 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.book import fairseq_report as fr
-from finetune_lab.book.pretrain_report import (VALID_SUBSETS, PretrainRuns, facts_of, loss_curve,
-                                               run_facts, valid_curve)
+from finetune_lab.book.pretrain_report import (
+    VALID_SUBSETS,
+    PretrainRuns,
+    facts_of,
+    loss_curve,
+    run_facts,
+    valid_curve,
+)
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.finetune_fairseq import candidate_experiments, candidate_index
+from finetune_lab.train.linear_probe import probe_dir
 from finetune_lab.train.pretrain_lineage import lineage_of
-from finetune_lab.train.pretrain_recipe import EXPERIMENT
+from finetune_lab.train.pretrain_recipe import EXPERIMENT, tapt_start
 
 PACKAGE_MARGIN = 5.0
 """Points over random initialisation (its 95 % Welch interval above 0 as well) that weights must
@@ -141,12 +149,12 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
         entries.append(("candidate (not packaged)", rec, facts,
                         _probe_runs(probe_best, probe_records, name)))
     for role, rec, facts, tuned in entries:
-        tapt_fraction = float(rec.manifest["hyperparameters"].get("tapt_fraction") or 0)
-        tapt = tapt_fraction > 0
+        switch = tapt_start(rec.manifest["hyperparameters"])
+        tapt = switch is not None
         at = f" at update {facts['at_update']:,}" if facts.get("at_update") else ""
         row = {"weights": role, "run": f"`{rec.experiment}/{rec.name}`{at}",
                "task-adaptive": "yes: saw the CLS-Books training texts" if tapt else "no",
-               "all task-adaptive": tapt_fraction >= 1,
+               "all task-adaptive": switch == 0,
                "updates (all runs)": sum(int(x.get("updates") or 0) for x in facts["lineage"])
                or facts["updates"],
                "tokens (M, all runs)": facts["tokens_total"] / 1e6,
@@ -156,6 +164,7 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
                "ci_low": None, "ci_high": None, "minus packaged (points)": None,
                "pk_low": None, "pk_high": None,
                "own updates": facts["updates"],
+               "dropout": rec.manifest["hyperparameters"].get("dropout"),
                "continued": (str(facts["lineage"][-2].get("run") or "").split("data/runs/")[-1]
                              if len(facts["lineage"]) > 1 else None),
                "first valid": facts.get("valid_first"),
@@ -223,7 +232,7 @@ def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
         return "n/a" if v is None or pd.isna(v) else format(v, fmt)
 
     out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high", "first valid",
-                              "started at", "own updates", "continued", "all task-adaptive",
+                              "started at", "own updates", "continued", "all task-adaptive", "dropout",
                               "acc mean", "acc std"],
                      errors="ignore").copy()
     for col, low, high in (("minus random (points)", "ci_low", "ci_high"),
@@ -303,3 +312,72 @@ def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int
     ax.set_ylabel("test accuracy (%), best-valid epoch")
     ax.legend(frameon=False, fontsize="x-small", loc="lower right")
     return fig
+
+
+def _checkpoint_sha(rec: RunRecord) -> str | None:
+    digest = (((rec.manifest or {}).get("inputs") or {}).get("checkpoint") or {}).get("sha256")
+    return digest.get(".") if isinstance(digest, dict) else digest
+
+
+def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None) -> pd.DataFrame:
+    """Every linear probe of ``data/summaries/probes/`` (``finetune-lab probe``) beside the
+    lab-recipe fine-tuning of the same weights: the candidates' and the packaged checkpoint's,
+    matched by the checkpoint's sha256; a random initialisation's beside the grid's random runs.
+    """
+    folder = Path(probes_dir) if probes_dir is not None else probe_dir()
+    probes = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
+    tuned: dict[str, list[float]] = {}  # checkpoint sha256 (or "random") -> test accuracies
+    for experiment in [fr.EXPERIMENT, *candidate_experiments(runs_root)]:
+        res = fr.load_results(runs_root, experiment)
+        if not res.ready:
+            continue
+        for rec in res.loaded.runs:
+            key = "random" if rec.init == "random" else _checkpoint_sha(rec)
+            if not rec.valid or (key == "random" and experiment != fr.EXPERIMENT):
+                continue
+            test = res.best.loc[(res.best["init"] == rec.init) & (res.best["seed"] == rec.seed),
+                                "test"].astype(float)
+            tuned.setdefault(key, []).extend(test.tolist())
+    rows = []
+    for p in probes:
+        key = "random" if p["init"] == "random" else p["checkpoint"]["sha256"]
+        acc = pd.Series(tuned.get(key, []), dtype=float)
+        rows.append({"weights": p["name"], "init": p["init"],
+                     "probe on <s> (%)": p["probes"]["<s>"]["test_accuracy"],
+                     "probe on the mean (%)": p["probes"]["mean"]["test_accuracy"],
+                     "fine-tuned (%)": (seedstats.fmt_mean_std(acc.mean(), acc.std(ddof=1), len(acc))
+                                        if len(acc) else "not fine-tuned"),
+                     "probe time (min)": round(p["wall_time_s"] / 60, 1),
+                     "fine-tuned mean": acc.mean() if len(acc) else float("nan")})
+    return pd.DataFrame(rows, columns=["weights", "init", "probe on <s> (%)",
+                                       "probe on the mean (%)", "fine-tuned (%)",
+                                       "probe time (min)", "fine-tuned mean"])
+
+
+@dataclass(frozen=True)
+class ProbeReading:
+    """What :func:`probe_table` says: random's frozen features against the best pretrained."""
+
+    random_mean: float
+    random_s: float
+    random_tuned: str
+    best: str
+    best_mean: float
+    best_s: float
+    best_gain: float
+    minutes: float
+
+
+def probe_reading(table: pd.DataFrame) -> ProbeReading | None:
+    """The reading of the probe table, or None until both random and pretrained were probed."""
+    rand, pre = table[table["init"] == "random"], table[table["init"] == "pretrained"]
+    if rand.empty or pre.empty:
+        return None
+    r = rand.iloc[0]
+    b = pre.loc[pre["probe on the mean (%)"].idxmax()]
+    return ProbeReading(
+        random_mean=float(r["probe on the mean (%)"]), random_s=float(r["probe on <s> (%)"]),
+        random_tuned=r["fine-tuned (%)"], best=b["weights"],
+        best_mean=float(b["probe on the mean (%)"]), best_s=float(b["probe on <s> (%)"]),
+        best_gain=float(b["probe on the mean (%)"] - r["probe on the mean (%)"]),
+        minutes=float(table["probe time (min)"].median()))

@@ -15,7 +15,7 @@ from finetune_lab.book.pretrain_report import VALID_SUBSETS, PretrainRuns, unigr
 from finetune_lab.models import params
 from finetune_lab.runs.registry import RunRecord
 from finetune_lab.runs.runspeed import device_name
-from finetune_lab.train.pretrain_recipe import PretrainRecipe
+from finetune_lab.train.pretrain_recipe import PretrainRecipe, tapt_start
 from finetune_lab.train.pretrain_throughput import model_flops_per_token
 
 SUBSET_LABELS = {"train_inner": "train", "valid": "valid (held-out novels)",
@@ -146,9 +146,7 @@ def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
     for rec in long_runs(runs):
         man, hp = rec.manifest, rec.manifest["hyperparameters"]
         per, total = int(hp["tokens_per_update"]), int(hp["max_update"])
-        phases = hp.get("phases") or []
-        switch = (int(phases[0]["until_update"]) if len(phases) > 1
-                  else 0 if phases and phases[0].get("name") == "tapt" else None)
+        switch = tapt_start(hp)
         lineage = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
         out.append(LongRun(
             name=f"{rec.experiment}/{rec.name}", budget_tokens=budget_tokens(rec), updates=total,

@@ -46,28 +46,52 @@ def markdown_table(
     """Render ``df`` as a GitHub-style Markdown table, formatting the named columns.
 
     Pandoc sizes the columns of a pipe table that does not fit a line from the dashes under its
-    header; tabulate draws as many as the widest cell, so one column of long help texts took
-    nearly the whole PDF page and printed the others on top of each other. The dashes are
-    capped at :data:`MAX_COLUMN_WEIGHT`, which bounds how much wider one column gets than
-    another."""
+    header, and tabulate draws as many as the widest cell: one column of long help texts took
+    nearly the whole PDF page, and identifiers that cannot wrap (``'FEATURE_EXTRACTION'``) ran
+    into the next column. The dashes are :func:`column_weights` instead."""
     shown = df.copy()
     for column, fn in (formatters or {}).items():
         shown[column] = shown[column].map(fn)
     text = shown.to_markdown(index=index, disable_numparse=True)
     lines = text.split("\n")
     if len(lines) > 1:
-        lines[1] = "|" + "|".join(_capped(cell) for cell in lines[1].strip("|").split("|")) + "|"
+        cells = [cell for cell in lines[1].strip("|").split("|")]
+        table = shown.reset_index() if index else shown
+        columns = [[str(name), *map(str, table[name])] for name in table.columns]
+        lines[1] = "|" + "|".join(_dashes(cell, weight) for cell, weight
+                                  in zip(cells, column_weights(columns))) + "|"
     return "\n".join(lines)
 
 
 MAX_COLUMN_WEIGHT = 40
-"""Dashes at most under one column header (see :func:`markdown_table`)."""
+"""The most width one column's unbreakable text can claim (see :func:`column_weights`)."""
+
+LINE_CHARS = 105
+"""About as many characters as a line of table text holds in the PDF (A4, text at 0.85em)."""
 
 
-def _capped(separator: str) -> str:
-    left, right = separator.startswith(":"), separator.endswith(":")
-    dashes = min(MAX_COLUMN_WEIGHT, max(3, len(separator) - left - right))
-    return (":" if left else "") + "-" * dashes + (":" if right else "")
+def column_weights(columns: list[list[str]]) -> list[int]:
+    """Widths, in characters, for columns given as their header and cells.
+
+    A table that fits a line keeps its natural widths. Otherwise each column first gets its longest word (text that cannot wrap: an identifier, a number,
+    capped at :data:`MAX_COLUMN_WEIGHT`); what is left of a :data:`LINE_CHARS` line goes to the
+    columns whose text is longer than that, in proportion to what they lack."""
+    pad = 2
+    need = [min(MAX_COLUMN_WEIGHT, max(len(word) for text in col for word in text.split()
+                                       or [""])) + pad for col in columns]
+    want = [max(len(text) for text in col) + pad for col in columns]
+    if sum(want) <= LINE_CHARS:  # the table fits a line: as tabulate draws it
+        return want
+    spare = LINE_CHARS - sum(need)
+    lack = [max(0, w - n) for w, n in zip(want, need)]
+    if spare <= 0 or not sum(lack):
+        return need
+    return [n + round(spare * short / sum(lack)) for n, short in zip(need, lack)]
+
+
+def _dashes(separator: str, weight: int) -> str:
+    left, right = separator.strip().startswith(":"), separator.strip().endswith(":")
+    return (":" if left else "") + "-" * max(3, weight) + (":" if right else "")
 
 
 def show_table(

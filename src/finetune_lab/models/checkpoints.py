@@ -18,11 +18,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import sha256_file, utc_now, write_json_atomic
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.models.fairseq_compat import preserved_root_logger
-from finetune_lab.models.trust import MANIFEST_FILE, load_trusted
-from finetune_lab._files import sha256_file, utc_now, write_json_atomic
+from finetune_lab.models.trust import MANIFEST_FILE, load_trusted, trusting
 
 CHECKPOINT_NAME = "roberta-small-fr"
 MODEL_FILE = "model.pt"
@@ -135,17 +135,20 @@ def package_checkpoint(
 
 
 def load_hub_model(folder: Path | None = None):
-    """The packaged model as a fairseq ``RobertaHubInterface`` (fill-mask, encode, ...), on CPU."""
+    """A packaged model as a fairseq ``RobertaHubInterface`` (fill-mask, encode, ...), on CPU.
+
+    Its file must be listed by a manifest of the project or by the folder's own manifest."""
     folder = Path(folder) if folder is not None else packaged_dir()
     if not (folder / MODEL_FILE).is_file():
         raise UserError(
             f"{folder / MODEL_FILE} does not exist: run `finetune-lab pretrain` (see README)"
         )
     # registers roberta_small and the checkpoint loader
-    import finetune_lab.models.fairseq_user_dir  # noqa: F401  # heavy: fairseq
     from fairseq.models.roberta import RobertaModel
 
-    with preserved_root_logger():
+    import finetune_lab.models.fairseq_user_dir  # noqa: F401  # heavy: fairseq
+
+    with preserved_root_logger(), trusting(folder / MANIFEST_FILE):
         hub = RobertaModel.from_pretrained(
             str(folder), checkpoint_file=MODEL_FILE, data_name_or_path=str(folder),
             bpe="sentencepiece", sentencepiece_model=str(folder / SPM_FILE),

@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import sha256_file
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
-from finetune_lab._files import sha256_file
 
 TRUSTED_DIRS_ENV = "FINETUNE_LAB_TRUSTED_DIRS"
 """``os.pathsep``-separated folders whose checkpoints fairseq wrote during this very run."""
@@ -104,6 +104,21 @@ def check_trusted(path: Path | str, manifests: Iterable[Path] | None = None) -> 
         )
     return sha
 
+
+
+@contextmanager
+def trusting(manifest: Path):
+    """Also trust what ``manifest`` lists while loading in this process (a package folder's own
+    manifest, as ``finetune fairseq --checkpoint DIR`` trusts it for its fairseq-train)."""
+    before = os.environ.get(TRUSTED_MANIFESTS_ENV)
+    os.environ[TRUSTED_MANIFESTS_ENV] = os.pathsep.join(filter(None, [str(manifest), before]))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TRUSTED_MANIFESTS_ENV, None)
+        else:
+            os.environ[TRUSTED_MANIFESTS_ENV] = before
 
 @contextmanager
 def fairseq_safe_globals():

@@ -18,9 +18,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import (
+    CONVERSION_RECORD,
+    sha256_file,
+    sha256_tree,
+    write_json_atomic,
+)
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
-from finetune_lab._files import CONVERSION_RECORD, digest_of, sha256_file, sha256_tree, utc_now, write_json_atomic  # noqa: F401  (part of the run API)
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1

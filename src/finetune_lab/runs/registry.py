@@ -14,9 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from finetune_lab._files import sha256_file
 from finetune_lab.config import paths
@@ -24,6 +22,9 @@ from finetune_lab.errors import UserError
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.eventfiles import EventFileError, read_event_file_strict
+
+if TYPE_CHECKING:  # pandas only for the table: the CLI's run checks start without it
+    import pandas as pd
 
 EXPERIMENT_CONFIG = "experiment.json"
 VARYING_KEYS = frozenset({"seed", "init"})
@@ -331,6 +332,8 @@ def excluded_runs(records: Iterable[RunRecord]) -> list[RunRecord]:
 
 def runs_table(records: Iterable[RunRecord]) -> pd.DataFrame:
     """One row per run: identity, status, validity and the reason it is excluded (if it is)."""
+    import pandas as pd
+
     rows = [
         {
             "experiment": r.experiment,

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import sha256_file
 from finetune_lab.argtypes import non_negative_int, positive_int, resolved_path
 from finetune_lab.config import paths
 from finetune_lab.data import binarize
@@ -24,7 +25,7 @@ from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.models.fairseq_compat import quiet_import
 from finetune_lab.runs import jobs
 from finetune_lab.runs.fairseq_logs import log_rates
-from finetune_lab.runs.manifest import read_manifest, sha256_file
+from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.runs.recording import record_run, run_dir_for, run_fairseq_train
 from finetune_lab.runs.registry import cached_sha256, validate_run
 from finetune_lab.train.recipe import LAB_RECIPE, FinetuneRecipe

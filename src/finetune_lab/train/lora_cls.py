@@ -26,16 +26,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import write_json_atomic
 from finetune_lab.argtypes import non_negative_int, positive_int
 from finetune_lab.errors import UserError
 from finetune_lab.models.four_bit import bitsandbytes_available, keep_cpu_4bit_trainable
 from finetune_lab.models.lora_configs import LAB_BNB, LAB_LORA, bnb_config, lora_config
 from finetune_lab.models.params import SMALL, RobertaSize
-from finetune_lab.runs.manifest import read_manifest, write_json_atomic
+from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.runs.recording import run_dir_for
-from finetune_lab.runs.registry import (EXPERIMENT_CONFIG, VARYING_KEYS,
-                                        differing_hyperparameters, read_experiment_config,
-                                        validate_run)
+from finetune_lab.runs.registry import (
+    EXPERIMENT_CONFIG,
+    VARYING_KEYS,
+    differing_hyperparameters,
+    read_experiment_config,
+    validate_run,
+)
 from finetune_lab.train import hf_finetune
 from finetune_lab.train.recipe import LAB_RECIPE, FinetuneRecipe
 

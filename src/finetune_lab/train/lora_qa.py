@@ -26,12 +26,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.data.qa_prompts import CausalLMCollator, encode_faq, faq_path, format_prompt, load_faq
+from finetune_lab._files import write_json_atomic
+from finetune_lab.data.qa_prompts import (
+    CausalLMCollator,
+    encode_faq,
+    faq_path,
+    format_prompt,
+    load_faq,
+)
 from finetune_lab.errors import UserError
 from finetune_lab.models.bloom import RANDOM_INIT_FLAG
 from finetune_lab.models.four_bit import bitsandbytes_available, keep_cpu_4bit_trainable
 from finetune_lab.models.lora_configs import LAB_BNB, LAB_LORA, bnb_config, lora_config
-from finetune_lab.runs.manifest import write_json_atomic
 from finetune_lab.runs.recording import record_run
 
 EXPERIMENT = "lora-qa"

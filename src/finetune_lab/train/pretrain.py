@@ -19,20 +19,38 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import sha256_file, write_json_atomic
 from finetune_lab.config import paths
 from finetune_lab.data import pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
 from finetune_lab.runs.fairseq_logs import last_update
-from finetune_lab.runs.manifest import device_info, portable_path, sha256_file, write_json_atomic
+from finetune_lab.runs.manifest import device_info, portable_path
 from finetune_lab.runs.recording import record_run, run_fairseq_train
-from finetune_lab.train.pretrain_fairseq import (calibrate, echoing, fairseq_args,
-                                                 fairseq_progress, require_corpus)
-from finetune_lab.train.pretrain_lineage import (checkpoint_metadata, continuation_source,
-                                                 continued_run_name)
-from finetune_lab.train.pretrain_recipe import (EXPERIMENT, Launch, PretrainRecipe, cpu_has_bf16,
-                                                default_recipe, device_defaults,
-                                                experiment_config, spread, state_dir)
+from finetune_lab.runs.registry import EXPERIMENT_CONFIG
+from finetune_lab.train.pretrain_fairseq import (
+    calibrate,
+    echoing,
+    fairseq_args,
+    fairseq_progress,
+    require_corpus,
+)
+from finetune_lab.train.pretrain_lineage import (
+    checkpoint_metadata,
+    continuation_source,
+    continued_run_name,
+)
+from finetune_lab.train.pretrain_recipe import (
+    EXPERIMENT,
+    Launch,
+    PretrainRecipe,
+    cpu_has_bf16,
+    default_recipe,
+    device_defaults,
+    experiment_config,
+    spread,
+    state_dir,
+)
 from finetune_lab.train.pretrain_throughput import throughput_record
 
 
@@ -116,8 +134,6 @@ def pretrain(
     hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget,
              **launch.hyperparameters(per_process)}
     env = {trust.TRUSTED_DIRS_ENV: str(save_dir)}
-    from finetune_lab.runs.registry import EXPERIMENT_CONFIG  # heavy: pandas
-
     root = Path(runs_root) if runs_root is not None else paths().runs
     write_json_atomic(root / experiment / EXPERIMENT_CONFIG, experiment_config(recipe))
     extra: dict[str, Any] = {"calibration": calibration}

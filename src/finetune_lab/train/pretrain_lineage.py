@@ -9,11 +9,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import sha256_file
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
 from finetune_lab.models.trust import check_trusted, load_trusted
-from finetune_lab.runs.manifest import portable_path, sha256_file
+from finetune_lab.runs.manifest import portable_path
 from finetune_lab.train.pretrain_recipe import state_dir
 
 

@@ -19,20 +19,33 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import sha256_file, write_json_atomic
 from finetune_lab.config import paths
 from finetune_lab.data import pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
 from finetune_lab.runs.fairseq_logs import line_stat
-from finetune_lab.runs.manifest import (device_info, portable_path, read_manifest, sha256_file,
-                                        write_json_atomic)
+from finetune_lab.runs.manifest import device_info, portable_path, read_manifest
 from finetune_lab.runs.recording import record_run, run_fairseq_train
-from finetune_lab.train.pretrain_fairseq import (echoing, fairseq_args, fairseq_progress,
-                                                 require_corpus)
+from finetune_lab.runs.registry import EXPERIMENT_CONFIG
+from finetune_lab.train.pretrain_fairseq import (
+    echoing,
+    fairseq_args,
+    fairseq_progress,
+    require_corpus,
+)
 from finetune_lab.train.pretrain_lineage import checkpoint_metadata, continuation_source
-from finetune_lab.train.pretrain_recipe import (EXPERIMENT, Launch, PretrainRecipe, cpu_has_bf16,
-                                                default_recipe, device_defaults,
-                                                experiment_config, spread, state_dir)
+from finetune_lab.train.pretrain_recipe import (
+    EXPERIMENT,
+    Launch,
+    PretrainRecipe,
+    cpu_has_bf16,
+    default_recipe,
+    device_defaults,
+    experiment_config,
+    spread,
+    state_dir,
+)
 from finetune_lab.train.pretrain_throughput import throughput_record
 
 LAST = "checkpoint_last.pt"
@@ -66,6 +79,10 @@ def plan_phases(total_updates: int, general: Path, tapt: Path | None,
     switch = max(1, round(total_updates * (1 - tapt_fraction)))
     return [Phase("general", general, 0, switch), Phase("tapt", tapt, switch, total_updates)]
 
+
+def phase_records(phases: list[Phase]) -> list[dict[str, Any]]:
+    """The phases as the manifest keeps them (read back by ``pretrain_recipe.tapt_start``)."""
+    return [{"name": p.name, "until_update": p.until} for p in phases]
 
 def resume_point(save_dir: Path) -> dict[str, Any] | None:
     """Updates done and fairseq's cumulative training time in ``checkpoint_last.pt`` (None: none).
@@ -127,8 +144,6 @@ def pretrain_long(
     ends this launch early, resumable. When the budget is spent, the final weights (the end of
     the decay) are packaged, to ``package_to`` or the committed checkpoint's folder.
     """
-    from finetune_lab.runs.registry import EXPERIMENT_CONFIG  # heavy: pandas
-
     defaults = device_defaults()
     recipe = recipe or default_recipe()
     device, precision = defaults["device"], precision or defaults["precision"]
@@ -158,7 +173,7 @@ def pretrain_long(
     hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": None,
              **launch.hyperparameters(per_process),
              "budget_tokens": int(tokens), "tapt_fraction": tapt_fraction,
-             "phases": [{"name": p.name, "until_update": p.until} for p in phases]}
+             "phases": phase_records(phases)}
     root = Path(runs_root) if runs_root is not None else paths().runs
     run_manifest = root / EXPERIMENT / run / "manifest.json"
     if point is not None and not run_manifest.is_file():

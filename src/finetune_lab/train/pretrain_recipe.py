@@ -74,6 +74,20 @@ def experiment_config(recipe: PretrainRecipe) -> dict[str, Any]:
 PRECISIONS = ("bf16", "fp16", "fp32")
 
 
+
+def tapt_start(hyperparameters: dict[str, Any]) -> int | None:
+    """The update at which a run's task-adaptive phase starts (0: the whole run), or None.
+
+    Read from the phases its manifest records, so that every table and sentence of the book
+    calls the same runs task-adaptive (``--tapt-fraction`` is what was asked, not what ran).
+    """
+    start = 0
+    for phase in hyperparameters.get("phases") or []:
+        if phase.get("name") == "tapt":
+            return start
+        start = int(phase["until_update"])
+    return None
+
 @dataclass(frozen=True)
 class Launch:
     """The processes of one pretraining run: one ``fairseq-train``, or ``world_size`` of them

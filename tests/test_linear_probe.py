@@ -1,0 +1,73 @@
+"""The linear probe of frozen features (issue 14): real tiny checkpoint, real split files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from finetune_lab._files import sha256_file
+from finetune_lab.data.cls_books import ClsDataError
+from finetune_lab.errors import UserError
+from finetune_lab.train import linear_probe as lp
+
+
+def test_probe_reads_a_separable_feature_and_not_noise():
+    rng = np.random.default_rng(0)
+    labels, features = {}, {}
+    for split, n in (("train", 200), ("valid", 50), ("test", 100)):
+        y = rng.integers(0, 2, n)
+        signal = np.c_[y * 2.0 - 1.0 + rng.normal(0, 0.1, n), rng.normal(size=(n, 7))]
+        labels[split] = y.tolist()
+        features[split] = {"<s>": rng.normal(size=(n, 8)), "mean": signal}
+    got = lp.probe_accuracy(features, labels)
+    assert got["mean"]["test_accuracy"] == 100.0  # one column holds the label
+    assert got["<s>"]["test_accuracy"] < 70  # noise: about chance on 100 reviews
+    assert {got[f]["C"] for f in lp.FEATURES} <= set(lp.C_GRID)
+
+
+def test_probe_of_a_real_checkpoint_and_of_its_random_initialisation(tiny_pipeline, tmp_path):
+    out = lp.run_probe(tiny_pipeline["packaged"], name="tiny", cls_dir=tiny_pipeline["cls"],
+                       out_dir=tmp_path)
+    rec = json.loads(out.read_text())
+    assert out == tmp_path / "tiny.json"
+    assert rec["init"] == "pretrained" and rec["seed"] is None
+    assert rec["sizes"] == {"train": 64, "valid": 16, "test": 32}
+    assert rec["checkpoint"]["sha256"] == sha256_file(tiny_pipeline["packaged"] / "model.pt")
+    assert rec["inputs"]["test.label"] == sha256_file(tiny_pipeline["cls"] / "test.label")
+    for name in lp.FEATURES:
+        test = rec["probes"][name]["test_accuracy"]
+        # a share of the 32 test reviews, rounded to 2 decimals
+        assert 0 <= test <= 100 and abs(round(test * 32 / 100) - test * 32 / 100) < 0.01
+    rand = json.loads(lp.run_probe(tiny_pipeline["packaged"], name="tiny-random",
+                                   random_init=True, seed=3, cls_dir=tiny_pipeline["cls"],
+                                   out_dir=tmp_path).read_text())
+    assert (rand["init"], rand["seed"]) == ("random", 3)
+    assert rand["checkpoint"] == rec["checkpoint"]  # the architecture it was drawn for
+
+
+def test_random_initialisation_replaces_every_weight(tiny_pipeline):
+    import torch
+
+    from finetune_lab.models.checkpoints import load_hub_model
+
+    trained = load_hub_model(tiny_pipeline["packaged"])
+    before = {k: v.clone() for k, v in trained.model.state_dict().items()}
+    drawn = lp.randomised(trained, seed=0).model.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], drawn[k])]
+    layer_norms = [k for k in before if "layer_norm" in k and k.endswith(".weight")]
+    assert layer_norms and all(torch.all(drawn[k] == 1) for k in layer_norms)
+    # what was not redrawn is what fairseq's init does not touch: none of the trained matrices
+    unchanged = set(before) - set(changed)
+    assert not [k for k in unchanged if k.endswith(".weight") and "layer_norm" not in k]
+    assert len(changed) > len(before) // 2
+
+
+def test_bad_inputs_are_named(tiny_pipeline, tmp_path):
+    with pytest.raises(UserError, match="--name"):
+        lp.run_probe(tiny_pipeline["packaged"], name="../x", cls_dir=tiny_pipeline["cls"],
+                     out_dir=tmp_path)
+    with pytest.raises(ClsDataError, match="train.review is missing"):
+        lp.run_probe(tiny_pipeline["packaged"], name="x", cls_dir=tmp_path, out_dir=tmp_path)
+    assert not list(tmp_path.glob("*.json"))  # nothing half-written
