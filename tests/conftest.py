@@ -64,6 +64,31 @@ def tiny_pipeline(tmp_path_factory):
            "runs": root / "runs"}
 
 
+@pytest.fixture(scope="session")
+def tiny_tapt_corpus(tiny_pipeline, tmp_path_factory):
+    """The tiny pipeline's task-adaptive corpus: reviews only (dvd/music, and the CLS-Books
+    training texts twice), many of them longer than the tiny runs' 64-token samples."""
+    from finetune_lab.data import pretrain_corpus
+
+    out, _ = pretrain_corpus.prepare_pretrain(
+        tokenizer_dir=tiny_pipeline["tok"], out=tmp_path_factory.mktemp("tapt") / "bin",
+        max_novels=3, workers=1, with_reviews=True, review_repeat=1, task_repeat=2,
+        train_novels=False)
+    return out
+
+
+def use_tiny_work_dir(tiny_pipeline, tmp_path, monkeypatch) -> None:
+    """Point the run cache and the work dir at ``tmp_path``, with the tiny pipeline's tokenizer
+    as the work dir's own (what a long pretraining run packages its weights with)."""
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    (tmp_path / "work" / "tokenizer").mkdir(parents=True, exist_ok=True)
+    for name in ("spm.model", "dict.txt"):
+        target = tmp_path / "work" / "tokenizer" / name
+        if not target.exists():
+            target.write_bytes((tiny_pipeline["tok"] / name).read_bytes())
+
+
 def make_tiny_cls(root, items, vocab_size: int):
     """A tiny sentencepiece + fairseq dict trained on ``items`` and a 32/8/8 ``cls.books`` split.
 

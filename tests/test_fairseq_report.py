@@ -305,4 +305,4 @@ def test_pretraining_chapter_verdict_reads_the_grid(grid):
 
     text = pretrain_candidates.finetuning_verdict(grid["report_runs"])
     assert "n = 2 and 2 seeds" in text
-    assert ("beats random initialisation" in text) != ("Until weights past the masked-LM plateau" in text)
+    assert ("beats random initialisation" in text) != ("Until better weights replace it" in text)

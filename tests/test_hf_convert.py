@@ -140,3 +140,42 @@ def test_conversion_is_exact_on_the_committed_checkpoint():
     assert table["equal"].all(), table
     assert {"MLM logits", "classification logits", "hidden states, layer 4"} <= set(table["quantity"])
     assert table["max abs difference"].max() <= 1e-4, table
+
+
+def test_a_replaced_checkpoint_is_converted_again(tmp_path, tiny, monkeypatch):
+    """Fine-tuning with Transformers reads the converted folder: after a new checkpoint is
+    packaged, the old conversion must not be used under its name. Converted once, kept while the
+    checkpoint is the same, converted again (and only then replaced) when it changes."""
+    import argparse
+
+    import torch
+
+    from finetune_lab._files import sha256_file
+    from finetune_lab.models import trust
+    from finetune_lab.train import hf_finetune
+
+    size, _, state = tiny
+    package = tmp_path / "package"
+    _tiny_tokenizer(package, size.vocab)
+    ckpt = package / "model.pt"
+
+    def save(weights):
+        torch.save({"model": {k: v.half() for k, v in weights.items()},
+                    "args": argparse.Namespace(encoder_attention_heads=size.heads), "cfg": None},
+                   ckpt)
+
+    save(state)
+    out = tmp_path / "work" / "hf" / "roberta-small-fr"
+    monkeypatch.setenv(trust.TRUSTED_DIRS_ENV, str(tmp_path))
+    monkeypatch.setattr(hf_finetune, "packaged_dir", lambda: package)
+    monkeypatch.setattr(hf_finetune, "default_hf_dir", lambda: out)
+    assert hf_finetune.ensure_converted() == out
+    assert hf_convert.converted_from(out) == sha256_file(ckpt)
+    first = (out / "model.safetensors").stat().st_mtime_ns
+    hf_finetune.ensure_converted()
+    assert (out / "model.safetensors").stat().st_mtime_ns == first  # same weights: kept
+
+    save({k: v + 1 if v.is_floating_point() else v for k, v in state.items()})
+    hf_finetune.ensure_converted()
+    assert hf_convert.converted_from(out) == sha256_file(ckpt)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["roberta-small-fr"]  # no temp left

@@ -71,3 +71,24 @@ def test_bad_inputs_are_named(tiny_pipeline, tmp_path):
     with pytest.raises(ClsDataError, match="train.review is missing"):
         lp.run_probe(tiny_pipeline["packaged"], name="x", cls_dir=tmp_path, out_dir=tmp_path)
     assert not list(tmp_path.glob("*.json"))  # nothing half-written
+
+
+def test_the_objective_ablation_reads_both_runs_from_the_cache():
+    """The chapter's ablation of the ``<s>`` objective joins the committed whole-line runs to
+    their probes by name; the reading is the difference of the two probes' JSON values."""
+    from finetune_lab.book import pretrain_candidates as pc
+    from finetune_lab.book import pretrain_report as pr
+    from finetune_lab.book import probe_report as prp
+
+    runs = pr.load_pretrain_runs()
+    table = prp.objective_table(pc.candidate_table(runs), prp.probe_table())
+    weights = dict(zip(table["run"], table["<s> bag-of-words weight"]))
+    assert weights == {"`pretrain/cpu-docbow1`": 8.0, "`pretrain/cpu-docmlm1`": 0.0}
+    probes = {name: json.loads((lp.probe_dir() / f"{name}.json").read_text())["probes"]
+              for name in ("cpu-docbow1", "cpu-docmlm1")}
+    reading = prp.objective_reading(table)
+    assert reading.weight == 8.0 and reading.bag == "`pretrain/cpu-docbow1`"
+    assert reading.probe_s == pytest.approx(probes["cpu-docbow1"]["<s>"]["test_accuracy"]
+                                            - probes["cpu-docmlm1"]["<s>"]["test_accuracy"])
+    # whole-line updates hold fewer tokens than the 4,096 a full batch of 256-token samples does
+    assert all(3000 < v < 4096 for v in table["tokens per update (measured)"])

@@ -112,6 +112,14 @@ def test_log_rates_skip_the_start_up_interval():
     assert fairseq_logs.log_rates(log) == {"updates_per_s": 2.1, "tokens_per_s": 1100.0}
 
 
+def test_mean_tokens_per_update_reads_wpb_of_every_interval():
+    log = "\n".join(
+        f"x | INFO | train_inner | epoch 001:  {i} / 9 loss=9, wps=10, ups=1, wpb={w}, bsz=20"
+        for i, w in enumerate([3932, 3766, 3041.5]))
+    assert fairseq_logs.mean_tokens_per_update(log) == pytest.approx((3932 + 3766 + 3041.5) / 3)
+    assert fairseq_logs.mean_tokens_per_update("x | valid | loss 9 | wpb 1197") is None
+
+
 def test_log_rates_read_the_exponent_fairseq_writes_past_a_million():
     # the H100 run's log: read as 1.34 tokens/s before the exponent was parsed
     log = "\n".join(

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import TINY_ARCH, needs_data_root
+from conftest import TINY_ARCH, needs_data_root, use_tiny_work_dir
 
 from finetune_lab.errors import UserError
 from finetune_lab.runs.manifest import read_manifest
@@ -56,24 +56,12 @@ def test_progress_shows_tokens_rate_and_eta():
 
 
 @pytest.fixture(scope="module")
-def tapt_corpus(tiny_pipeline, tmp_path_factory):
-    from finetune_lab.data import pretrain_corpus
-
-    out, _ = pretrain_corpus.prepare_pretrain(
-        tokenizer_dir=tiny_pipeline["tok"], out=tmp_path_factory.mktemp("tapt") / "bin",
-        max_novels=3, workers=1, with_reviews=True, review_repeat=1, task_repeat=2,
-        train_novels=False)
-    return out
+def tapt_corpus(tiny_tapt_corpus):
+    return tiny_tapt_corpus
 
 
 def _long(tiny_pipeline, tapt, tmp_path, monkeypatch, run, **kw):
-    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
-    (tmp_path / "work" / "tokenizer").mkdir(parents=True, exist_ok=True)
-    for name in ("spm.model", "dict.txt"):
-        target = tmp_path / "work" / "tokenizer" / name
-        if not target.exists():
-            target.write_bytes((tiny_pipeline["tok"] / name).read_bytes())
+    use_tiny_work_dir(tiny_pipeline, tmp_path, monkeypatch)
     recipe = PretrainRecipe(tokens_per_sample=64, batch_size=8, validate_every=5,
                             log_interval=1, lr=1e-3, arch=TINY_ARCH, dropout=0.0,
                             attention_dropout=0.0)

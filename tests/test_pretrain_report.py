@@ -268,7 +268,7 @@ def _tb_run(root, experiment, name, losses, manifest, reviews=None):
     return RunRecord(path, experiment, name, manifest, problems)
 
 
-def test_plateau_table_puts_tokens_over_the_lineage_and_finds_the_escape(tmp_path):
+def test_plateau_table_puts_tokens_over_the_lineage_and_finds_the_escape(tmp_path, monkeypatch):
     cpu = _tb_run(tmp_path, "pretrain", "cpu-c1", {250: 9.0, 500: 8.9},
                   {"status": "complete", "hyperparameters": {"tokens_per_update": 4096, "lr": 5e-4},
                    "extra": {"continued_from": {"lineage": LINEAGE}}},
@@ -278,10 +278,17 @@ def test_plateau_table_puts_tokens_over_the_lineage_and_finds_the_escape(tmp_pat
                    "hyperparameters": {"tokens_per_update": 65536, "num_workers": 10}})
     running = _tb_run(tmp_path, "pretrain", "long", {250: 9.2},
                       {"status": "running", "hyperparameters": {"tokens_per_update": 4096}})
+    elsewhere = _tb_run(tmp_path, "pretrain", "far", {250: 9.3},
+                        {"status": "paused", "hyperparameters": {"tokens_per_update": 4096}})
+    # "long" can resume here (its fairseq state is in this work dir), "far" cannot
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    (tmp_path / "work" / "pretrain-checkpoints" / "long").mkdir(parents=True)
+    (tmp_path / "work" / "pretrain-checkpoints" / "long" / "checkpoint_last.pt").write_bytes(b"x")
+    assert pp.weights_state(elsewhere) == pp.STRANDED
     curves = pp.token_curves([cpu, gpu])
     mine = curves[curves["run"] == "pretrain/cpu-c1"]
     assert mine["tokens"].tolist() == [8_192_000 + 250 * 4096, 8_192_000 + 500 * 4096]
-    table = pp.plateau_table([cpu, gpu, running], unigram=10.0).set_index("run")
+    table = pp.plateau_table([cpu, gpu, running, elsewhere], unigram=10.0).set_index("run")
     assert table.loc["`pretrain/cpu-c1`", "weights"] == "kept"
     assert pd.isna(table.loc["`pretrain/cpu-c1`", "left the plateau at (M tokens)"])
     assert table.loc["`pretrain/cpu-c1`", "reviews (bits)"] == pytest.approx(9.4)
@@ -296,14 +303,14 @@ def test_plateau_table_puts_tokens_over_the_lineage_and_finds_the_escape(tmp_pat
     assert shown.loc["`pretrain/cpu-c1`", "left the plateau at (M tokens)"] == "not yet"
     assert shown.loc["`pretrain-gpu/gpu2`", "left the plateau at (M tokens)"] == "131"
     seen = pp.plateau_facts(table.reset_index())
-    assert (seen.runs, seen.stuck, seen.left, seen.left_lost) == (3, 2, 1, 1)
+    assert (seen.runs, seen.stuck, seen.left, seen.left_lost) == (4, 3, 1, 1)
     assert seen.stuck_lowest_bits == pytest.approx(8.9)  # cpu-c1's last loss, under long's 9.2
     assert seen.stuck_most_tokens_m == pytest.approx((8_192_000 + 500 * 4096) / 1e6)
     assert seen.left_from_m == seen.left_to_m == pytest.approx(2000 * 65536 / 1e6)
     assert seen.left_best_bits == pytest.approx(4.1)
     assert seen.left_most_tokens_m == pytest.approx(3000 * 65536 / 1e6)
     assert seen.cpu_most_tokens_m == pytest.approx((8_192_000 + 500 * 4096) / 1e6)
-    assert seen.in_progress == ("pretrain/long",)
+    assert seen.in_progress == ("pretrain/long",) and seen.stranded == ("pretrain/far",)
     assert (seen.left_gpu, seen.left_cpu, seen.left_cpu_from_m) == (1, 0, None)
     assert seen.left_gpu_from_m == seen.left_gpu_to_m == pytest.approx(2000 * 65536 / 1e6)
     assert seen.in_progress_left == ()

@@ -46,3 +46,13 @@ def test_words_that_cannot_wrap_get_their_width():
     # a table that fits a line keeps tabulate's natural widths
     small = pd.DataFrame({"run": ["cpu-long3"], "status": ["paused"]})
     assert _dashes(markdown_table(small)) == [len("cpu-long3") + 2, len("status") + 2]
+
+
+def test_a_token_that_looks_like_a_tag_is_escaped_outside_code():
+    from finetune_lab.book.report import markdown_table
+
+    table = markdown_table(pd.DataFrame({"probe on <s> (%)": ["`<s>` 75.7 <s>", 1.5]}))
+    header, _, row, other = table.split("\n")
+    assert "probe on \\<s> (%)" in header and "<s> (%)" not in header.replace("\\<s>", "")
+    assert "`<s>` 75.7 \\<s>" in row  # the code span untouched, the bare token escaped
+    assert "1.5" in other

@@ -7,7 +7,6 @@ the fairseq grid's, and says which verdict each set of weights earns. The chapte
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +25,10 @@ from finetune_lab.book.pretrain_report import (
 )
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
+from finetune_lab.runs.fairseq_logs import mean_tokens_per_update
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.finetune_fairseq import candidate_experiments, candidate_index
-from finetune_lab.train.linear_probe import probe_dir
 from finetune_lab.train.pretrain_lineage import lineage_of
 from finetune_lab.train.pretrain_recipe import EXPERIMENT, tapt_start
 
@@ -46,12 +45,13 @@ def finetuning_verdict(runs_root: Path | None = None) -> str:
     g = fr.gap(fr.load_results(runs_root))
     text = fr.gap_verdict(g)
     if g is not None and g.ci_low <= 0:
-        text += (" Until weights past the masked-LM plateau replace it (@sec-pretrain-plateau: "
-                 "on a GPU, `finetune-lab gpu-bundle --steps pretrain lab --then-finetune`, see "
-                 "the README; on a CPU, a long run of `finetune-lab pretrain --tokens N`, resumed "
-                 "over sessions; then the pretrained fine-tuning runs again), every "
-                 "pretrained-vs-random comparison in this book measures this weak checkpoint, "
-                 "not the value of pretraining.")
+        text += (" Until better weights replace it (weights past the masked-LM plateau, "
+                 "@sec-pretrain-plateau: on a GPU, `finetune-lab gpu-bundle --steps pretrain lab "
+                 "--then-finetune`, see the README; on a CPU, a long run of `finetune-lab "
+                 "pretrain --tokens N`, resumed over sessions; or weights whose `<s>` was "
+                 "trained to summarise, @sec-pretrain-summary; then the pretrained fine-tuning "
+                 "runs again), every pretrained-vs-random comparison in this book measures this "
+                 "weak checkpoint, not the value of pretraining.")
     return text
 
 
@@ -152,8 +152,13 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
         switch = tapt_start(rec.manifest["hyperparameters"])
         tapt = switch is not None
         at = f" at update {facts['at_update']:,}" if facts.get("at_update") else ""
+        hp = rec.manifest["hyperparameters"]
         row = {"weights": role, "run": f"`{rec.experiment}/{rec.name}`{at}",
                "task-adaptive": "yes: saw the CLS-Books training texts" if tapt else "no",
+               "samples": ("whole lines" if hp.get("sample_break_mode", "none") != "none"
+                           else "256-token stretches"),
+               "bag weight": float(hp.get("bow_weight") or 0.0),
+               "tokens per update (measured)": _measured_tokens_per_update(rec),
                "all task-adaptive": switch == 0,
                "updates (all runs)": sum(int(x.get("updates") or 0) for x in facts["lineage"])
                or facts["updates"],
@@ -164,7 +169,7 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
                "ci_low": None, "ci_high": None, "minus packaged (points)": None,
                "pk_low": None, "pk_high": None,
                "own updates": facts["updates"],
-               "dropout": rec.manifest["hyperparameters"].get("dropout"),
+               "dropout": hp.get("dropout"),
                "continued": (str(facts["lineage"][-2].get("run") or "").split("data/runs/")[-1]
                              if len(facts["lineage"]) > 1 else None),
                "first valid": facts.get("valid_first"),
@@ -188,6 +193,15 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
                 row.update(dict(zip(keys, (g.diff, g.ci_low, g.ci_high))))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _measured_tokens_per_update(rec: RunRecord) -> float | None:
+    """The mean tokens an update of ``rec`` held (fairseq's ``wpb``, from its ``train.log``):
+    below the recorded ``tokens_per_update`` when batches are by tokens (whole lines), since
+    a batch stops before the line that would overflow it."""
+    log = Path(rec.path) / "train.log"
+    return mean_tokens_per_update(log.read_text(encoding="utf-8", errors="replace")) \
+        if log.is_file() else None
 
 
 def candidate_verdict(row: pd.Series) -> str:
@@ -233,7 +247,8 @@ def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
 
     out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high", "first valid",
                               "started at", "own updates", "continued", "all task-adaptive", "dropout",
-                              "acc mean", "acc std"],
+                              "acc mean", "acc std", "samples", "bag weight",
+                              "tokens per update (measured)"],
                      errors="ignore").copy()
     for col, low, high in (("minus random (points)", "ci_low", "ci_high"),
                            ("minus packaged (points)", "pk_low", "pk_high")):
@@ -312,72 +327,3 @@ def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int
     ax.set_ylabel("test accuracy (%), best-valid epoch")
     ax.legend(frameon=False, fontsize="x-small", loc="lower right")
     return fig
-
-
-def _checkpoint_sha(rec: RunRecord) -> str | None:
-    digest = (((rec.manifest or {}).get("inputs") or {}).get("checkpoint") or {}).get("sha256")
-    return digest.get(".") if isinstance(digest, dict) else digest
-
-
-def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None) -> pd.DataFrame:
-    """Every linear probe of ``data/summaries/probes/`` (``finetune-lab probe``) beside the
-    lab-recipe fine-tuning of the same weights: the candidates' and the packaged checkpoint's,
-    matched by the checkpoint's sha256; a random initialisation's beside the grid's random runs.
-    """
-    folder = Path(probes_dir) if probes_dir is not None else probe_dir()
-    probes = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
-    tuned: dict[str, list[float]] = {}  # checkpoint sha256 (or "random") -> test accuracies
-    for experiment in [fr.EXPERIMENT, *candidate_experiments(runs_root)]:
-        res = fr.load_results(runs_root, experiment)
-        if not res.ready:
-            continue
-        for rec in res.loaded.runs:
-            key = "random" if rec.init == "random" else _checkpoint_sha(rec)
-            if not rec.valid or (key == "random" and experiment != fr.EXPERIMENT):
-                continue
-            test = res.best.loc[(res.best["init"] == rec.init) & (res.best["seed"] == rec.seed),
-                                "test"].astype(float)
-            tuned.setdefault(key, []).extend(test.tolist())
-    rows = []
-    for p in probes:
-        key = "random" if p["init"] == "random" else p["checkpoint"]["sha256"]
-        acc = pd.Series(tuned.get(key, []), dtype=float)
-        rows.append({"weights": p["name"], "init": p["init"],
-                     "probe on <s> (%)": p["probes"]["<s>"]["test_accuracy"],
-                     "probe on the mean (%)": p["probes"]["mean"]["test_accuracy"],
-                     "fine-tuned (%)": (seedstats.fmt_mean_std(acc.mean(), acc.std(ddof=1), len(acc))
-                                        if len(acc) else "not fine-tuned"),
-                     "probe time (min)": round(p["wall_time_s"] / 60, 1),
-                     "fine-tuned mean": acc.mean() if len(acc) else float("nan")})
-    return pd.DataFrame(rows, columns=["weights", "init", "probe on <s> (%)",
-                                       "probe on the mean (%)", "fine-tuned (%)",
-                                       "probe time (min)", "fine-tuned mean"])
-
-
-@dataclass(frozen=True)
-class ProbeReading:
-    """What :func:`probe_table` says: random's frozen features against the best pretrained."""
-
-    random_mean: float
-    random_s: float
-    random_tuned: str
-    best: str
-    best_mean: float
-    best_s: float
-    best_gain: float
-    minutes: float
-
-
-def probe_reading(table: pd.DataFrame) -> ProbeReading | None:
-    """The reading of the probe table, or None until both random and pretrained were probed."""
-    rand, pre = table[table["init"] == "random"], table[table["init"] == "pretrained"]
-    if rand.empty or pre.empty:
-        return None
-    r = rand.iloc[0]
-    b = pre.loc[pre["probe on the mean (%)"].idxmax()]
-    return ProbeReading(
-        random_mean=float(r["probe on the mean (%)"]), random_s=float(r["probe on <s> (%)"]),
-        random_tuned=r["fine-tuned (%)"], best=b["weights"],
-        best_mean=float(b["probe on the mean (%)"]), best_s=float(b["probe on <s> (%)"]),
-        best_gain=float(b["probe on the mean (%)"] - r["probe on the mean (%)"]),
-        minutes=float(table["probe time (min)"].median()))

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from finetune_lab.book.pretrain_plateau import weights_state
 from finetune_lab.book.pretrain_report import VALID_SUBSETS, PretrainRuns, unigram_bits
 from finetune_lab.models import params
 from finetune_lab.runs.registry import RunRecord
@@ -138,6 +139,9 @@ class LongRun:
     status: str | None
     tokens_done: int
     launches: int
+    resumable: bool = False
+    """Whether its resumable state (``checkpoint_last.pt``) is on this machine: a run left
+    unfinished on another machine cannot go on here."""
 
 
 def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
@@ -156,7 +160,8 @@ def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
             tokens_before=(sum(int(step.get("tokens") or 0) for step in lineage)
                            if lineage else None),
             status=man.get("status"), tokens_done=int(man.get("updates_done") or 0) * per,
-            launches=len(man["segments"])))
+            launches=len(man["segments"]),
+            resumable=weights_state(rec) == "in progress"))
     return out
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 from finetune_lab.runs.fairseq_logs import log_rates
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.tblogs import event_scalars
-from finetune_lab.train.pretrain_recipe import EXPERIMENT
+from finetune_lab.train.pretrain_recipe import EXPERIMENT, state_dir
 
 GPU_EXPERIMENT = "pretrain-gpu"
 """Where runs made on a lent GPU go (``gpu-bundle --steps pretrain``)."""
@@ -24,6 +24,23 @@ plateau lies 1 to 1.5 bits under it (what token frequencies and positions alone 
 the H100 runs fell from there to 5 bits and below within a few hundred updates."""
 LEFT = "left the plateau at (M tokens)"
 """The column of :func:`plateau_table` that says where a run left the plateau (NaN: not yet)."""
+
+
+STRANDED = "left on another machine"
+"""The weights of a run stopped before the end of its budget whose resumable state is not on
+this machine (``data/work/`` is not in git): it cannot go on here, and it never packaged them."""
+
+
+def weights_state(rec: RunRecord) -> str:
+    """``kept`` (a complete run's), ``in progress`` (paused or running, resumable here),
+    :data:`STRANDED`, or ``lost`` (the run failed: a GPU call's deadline, say)."""
+    status = (rec.manifest or {}).get("status")
+    if rec.valid:
+        return "kept"
+    if status in ("running", "paused"):
+        resumable = (state_dir(rec.name) / "checkpoint_last.pt").is_file()
+        return "in progress" if resumable else STRANDED
+    return "lost"
 
 
 def all_pretraining_runs(runs_root=None) -> list[RunRecord]:
@@ -81,8 +98,7 @@ def plateau_table(records: list[RunRecord], unigram: float | None) -> pd.DataFra
             "run": f"`{name}`",
             "status": (f"{man.get('status')}: {man['error']}" if man.get("error")
                        else str(man.get("status"))),
-            "weights": ("kept" if rec.valid else "in progress"
-                        if man.get("status") in ("running", "paused") else "lost"),
+            "weights": weights_state(rec),
             "device": "GPU" if rec.experiment == GPU_EXPERIMENT else "CPU",
             "tokens per update": int(hp.get("tokens_per_update") or 0),
             "lr": hp.get("lr"), "loaders": hp.get("num_workers", 1),
@@ -120,6 +136,7 @@ class PlateauFacts:
     left_gpu_from_m: float | None = None
     left_gpu_to_m: float | None = None
     in_progress_left: tuple[str, ...] = ()
+    stranded: tuple[str, ...] = ()
 
 
 def plateau_facts(table: pd.DataFrame) -> PlateauFacts:
@@ -150,7 +167,8 @@ def plateau_facts(table: pd.DataFrame) -> PlateauFacts:
         left_gpu_from_m=bound(left[left["device"] == "GPU"], LEFT, "min"),
         left_gpu_to_m=bound(left[left["device"] == "GPU"], LEFT, "max"),
         in_progress_left=tuple(str(r).strip("`") for r in left.loc[left["weights"] == "in progress",
-                                                                  "run"]))
+                                                                  "run"]),
+        stranded=tuple(str(r).strip("`") for r in table.loc[table["weights"] == STRANDED, "run"]))
 
 
 def plot_plateau(records: list[RunRecord], unigram: float | None):
@@ -164,8 +182,10 @@ def plot_plateau(records: list[RunRecord], unigram: float | None):
         ax.text(0.5, 0.5, "no pretraining run recorded yet", ha="center", va="center")
         ax.set_axis_off()
         return fig
+    gone = {f"{r.experiment}/{r.name}" for r in records
+            if weights_state(r) in ("lost", STRANDED)}
     for run, part in df.groupby("run", sort=False):
-        lost = part["status"].iloc[0] not in ("complete", "running", "paused")
+        lost = run in gone
         ax.plot(part["tokens"] / 1e6, part["bits"], marker="o", ms=2.5,
                 ls="--" if lost else "-", lw=1.2,
                 label=f"{run} ({part['device'].iloc[0]}{', weights lost' if lost else ''})")

@@ -6,6 +6,7 @@ Tables are emitted as Markdown so that Quarto typesets them natively in both HTM
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def markdown_table(
     shown = df.copy()
     for column, fn in (formatters or {}).items():
         shown[column] = shown[column].map(fn)
+    shown = shown.rename(columns=escape_tags).map(
+        lambda v: escape_tags(v) if isinstance(v, str) else v)
     text = shown.to_markdown(index=index, disable_numparse=True)
     lines = text.split("\n")
     if len(lines) > 1:
@@ -61,6 +64,22 @@ def markdown_table(
         lines[1] = "|" + "|".join(_dashes(cell, weight) for cell, weight
                                   in zip(cells, column_weights(columns))) + "|"
     return "\n".join(lines)
+
+
+_CODE_SPAN = re.compile(r"(`[^`]*`)")
+_TAG_START = re.compile(r"<(?=[A-Za-z/!])")
+
+
+def escape_tags(text: object) -> object:
+    """``text`` with every ``<`` that would open an HTML tag escaped, outside code spans.
+
+    Pandoc reads a cell's ``<s>`` (RoBERTa's first token) as raw HTML: the page struck the rest
+    of the cell through and the PDF dropped it. Code spans keep their text as it is."""
+    if not isinstance(text, str):
+        return text
+    parts = _CODE_SPAN.split(text)
+    return "".join(part if i % 2 else _TAG_START.sub(r"\\<", part)
+                   for i, part in enumerate(parts))
 
 
 MAX_COLUMN_WEIGHT = 40

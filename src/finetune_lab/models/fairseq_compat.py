@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 from argparse import Namespace
+from types import SimpleNamespace
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -122,3 +123,16 @@ def install_torchrun_on_cpu() -> None:
 
     call_main._torchrun_on_cpu = True  # type: ignore[attr-defined]
     dist_utils.call_main = call_main
+
+
+def install_numpy_long_alias() -> None:
+    """Give numpy 2 the ``np.compat.long`` alias that fairseq 0.12's ``eos`` break mode uses.
+
+    ``TokenBlockDataset`` builds its one-line-per-sample index with ``np.compat.long``, which
+    numpy 2 removed; without it ``--sample-break-mode eos`` fails before training. The alias is
+    numpy 1's own meaning (a 64-bit integer) and is added only where it is missing.
+    """
+    import numpy as np  # heavy: numpy (fairseq's own; this module is imported without it)
+
+    if not hasattr(np, "compat"):
+        np.compat = SimpleNamespace(long=np.int64)  # type: ignore[attr-defined]

@@ -26,14 +26,14 @@ import statistics
 # fairseq's "simple" log writes "wps=123.4, ups=5.6" to files and "| wps 123.4 | ups 5.6" to ttys.
 _NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"  # fairseq writes 1.34e+06 past a million
 _STAT_RE = {name: re.compile(rf"\b{name}[=\s]+" + _NUMBER)
-            for name in ("ups", "wps", "num_updates")}
+            for name in ("ups", "wps", "wpb", "num_updates")}
 _UPDATES_RE = re.compile(r"\bnum_updates[=\s]+([0-9]+)")
 TRAIN_INNER = "| train_inner |"
 """What marks the lines fairseq logs every ``--log-interval`` updates while it trains."""
 
 
 def line_stat(line: str, name: str) -> float | None:
-    """The value of ``name`` (``ups``, ``wps`` or ``num_updates``) in one log line, or None."""
+    """The value of ``name`` (``ups``, ``wps``, ``wpb`` or ``num_updates``) in one log line, or None."""
     found = _STAT_RE[name].search(line)
     return float(found.group(1)) if found else None
 
@@ -48,6 +48,14 @@ def log_rates(log_text: str) -> dict[str, float]:
     # The first interval includes start-up; leave it out when there are others.
     ups, wps = (ups[1:], wps[1:]) if len(ups) > 1 else (ups, wps)
     return {"updates_per_s": statistics.median(ups), "tokens_per_s": statistics.median(wps)}
+
+
+def mean_tokens_per_update(log_text: str) -> float | None:
+    """The mean of fairseq's ``wpb`` (tokens per update, padding included) over its
+    ``train_inner`` lines: what an update held when batches are by tokens, not sequences."""
+    wpb = [v for ln in log_text.splitlines() if TRAIN_INNER in ln
+           and (v := line_stat(ln, "wpb")) is not None]
+    return statistics.fmean(wpb) if wpb else None
 
 
 def last_update(log_text: str) -> int | None:

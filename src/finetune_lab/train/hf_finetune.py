@@ -30,13 +30,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import atomic_dir, sha256_file
 from finetune_lab.argtypes import non_negative_int, positive_int
 from finetune_lab.data.cls_books import SPLITS, read_split
 from finetune_lab.data.cls_books import default_output as default_cls
 from finetune_lab.data.tokenizer import default_output as default_tok
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
-from finetune_lab.models.hf_convert import convert_checkpoint, default_hf_dir, hf_model_config
+from finetune_lab.models.hf_convert import (convert_checkpoint, converted_from, default_hf_dir,
+                                            hf_model_config)
 from finetune_lab.models.hf_tokenizer import FairseqIdTokenizer, pad_batch
 from finetune_lab.models.params import SMALL
 from finetune_lab.runs.recording import record_run, run_dir_for
@@ -232,11 +234,21 @@ def build_model(init: str, seed: int, recipe: FinetuneRecipe, *, model_dir: Path
 
 
 def ensure_converted() -> Path:
-    """The default converted model, converting the packaged checkpoint on first use."""
+    """The default converted model, converting the packaged checkpoint on first use and again
+    whenever the packaged checkpoint is replaced (a conversion of earlier weights would
+    otherwise be fine-tuned under the new checkpoint's name). The new conversion replaces the
+    old one only once it is complete."""
     out = default_hf_dir()
     ckpt = packaged_dir() / MODEL_FILE
-    if not (out / "config.json").is_file() and ckpt.is_file():
-        convert_checkpoint(ckpt, out)
+    if not ckpt.is_file():
+        return out
+    if (out / "config.json").is_file() and converted_from(out) == sha256_file(ckpt):
+        return out
+    if out.exists():
+        print(f"{out} was converted from other weights than {ckpt}: converting it again")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(out) as tmp:
+        convert_checkpoint(ckpt, tmp, tokenizer_dir=ckpt.parent)
     return out
 
 

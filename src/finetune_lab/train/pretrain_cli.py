@@ -13,6 +13,7 @@ from pathlib import Path
 
 from finetune_lab.argtypes import non_negative_int, positive_float, positive_int, resolved_path
 from finetune_lab.data import tokenizer
+from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
 from finetune_lab.train.pretrain import pretrain
 from finetune_lab.train.pretrain_lineage import checkpoint_metadata
@@ -42,6 +43,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dropout", type=float,
                    help="dropout and attention dropout (default: 0 on a CPU, where the model "
                         "underfits, as the ablations measured; 0.1 on a GPU, RoBERTa's)")
+    p.add_argument("--sample-break-mode", choices=("none", "eos"),
+                   help="none (default): 256-token stretches of running text; eos: one line (a "
+                        "review, a paragraph) per sample, starting with <s> like a fine-tuning input")
+    p.add_argument("--bow-weight", type=float,
+                   help="also train <s> to predict its sample's bag of words, with this weight "
+                        "per sample against one masked token (default 0: masked LM alone); "
+                        "needs --sample-break-mode eos")
     p.add_argument("--stop-minutes", type=float,
                    help="with --max-update: also stop (and save) when this much time has passed")
     p.add_argument("--seed", type=non_negative_int,
@@ -94,8 +102,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     d = device_defaults()
+    if args.bow_weight and args.sample_break_mode != "eos":
+        raise UserError("--bow-weight needs --sample-break-mode eos: <s> summarises one review "
+                        "or paragraph, not a stretch that starts mid-sentence")
     recipe = default_recipe(batch_size=args.batch_size, update_freq=args.update_freq,
-                            lr=args.lr, dropout=args.dropout, attention_dropout=args.dropout)
+                            lr=args.lr, dropout=args.dropout, attention_dropout=args.dropout,
+                            sample_break_mode=args.sample_break_mode, bow_weight=args.bow_weight)
     launch = Launch(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                     node_rank=args.node_rank, master_addr=args.master_addr,
                     master_port=args.master_port)

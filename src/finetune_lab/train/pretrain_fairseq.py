@@ -51,10 +51,14 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
     ``stop_update`` ends this launch earlier than the schedule (``recipe.max_update``, over which
     warm-up and decay are laid): a phase of a long run.
     """
+    whole_lines = recipe.sample_break_mode != "none"
     args = [
         str(bin_dir), "--user-dir", str(paths().user_dir),
-        "--task", "masked_lm", "--criterion", "masked_lm", "--arch", "roberta_small",
-        "--sample-break-mode", "none", "--tokens-per-sample", str(recipe.tokens_per_sample),
+        "--task", "masked_lm_docs" if whole_lines else "masked_lm",
+        "--criterion", "masked_lm_bow" if recipe.bow_weight > 0 else "masked_lm",
+        "--arch", "roberta_small",
+        "--sample-break-mode", recipe.sample_break_mode,
+        "--tokens-per-sample", str(recipe.tokens_per_sample),
         "--mask-prob", str(recipe.mask_prob),
         "--leave-unmasked-prob", str(recipe.leave_unmasked_prob),
         "--random-token-prob", str(recipe.random_token_prob),
@@ -66,13 +70,20 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
         "--total-num-update", str(recipe.max_update),
         "--max-update", str(recipe.max_update if stop_update is None else stop_update),
         "--dropout", str(recipe.dropout), "--attention-dropout", str(recipe.attention_dropout),
-        "--batch-size", str(recipe.batch_size), "--update-freq", str(recipe.update_freq),
+        "--update-freq", str(recipe.update_freq),
         "--seed", str(seed), "--log-format", "simple", "--log-interval", str(recipe.log_interval),
         "--save-dir", str(save_dir), "--no-epoch-checkpoints",
         "--validate-interval-updates", str(recipe.validate_every),
         "--save-interval-updates", str(recipe.validate_every), "--keep-interval-updates", "1",
         "--skip-invalid-size-inputs-valid-test", "--num-workers", str(recipe.num_workers),
     ]
+    if whole_lines:  # lines differ in length: batches of as many tokens as a fixed batch holds
+        args += ["--max-tokens", str(recipe.tokens_per_sample * recipe.batch_size),
+                 "--batch-size", str(8 * recipe.batch_size)]
+    else:
+        args += ["--batch-size", str(recipe.batch_size)]
+    if recipe.bow_weight > 0:
+        args += ["--bow-weight", str(recipe.bow_weight)]
     for name, value in recipe.arch.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
     subsets = valid_subsets(bin_dir)

@@ -42,6 +42,13 @@ class PretrainRecipe:
     max_valid_steps: int | None = None  # a fixed prefix of the held-out batches (CPU budgets)
     log_interval: int = 10
     arch: dict[str, int] = field(default_factory=dict)  # overrides of roberta_small sizes
+    sample_break_mode: str = "none"
+    """``none``: samples are 256-token stretches of running text, starting anywhere (RoBERTa's);
+    ``eos``: one line (a review, a paragraph) per sample, starting with ``<s>`` as fine-tuning's
+    inputs do, batched by tokens (``tokens_per_update`` is then a ceiling, padding included)."""
+    bow_weight: float = 0.0
+    """Weight of the ``<s>`` bag-of-words objective (``masked_lm_bow``, user dir's
+    ``doc_objective``) per sample, against one masked token; 0: masked LM alone."""
     num_workers: int = 1
     """Data-loading processes: masking runs there, and one cannot feed a GPU (the first H100 run,
     at 2 % of its peak, waited on it)."""
@@ -60,7 +67,7 @@ class PretrainRecipe:
 VARYING = ("num_workers", "batch_size", "update_freq", "tokens_per_update", "max_update", "warmup_updates",
            "validate_every", "max_valid_steps", "log_interval", "precision", "budget_minutes", "lr", "arch",
            "dropout", "attention_dropout", "budget_tokens", "tapt_fraction", "phases",
-           "world_size")
+           "world_size", "sample_break_mode", "bow_weight")
 """Hyperparameters that legitimately differ between pretraining runs (device, budget, and what
 the recipe ablations vary); the MLM recipe itself (masking, optimizer, sample length) must not."""
 

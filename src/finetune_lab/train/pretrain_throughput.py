@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from finetune_lab.runs.fairseq_logs import log_rates
+from finetune_lab.runs.fairseq_logs import log_rates, mean_tokens_per_update
 from finetune_lab.train.pretrain_recipe import PretrainRecipe
 
 # Dense bf16 tensor-core peaks (FLOP/s) used for model-FLOPs utilisation; matched by GPU name.
@@ -60,7 +60,8 @@ def throughput_record(log_text: str, recipe: PretrainRecipe, device: dict[str, A
     n = int(params.convention_table(size).iloc[3]["total"])  # encoder + LM head
     flops_token = model_flops_per_token(size, recipe.tokens_per_sample, recipe.mask_prob)
     out = {**rates, "model_flops_per_token": flops_token, "parameters": n,
-           "achieved_flops": rates["tokens_per_s"] * flops_token}
+           "achieved_flops": rates["tokens_per_s"] * flops_token,
+           "tokens_per_update_measured": mean_tokens_per_update(log_text)}
     if device.get("type") == "cuda":
         peak = gpu_peak_flops(device.get("name"))
         if peak:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from finetune_lab.models.fairseq_compat import (
     install_bf16_without_tpu,
+    install_numpy_long_alias,
     install_torchrun_on_cpu,
     quiet_import,
 )
@@ -43,9 +44,15 @@ def roberta_small_architecture(args) -> None:
 if ARCH not in ARCH_MODEL_REGISTRY:
     register_model_architecture("roberta", ARCH)(roberta_small_architecture)
 
+# whole-line samples and the <s> bag-of-words objective (pretrain --sample-break-mode/--bow-weight)
+from finetune_lab.models.fairseq_user_dir import doc_objective  # noqa: E402
+
+doc_objective.register()
+
 # fairseq-train --restore-file and from_pretrained load checkpoints with torch's safe loader,
 # with one exception (argparse.Namespace) granted to checkpoints listed in a project manifest.
 install_fairseq_loader()
 # fairseq 0.12's --bf16 means "TPU"; on a GPU or a CPU it means bf16 here (fairseq_compat)
 install_bf16_without_tpu()
 install_torchrun_on_cpu()
+install_numpy_long_alias()  # fairseq's eos break mode (doc_objective's whole-line samples)

@@ -1,0 +1,145 @@
+"""What weights hold before fine-tuning: the linear probes, and the ablation of the ``<s>`` objective.
+
+The probes (``finetune-lab probe``) score frozen features in minutes; this module reads them
+beside the lab-recipe fine-tuning of the same weights, and sets the runs that trained on whole
+lines with and without the ``<s>`` bag-of-words objective side by side.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from finetune_lab.book import fairseq_report as fr
+from finetune_lab.runs import seedstats
+from finetune_lab.runs.registry import RunRecord
+from finetune_lab.train.finetune_fairseq import candidate_experiments
+from finetune_lab.train.linear_probe import probe_dir
+
+
+def _checkpoint_sha(rec: RunRecord) -> str | None:
+    digest = (((rec.manifest or {}).get("inputs") or {}).get("checkpoint") or {}).get("sha256")
+    return digest.get(".") if isinstance(digest, dict) else digest
+
+
+def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None) -> pd.DataFrame:
+    """Every linear probe of ``data/summaries/probes/`` (``finetune-lab probe``) beside the
+    lab-recipe fine-tuning of the same weights: the candidates' and the packaged checkpoint's,
+    matched by the checkpoint's sha256; a random initialisation's beside the grid's random runs.
+    """
+    folder = Path(probes_dir) if probes_dir is not None else probe_dir()
+    probes = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
+    tuned: dict[str, list[float]] = {}  # checkpoint sha256 (or "random") -> test accuracies
+    for experiment in [fr.EXPERIMENT, *candidate_experiments(runs_root)]:
+        res = fr.load_results(runs_root, experiment)
+        if not res.ready:
+            continue
+        for rec in res.loaded.runs:
+            key = "random" if rec.init == "random" else _checkpoint_sha(rec)
+            if not rec.valid or (key == "random" and experiment != fr.EXPERIMENT):
+                continue
+            test = res.best.loc[(res.best["init"] == rec.init) & (res.best["seed"] == rec.seed),
+                                "test"].astype(float)
+            tuned.setdefault(key, []).extend(test.tolist())
+    rows = []
+    for p in probes:
+        key = "random" if p["init"] == "random" else p["checkpoint"]["sha256"]
+        acc = pd.Series(tuned.get(key, []), dtype=float)
+        rows.append({"weights": p["name"], "init": p["init"],
+                     "probe on <s> (%)": p["probes"]["<s>"]["test_accuracy"],
+                     "probe on the mean (%)": p["probes"]["mean"]["test_accuracy"],
+                     "fine-tuned (%)": (seedstats.fmt_mean_std(acc.mean(), acc.std(ddof=1), len(acc))
+                                        if len(acc) else "not fine-tuned"),
+                     "probe time (min)": round(p["wall_time_s"] / 60, 1),
+                     "fine-tuned mean": acc.mean() if len(acc) else float("nan")})
+    return pd.DataFrame(rows, columns=["weights", "init", "probe on <s> (%)",
+                                       "probe on the mean (%)", "fine-tuned (%)",
+                                       "probe time (min)", "fine-tuned mean"])
+
+
+@dataclass(frozen=True)
+class ProbeReading:
+    """What :func:`probe_table` says: random's frozen features against the best pretrained."""
+
+    random_mean: float
+    random_s: float
+    random_tuned: str
+    best: str
+    best_mean: float
+    best_s: float
+    best_gain: float
+    minutes: float
+
+
+def probe_reading(table: pd.DataFrame) -> ProbeReading | None:
+    """The reading of the probe table, or None until both random and pretrained were probed."""
+    rand, pre = table[table["init"] == "random"], table[table["init"] == "pretrained"]
+    if rand.empty or pre.empty:
+        return None
+    r = rand.iloc[0]
+    b = pre.loc[pre["probe on the mean (%)"].idxmax()]
+    return ProbeReading(
+        random_mean=float(r["probe on the mean (%)"]), random_s=float(r["probe on <s> (%)"]),
+        random_tuned=r["fine-tuned (%)"], best=b["weights"],
+        best_mean=float(b["probe on the mean (%)"]), best_s=float(b["probe on <s> (%)"]),
+        best_gain=float(b["probe on the mean (%)"] - r["probe on the mean (%)"]),
+        minutes=float(table["probe time (min)"].median()))
+
+
+def objective_table(cand: pd.DataFrame, probes: pd.DataFrame) -> pd.DataFrame:
+    """The candidates that trained on whole lines (``--sample-break-mode eos``), with and without
+    the ``<s>`` bag-of-words objective: its weight, the held-out reviews' masked-LM loss, the
+    probes of their frozen features and their fine-tuning (from the chapter's candidate and
+    probe tables; NaN where a run was not probed or not fine-tuned)."""
+    columns = ["run", "<s> bag-of-words weight", "tokens (M, all runs)",
+               "tokens per update (measured)", "valid loss, reviews (bits)", "probe on <s> (%)", "probe on the mean (%)",
+               "fine-tuned (%)", "fine-tuned mean", "minus random (points)", "ci_low", "ci_high"]
+    if cand.empty or "samples" not in cand:
+        return pd.DataFrame(columns=columns)
+    probed = {row["weights"]: row for _, row in probes.iterrows()}
+    rows = []
+    for _, c in cand[cand["samples"] == "whole lines"].iterrows():
+        probe = probed.get(c["run"].strip("`").split(" ")[0].split("/")[-1])
+        rows.append([c["run"], c["bag weight"], c["tokens (M, all runs)"],
+                     c["tokens per update (measured)"], c["valid loss, reviews (bits)"],
+                     float("nan") if probe is None else probe["probe on <s> (%)"],
+                     float("nan") if probe is None else probe["probe on the mean (%)"],
+                     c["test acc. (%)"] if isinstance(c["test acc. (%)"], str)
+                     else "not fine-tuned", c["acc mean"], c["minus random (points)"],
+                     c["ci_low"], c["ci_high"]])
+    return pd.DataFrame(rows, columns=columns)
+
+
+@dataclass(frozen=True)
+class ObjectiveReading:
+    """The bag-of-words run against its control (same start, corpus, budget and seed): the
+    differences of their probes and of their fine-tuning (NaN where one side lacks it), and the
+    bag run's fine-tuning against random initialisation (difference and 95 % Welch interval)."""
+
+    bag: str
+    control: str
+    weight: float
+    probe_s: float
+    probe_mean: float
+    tuned: float
+    bag_vs_random: float
+    bag_ci: tuple[float, float]
+
+
+def objective_reading(table: pd.DataFrame) -> ObjectiveReading | None:
+    """The first bag-of-words run against the first control, or None until both are recorded."""
+    bag = table[table["<s> bag-of-words weight"] > 0]
+    control = table[table["<s> bag-of-words weight"] == 0]
+    if bag.empty or control.empty:
+        return None
+    b, c = bag.iloc[0], control.iloc[0]
+    return ObjectiveReading(
+        bag=b["run"], control=c["run"], weight=float(b["<s> bag-of-words weight"]),
+        probe_s=float(b["probe on <s> (%)"] - c["probe on <s> (%)"]),
+        probe_mean=float(b["probe on the mean (%)"] - c["probe on the mean (%)"]),
+        tuned=float(b["fine-tuned mean"] - c["fine-tuned mean"]),
+        bag_vs_random=float(b["minus random (points)"]) if pd.notna(b["minus random (points)"])
+        else float("nan"), bag_ci=(b["ci_low"], b["ci_high"]))
