@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from finetune_lab.models import hf_convert
+from finetune_lab.models import conversion_record, hf_convert
 from finetune_lab.models.params import fairseq_model
 
 
@@ -170,12 +170,12 @@ def test_a_replaced_checkpoint_is_converted_again(tmp_path, tiny, monkeypatch):
     monkeypatch.setattr(hf_finetune, "packaged_dir", lambda: package)
     monkeypatch.setattr(hf_finetune, "default_hf_dir", lambda: out)
     assert hf_finetune.ensure_converted() == out
-    assert hf_convert.converted_from(out) == sha256_file(ckpt)
+    assert conversion_record.converted_from(out) == sha256_file(ckpt)
     first = (out / "model.safetensors").stat().st_mtime_ns
     hf_finetune.ensure_converted()
     assert (out / "model.safetensors").stat().st_mtime_ns == first  # same weights: kept
 
     save({k: v + 1 if v.is_floating_point() else v for k, v in state.items()})
     hf_finetune.ensure_converted()
-    assert hf_convert.converted_from(out) == sha256_file(ckpt)
+    assert conversion_record.converted_from(out) == sha256_file(ckpt)
     assert sorted(p.name for p in out.parent.iterdir()) == ["roberta-small-fr"]  # no temp left

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from finetune_lab.book import hf_compare
 from finetune_lab.config import WORK_DIR_ENV
-from finetune_lab.models import hf_convert
+from finetune_lab.models import conversion_record, hf_convert
 from finetune_lab.train import hf_finetune
 from finetune_lab.train.hf_defaults import hf_vs_fairseq_defaults
 from finetune_lab.train.recipe import LAB_RECIPE
@@ -138,6 +139,13 @@ def test_manifests_are_complete_and_valid(tiny_runs):
         assert man["device"]["threads"] >= 1
     pretrained = json.loads((dirs[1] / "manifest.json").read_text())
     assert pretrained["init"] == "pretrained" and pretrained["inputs"]["checkpoint"]
+    # the fairseq checkpoint behind the converted model, which the registry checks on any clone
+    from finetune_lab._files import sha256_file
+
+    source = pretrained["extra"][conversion_record.CONVERTED_FROM]
+    ckpt = Path(source["path"])
+    assert ckpt.name == "model.pt" and source["sha256"] == sha256_file(ckpt)
+    assert conversion_record.CONVERTED_FROM not in json.loads((dirs[0] / "manifest.json").read_text()).get("extra", {})
 
 
 @pytest.mark.slow

@@ -92,3 +92,19 @@ def test_the_objective_ablation_reads_both_runs_from_the_cache():
                                             - probes["cpu-docmlm1"]["<s>"]["test_accuracy"])
     # whole-line updates hold fewer tokens than the 4,096 a full batch of 256-token samples does
     assert all(3000 < v < 4096 for v in table["tokens per update (measured)"])
+
+
+def test_weights_fine_tuned_twice_count_each_seed_once():
+    """The packaged checkpoint's weights were first fine-tuned as a candidate
+    (``fairseq-candidate-9``), then again by the grid once packaged: the same weights (sha256)
+    and seeds, which the probe table must not count twice."""
+    from finetune_lab.book import probe_report as prp
+    from finetune_lab.runs.registry import discover_runs
+    from finetune_lab.runs.run_inputs import recorded_checkpoint_sha
+
+    seeds = {r.seed for r in discover_runs(None, ["fairseq", "fairseq-candidate-9"])
+             if r.valid and r.init == "pretrained"
+             and recorded_checkpoint_sha(r.manifest) == json.loads(
+                 (lp.probe_dir() / "cpu-docbow1.json").read_text())["checkpoint"]["sha256"]}
+    row = prp.probe_table().set_index("weights").loc["cpu-docbow1"]
+    assert seeds and row["fine-tuned (%)"].endswith(f"(n={len(seeds)})")

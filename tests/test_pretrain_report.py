@@ -344,3 +344,64 @@ def test_a_run_in_progress_is_judged_by_the_checkpoint_that_was_fine_tuned(tmp_p
                    {"status": "complete", "hyperparameters": {"tokens_per_update": 4096}})
     latest = {**source, "lineage": [*LINEAGE, {"run": "r", "updates": 750, "tokens": 1}]}
     assert pc._facts_at_checkpoint(pr.PretrainRuns(None, None), done, facts, latest) is facts
+
+
+def test_whole_line_runs_count_their_passes_from_fairseqs_epochs():
+    """Batches of whole lines are filled by tokens, so a pass is fairseq's epoch: the passes a
+    whole-line run's facts give lie inside the last epoch its log began."""
+    import re
+
+    runs = pr.load_pretrain_runs()
+    whole = [r for r in runs.used
+             if r.manifest["hyperparameters"].get("sample_break_mode", "none") != "none"]
+    assert whole
+    for rec in whole:
+        facts = pr.facts_of(runs, rec, [])
+        begun = len(re.findall(r"begin training epoch", (rec.path / "train.log").read_text()))
+        assert facts["whole_lines"] and begun - 1 < facts["passes"] <= begun, rec.name
+        assert 0.5 * facts["tokens_per_update"] < facts["tokens_per_update_measured"] \
+            < facts["tokens_per_update"]
+
+
+def test_the_packaged_checkpoints_pretraining_is_said_next_to_its_results():
+    """What sets the stand-in apart from the course's model comes from its run's manifest."""
+    from finetune_lab.book import pretrain_budget as pb
+    from finetune_lab.config import PROJECT_ROOT
+
+    plain = pb.PretrainBudget(run="r", status="complete", updates=10, tokens_per_update=4,
+                              wall_time_s=60.0, device="CPU", tokens_per_s=1.0,
+                              corpus_words=100, corpus_tokens=200)
+    assert pb.checkpoint_caveat(plain) == "" and pb.checkpoint_tag(plain) == ""
+    assert plain.passes == pytest.approx(0.2)
+    adapted = pb.PretrainBudget(**{**plain.__dict__, "task_adaptive": True, "tapt_passes": 2.5})
+    assert adapted.passes == 2.5 and "task-adaptive" in pb.checkpoint_caveat(adapted)
+    assert "`<s>`" not in pb.checkpoint_caveat(adapted)
+    both = pb.PretrainBudget(**{**adapted.__dict__, "bow_weight": 8.0})
+    assert "`<s>`" in pb.checkpoint_caveat(both) and pb.checkpoint_tag(both).count(",") == 1
+    budget = pb.pretrain_budget()
+    hp = json.loads((PROJECT_ROOT / budget.run / "manifest.json").read_text())["hyperparameters"]
+    assert budget.task_adaptive == (hp.get("tapt_fraction", 0) >= 1)
+    assert budget.bow_weight == hp.get("bow_weight", 0)
+    assert (pb.checkpoint_caveat(budget) != "") == (budget.task_adaptive or budget.bow_weight > 0)
+
+
+def test_packaged_weights_tried_first_are_found_and_compared_seed_by_seed():
+    """The candidate experiment that fine-tuned the packaged file's very bytes, and how its
+    seeds compare with the grid's runs of the packaged checkpoint."""
+    from finetune_lab.book import fairseq_report as fr
+    from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
+    from finetune_lab.runs.run_inputs import cached_sha256, recorded_checkpoint_sha
+
+    rehearsal = pc.packaged_rehearsal()
+    assert rehearsal is not None
+    tried = fr.load_results(None, rehearsal.experiment)
+    sha = cached_sha256(packaged_dir() / MODEL_FILE)
+    mine = [r for r in tried.loaded.runs if r.valid and recorded_checkpoint_sha(r.manifest) == sha]
+    assert rehearsal.tried.endswith(f"(n={len(mine)})")
+    grid = fr.load_results()
+    ours = grid.best[grid.best["init"] == "pretrained"].set_index("seed")["test"]
+    theirs = tried.best[tried.best["init"] == "pretrained"].set_index("seed")["test"]
+    shared = sorted(set(ours.index) & set(theirs.index))
+    assert rehearsal.shared_seeds == len(shared)
+    if shared:
+        assert rehearsal.max_diff == pytest.approx(max(abs(ours - theirs).loc[shared]))

@@ -332,3 +332,43 @@ def test_a_trainer_that_logged_done_but_hangs_is_ended_and_the_run_counts(tmp_pa
                     hyperparameters={"lr": 1e-3}, runs_root=runs_root) as h:
         assert h.run([sys.executable, "-c", "print('working')"], done_marker=FAIRSEQ_DONE) == 0
     assert "exit_forced" not in mf.read_manifest(runs_root / EXPERIMENT / "quick")
+
+
+def test_a_run_from_a_converted_model_names_the_checkpoint_behind_it(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """Transformers and LoRA runs read a converted model in the git-ignored work dir, so its
+    hashes cannot be checked on a fresh clone: the fairseq checkpoint it was converted from
+    decides. Recorded (``extra.converted_from``): compared with that file now; not recorded
+    (older runs): a packaged checkpoint created after the run started cannot be its source."""
+    from finetune_lab._files import sha256_file
+    from finetune_lab.models.conversion_record import CONVERTED_FROM
+    from finetune_lab.runs import run_inputs
+
+    real = next(m.parent for m in sorted(Path("data/runs").glob("*/*/manifest.json"))
+                if (man := mf.read_manifest(m.parent))["framework"] == "transformers"
+                and man["init"] == "pretrained" and man["status"] == mf.STATUS_COMPLETE)
+    run = tmp_path / "runs" / real.parent.name / real.name
+    shutil.copytree(real, run)
+    man = mf.read_manifest(run)
+    for item in man["inputs"]["data"]:  # inputs absent here, as on a fresh clone
+        item["path"] = str(tmp_path / "absent" / Path(item["path"]).name)
+    man["inputs"]["checkpoint"]["path"] = str(tmp_path / "absent" / "hf")
+    man["start_time"] = "2026-01-02T00:00:00+00:00"
+    man.setdefault("extra", {}).pop(CONVERTED_FROM, None)
+
+    def check(created=None):
+        mf.write_manifest(run, man)
+        monkeypatch.setattr(run_inputs, "package_manifest", lambda: {"created": created})
+        return _only(discover_runs(tmp_path / "runs"), real.name)
+
+    assert check("2026-01-01T00:00:00+00:00").valid  # packaged before the run: may be its source
+    rec = check("2026-01-03T00:00:00+00:00")
+    assert not rec.valid and rec.stale_checkpoint and "before the packaged checkpoint" in rec.reason
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"the weights it was converted from")
+    man["extra"][CONVERTED_FROM] = {"path": str(model), "sha256": sha256_file(model)}
+    assert check("2026-01-03T00:00:00+00:00").valid  # the record decides, not the dates
+    model.write_bytes(b"a new pretraining")
+    rec = check()
+    assert not rec.valid and "the checkpoint was replaced after the run" in rec.reason
+    assert rec.stale_checkpoint == man["extra"][CONVERTED_FROM]["sha256"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from finetune_lab.book.report import (
@@ -56,3 +58,16 @@ def test_a_token_that_looks_like_a_tag_is_escaped_outside_code():
     assert "probe on \\<s> (%)" in header and "<s> (%)" not in header.replace("\\<s>", "")
     assert "`<s>` 75.7 \\<s>" in row  # the code span untouched, the bare token escaped
     assert "1.5" in other
+
+
+def test_upper_case_identifiers_get_the_width_they_take():
+    """``'FEATURE_EXTRACTION'`` is wider on the page than as many lower-case characters: its
+    column gets more (LoRA chapter, PDF table of the TaskType values)."""
+    from finetune_lab.book.report import UPPER_WIDTH, text_width
+
+    help_text = ["a long sentence of help " * 10]
+    upper = column_weights([["task"], ["'FEATURE_EXTRACTION'"], help_text])
+    lower = column_weights([["task"], ["'feature_extraction'"], help_text])
+    assert upper[1] > lower[1] == len("'feature_extraction'") + 2
+    assert text_width("AB_c") == math.ceil(4 + 2 * (UPPER_WIDTH - 1)) > 4
+    assert sum(upper) == sum(lower) == LINE_CHARS

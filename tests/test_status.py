@@ -40,3 +40,23 @@ def test_results_at_a_glance_without_runs_say_so(tmp_path, monkeypatch):
     rest = table[~table["question"].str.startswith("Q1")]
     assert list(rest["result"]) == ["not run yet"] * 3
     assert rest["chapter"].str.contains(r"\(chapters/\w+\.qmd\)").all()
+
+
+def test_results_at_a_glance_name_runs_left_behind_by_a_new_checkpoint(tmp_path, monkeypatch):
+    """LoRA runs made from an earlier checkpoint are not "not run yet": they wait for a re-run."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from finetune_lab.book import glance
+    from finetune_lab.runs.registry import RunRecord
+    from finetune_lab.runs.tblogs import LoadedRuns
+
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path))
+    stale = RunRecord(path=Path("lora-qv-seed0"), experiment="lora", name="lora-qv-seed0",
+                      problems=["the checkpoint was replaced"], stale_checkpoint="0" * 64)
+    monkeypatch.setattr(glance, "lora_cached_runs",
+                        lambda: LoadedRuns(scalars=pd.DataFrame(), runs=[stale]))
+    monkeypatch.setattr(glance, "gaps_to_full", lambda loaded: pd.DataFrame())
+    row = glance.glance_table().set_index("question").loc["LoRA vs full fine-tuning"]
+    assert row["result"].startswith("to be re-run")

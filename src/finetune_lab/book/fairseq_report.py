@@ -23,7 +23,7 @@ from finetune_lab.book.report import project_path
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.registry import discover_runs, exclusions_markdown
-from finetune_lab.runs.runspeed import settings_sentence
+from finetune_lab.runs.runspeed import layout_table, settings_sentence
 from finetune_lab.runs.runspeed import speed_table as run_speeds
 from finetune_lab.runs.tblogs import LoadedRuns, load_scalars
 
@@ -146,6 +146,18 @@ SPEED_COLUMNS = ["init", "seed", "device", "threads", "updates", "wall time (min
 def speed_table(res: FairseqResults) -> pd.DataFrame:
     """Per valid run, from its manifest: device, threads, updates, wall time, median updates/s."""
     return run_speeds(res.loaded.used)[SPEED_COLUMNS]
+
+
+def layout_speeds(res: FairseqResults, runs_root: Path | None = None) -> pd.DataFrame:
+    """Every complete run of the lab's fairseq recipe (this grid and the candidates': the same
+    updates, other weights) by how it shared the machine (:func:`runspeed.layout_table`), from
+    the manifests of everything recorded."""
+    everything = discover_runs(runs_root or paths().runs, check_inputs=False)
+    updates = {(r.manifest or {}).get("hyperparameters", {}).get("total_updates")
+               for r in res.loaded.runs if r.manifest}
+    recipe = [r for r in everything if r.framework == "fairseq" and r.status == "complete"
+              and (r.manifest.get("hyperparameters") or {}).get("total_updates") in updates]
+    return layout_table(recipe, everything)
 
 
 # --- paragraphs that depend on what the run cache holds (Markdown, for `output: asis`) ------

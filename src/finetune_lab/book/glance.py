@@ -8,6 +8,7 @@ import pandas as pd
 from finetune_lab.book import fairseq_report, hf_compare
 from finetune_lab.book.lora_cls_report import gaps_to_full
 from finetune_lab.book.lora_cls_runs import cached_runs as lora_cached_runs
+from finetune_lab.book.pretrain_budget import checkpoint_tag, pretrain_budget
 from finetune_lab.book.report import fmt_int
 from finetune_lab.models import params
 
@@ -33,7 +34,9 @@ def glance_table() -> pd.DataFrame:
     res = fairseq_report.load_results()
     if res.has_gap:
         g = fairseq_report.gap(res)
-        rows.append({"question": "fairseq: pretrained stand-in vs random initialisation",
+        tag = checkpoint_tag(pretrain_budget())
+        rows.append({"question": "fairseq: pretrained stand-in" + (f" ({tag})" if tag else "")
+                                 + " vs random initialisation",
                      "result": f"{g.mean_a:.1f} % vs {g.mean_b:.1f} % (n = {g.n_a}, {g.n_b}); "
                                + _gap(g.diff, g.ci_low, g.ci_high),
                      "chapter": _link("fairseq", "fairseq")})
@@ -56,6 +59,9 @@ def glance_table() -> pd.DataFrame:
                                + _gap(g["test gap (points)"], g["ci_low"], g["ci_high"]),
                      "chapter": _link("LoRA", "lora")})
     if gaps.empty:
-        rows.append({"question": "LoRA vs full fine-tuning", "result": "not run yet",
+        stale = loaded is not None and any(r.stale_checkpoint for r in loaded.excluded)
+        rows.append({"question": "LoRA vs full fine-tuning",
+                     "result": ("to be re-run: its runs were made from an earlier checkpoint"
+                                if stale else "not run yet"),
                      "chapter": _link("LoRA", "lora")})
     return pd.DataFrame(rows)

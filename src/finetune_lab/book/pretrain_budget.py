@@ -21,8 +21,9 @@ from finetune_lab.book.report import project_path
 from finetune_lab.config import paths
 from finetune_lab.data.eltec import REVIEW_DOMAINS
 from finetune_lab.data.pretrain_corpus import default_output as default_corpus
-from finetune_lab.models.checkpoints import MANIFEST_FILE, packaged_dir
+from finetune_lab.models.checkpoints import MANIFEST_FILE, package_manifest, packaged_dir
 from finetune_lab.runs.manifest import ManifestError, read_manifest, resolve_stored_path
+from finetune_lab.runs.fairseq_logs import updates_per_epoch
 from finetune_lab.runs.runspeed import device_name
 from finetune_lab.train.pretrain_recipe import EXPERIMENT as PRETRAIN
 
@@ -40,16 +41,28 @@ class PretrainBudget:
     tokens_per_s: float | None
     corpus_words: int | None
     corpus_tokens: int | None
+    # the weights' history: tokens over every run behind them (the package's lineage), and how
+    # the last run differs from the course's recipe
+    tokens_all_runs: int | None = None
+    runs_behind: int = 1
+    task_adaptive: bool = False
+    bow_weight: float = 0.0
+    whole_lines: bool = False
+    tapt_passes: float | None = None
 
     @property
     def tokens_seen(self) -> int | None:
+        """Tokens of the last run (a ceiling for whole-line batches, filled by tokens)."""
         if self.updates is None or self.tokens_per_update is None:
             return None
         return self.updates * self.tokens_per_update
 
     @property
     def passes(self) -> float | None:
-        """Tokens processed / training-corpus tokens: how many times the corpus was seen."""
+        """How many times the last run read its corpus: the general corpus's tokens over the
+        tokens processed, or fairseq's own count for a task-adaptive run."""
+        if self.task_adaptive:
+            return self.tapt_passes
         if self.tokens_seen is None or not self.corpus_tokens:
             return None
         return self.tokens_seen / self.corpus_tokens
@@ -123,12 +136,50 @@ def pretrain_budget(runs_root: Path | None = None,
     path, man = got
     hp = man.get("hyperparameters") or {}
     words, tokens = corpus_counts()
+    package = Path(checkpoint_dir) if checkpoint_dir else packaged_dir()
+    lineage = (package_manifest(package) or {}).get("lineage") or []
+    behind = [step.get("tokens") for step in lineage]
+    whole_lines = hp.get("sample_break_mode", "none") != "none"
+    log = path / "train.log"
+    per_epoch = updates_per_epoch(log.read_text(encoding="utf-8", errors="replace")) \
+        if log.is_file() else None
+    updates = hp.get("max_update")
     return PretrainBudget(
         run=project_path(path), status=str(man.get("status")),
-        updates=hp.get("max_update"), tokens_per_update=hp.get("tokens_per_update"),
+        updates=updates, tokens_per_update=hp.get("tokens_per_update"),
         wall_time_s=man.get("wall_time_s"), device=device_name(man),
         tokens_per_s=(man.get("throughput") or {}).get("tokens_per_s"),
-        corpus_words=words, corpus_tokens=tokens)
+        corpus_words=words, corpus_tokens=tokens,
+        tokens_all_runs=(sum(behind) if len(lineage) > 1 and None not in behind else None),
+        runs_behind=max(len(lineage), 1),
+        task_adaptive=float(hp.get("tapt_fraction") or 0.0) >= 1.0,
+        bow_weight=float(hp.get("bow_weight") or 0.0), whole_lines=whole_lines,
+        tapt_passes=updates / per_epoch if updates and per_epoch else None)
+
+
+def checkpoint_tag(budget: PretrainBudget | None) -> str:
+    """:func:`checkpoint_caveat` in a few words, for a table row ("" when it does not apply)."""
+    if budget is None:
+        return ""
+    return ", ".join((["task-adaptive"] if budget.task_adaptive else [])
+                     + (["`<s>` trained to summarise"] if budget.bow_weight > 0 else []))
+
+
+def checkpoint_caveat(budget: PretrainBudget | None) -> str:
+    """How the stand-in's pretraining departs from a pretrained model in the usual sense, said
+    next to the results it gives (empty when it does not)."""
+    if budget is None or not (budget.task_adaptive or budget.bow_weight > 0):
+        return ""
+    what = []
+    if budget.task_adaptive:
+        what.append("its last pretraining run was task-adaptive (it read the texts of the "
+                    "CLS-Books training split, never their labels, nor the validation or test "
+                    "reviews)")
+    if budget.bow_weight > 0:
+        what.append("it was trained to summarise each text at `<s>`, the position the "
+                    "classifier reads, with a self-supervised bag-of-words objective")
+    return ("The stand-in is not pretrained quite as the course's model was: " + ", and ".join(what)
+            + " (@sec-pretrain-summary).")
 
 
 def fmt(value: float | None, spec: str = ",.0f", suffix: str = "") -> str:
@@ -143,7 +194,9 @@ def budget_table(budget: PretrainBudget | None) -> pd.DataFrame:
     words, tokens = (budget.corpus_words, budget.corpus_tokens) if budget else corpus_counts()
     course = COURSE_COLUMN
     rows = [
-        {"": "corpus", "this project's stand-in": corpus_description(),
+        {"": "corpus", "this project's stand-in": corpus_description() + (
+            "; its last run: the task-adaptive corpus (the CLS-Books training texts without "
+            "labels, and the dvd/music reviews)" if budget and budget.task_adaptive else ""),
          course: f"{COURSE_PRETRAINING['corpus']}, {COURSE_PRETRAINING['corpus_gb']:g} GB"},
         {"": "training corpus size", "this project's stand-in":
             f"{fmt(words)} words, {fmt(tokens)} sentencepiece tokens", course: "–"},
@@ -157,10 +210,18 @@ def budget_table(budget: PretrainBudget | None) -> pd.DataFrame:
              course: "–"},
             {"": "updates × tokens per update", "this project's stand-in":
                 f"{fmt(budget.updates)} × {fmt(budget.tokens_per_update)}", course: "–"},
-            {"": "tokens processed", "this project's stand-in": fmt(budget.tokens_seen),
+            {"": "tokens processed" + (" (at most: batches of whole lines)"
+                                       if budget.whole_lines else ""),
+             "this project's stand-in": fmt(budget.tokens_seen)
+             + (f" ({fmt(budget.tokens_all_runs)} over the {budget.runs_behind} runs behind "
+                "the weights)" if budget.tokens_all_runs else ""),
              course: "–"},
-            {"": "passes over the corpus", "this project's stand-in": fmt(budget.passes, ".2f"),
+            {"": "passes over the corpus", "this project's stand-in": fmt(budget.passes, ".2f")
+             + (" (over the task-adaptive corpus)" if budget.task_adaptive else ""),
              course: f"{COURSE_PRETRAINING['epochs']} epochs"},
+            {"": "objective", "this project's stand-in": "masked LM"
+             + (f" + `<s>` bag of words (weight {budget.bow_weight:g})" if budget.bow_weight
+                else ""), course: "masked LM"},
             {"": "wall time", "this project's stand-in": fmt(
                 budget.wall_time_s / 60 if budget.wall_time_s else None, ".1f", " min"),
              course: "–"},
@@ -180,7 +241,16 @@ def budget_markdown(budget: PretrainBudget | None) -> str:
         return (f"No complete pretraining run of the stand-in is in the run cache yet; it reads "
                 f"{fmt(words)} words, against the course's {course}.")
     mins = budget.wall_time_s / 60 if budget.wall_time_s else None
-    return (f"Our stand-in saw {fmt(budget.tokens_seen)} tokens "
-            f"({fmt(budget.passes, '.2f')} passes over {fmt(words)} words) in "
-            f"{fmt(mins, '.1f')} min on {budget.device} (`{budget.run}`), against the "
-            f"course's {course}.")
+    ceiling = "at most " if budget.whole_lines else ""
+    corpus = (f"{fmt(budget.passes, '.2f')} passes over the task-adaptive corpus"
+              if budget.task_adaptive else f"{fmt(budget.passes, '.2f')} passes over "
+              f"{fmt(words)} words")
+    text = (f"The last pretraining run of our stand-in (`{budget.run}`) saw {ceiling}"
+            f"{fmt(budget.tokens_seen)} tokens ({corpus}) in {fmt(mins, '.1f')} min on "
+            f"{budget.device}")
+    if budget.tokens_all_runs:
+        text += (f"; its weights have seen {ceiling}{fmt(budget.tokens_all_runs)} tokens over "
+                 f"{budget.runs_behind} runs")
+    text += f", against the course's {course}."
+    caveat = checkpoint_caveat(budget)
+    return f"{text} {caveat}" if caveat else text

@@ -24,9 +24,11 @@ from finetune_lab.book.pretrain_report import (
     valid_curve,
 )
 from finetune_lab.config import paths
+from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 from finetune_lab.runs import seedstats
-from finetune_lab.runs.fairseq_logs import mean_tokens_per_update
 from finetune_lab.runs.registry import RunRecord, discover_runs
+from finetune_lab.runs.run_inputs import cached_sha256, recorded_checkpoint_sha
+from finetune_lab.runs.runspeed import device_threads
 from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.finetune_fairseq import candidate_experiments, candidate_index
 from finetune_lab.train.pretrain_lineage import lineage_of
@@ -158,7 +160,7 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
                "samples": ("whole lines" if hp.get("sample_break_mode", "none") != "none"
                            else "256-token stretches"),
                "bag weight": float(hp.get("bow_weight") or 0.0),
-               "tokens per update (measured)": _measured_tokens_per_update(rec),
+               "tokens per update (measured)": facts["tokens_per_update_measured"],
                "all task-adaptive": switch == 0,
                "updates (all runs)": sum(int(x.get("updates") or 0) for x in facts["lineage"])
                or facts["updates"],
@@ -193,15 +195,6 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
                 row.update(dict(zip(keys, (g.diff, g.ci_low, g.ci_high))))
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _measured_tokens_per_update(rec: RunRecord) -> float | None:
-    """The mean tokens an update of ``rec`` held (fairseq's ``wpb``, from its ``train.log``):
-    below the recorded ``tokens_per_update`` when batches are by tokens (whole lines), since
-    a batch stops before the line that would overflow it."""
-    log = Path(rec.path) / "train.log"
-    return mean_tokens_per_update(log.read_text(encoding="utf-8", errors="replace")) \
-        if log.is_file() else None
 
 
 def candidate_verdict(row: pd.Series) -> str:
@@ -327,3 +320,51 @@ def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int
     ax.set_ylabel("test accuracy (%), best-valid epoch")
     ax.legend(frameon=False, fontsize="x-small", loc="lower right")
     return fig
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """The packaged weights fine-tuned as a candidate before they were packaged, beside the
+    grid's runs of the packaged file: the same weights (sha256), recipe and seeds."""
+
+    experiment: str
+    tried: str
+    shared_seeds: int
+    max_diff: float | None
+    """The largest difference of test accuracy over the seeds both hold (points)."""
+    threads: str
+    """The CPU threads each side's runs recorded (e.g. "1 and 2"; "" when not all recorded)."""
+
+
+def packaged_rehearsal(runs_root: Path | None = None) -> Rehearsal | None:
+    """The candidate experiment whose pretrained runs started from the packaged checkpoint's
+    very file (None when the packaged weights were never tried first)."""
+    model = packaged_dir() / MODEL_FILE
+    if not model.is_file():
+        return None
+    sha = cached_sha256(model)
+    grid = fr.load_results(runs_root)
+    packaged = (grid.best[grid.best["init"] == "pretrained"].set_index("seed")["test"]
+                if grid.ready else pd.Series(dtype=float))
+    for name in candidate_experiments(runs_root):
+        res = fr.load_results(runs_root, name)
+        seeds = {r.seed for r in res.loaded.runs if r.valid and r.init == "pretrained"
+                 and recorded_checkpoint_sha(r.manifest) == sha}
+        if not res.ready or not seeds:
+            continue
+        tried = res.best[(res.best["init"] == "pretrained") & res.best["seed"].isin(seeds)]
+        test = tried.set_index("seed")["test"].astype(float)
+        shared = sorted(set(test.index) & set(packaged.index))
+        sides = [[r for r in runs.loaded.runs if r.valid and r.init == "pretrained"
+                  and r.seed in shared] for runs in (res, grid)]
+        counts = [sorted({device_threads(r.manifest or {}) for r in side}) for side in sides]
+        threads = (" and ".join("/".join(f"{t:g}" for t in c) for c in counts)
+                   if all(c and not any(pd.isna(c)) for c in counts) else "")
+        return Rehearsal(
+            experiment=name,
+            tried=seedstats.fmt_mean_std(test.mean(), test.std(ddof=1), len(test)),
+            shared_seeds=len(shared),
+            max_diff=max((abs(float(test[s]) - float(packaged[s])) for s in shared),
+                         default=None),
+            threads=threads)
+    return None

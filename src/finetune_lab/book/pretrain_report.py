@@ -22,6 +22,7 @@ import pandas as pd
 from finetune_lab.book.pretrain_budget import corpus_description
 from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import DICT_FILE, package_manifest, packaged_dir
+from finetune_lab.runs.fairseq_logs import mean_tokens_per_update, updates_per_epoch
 from finetune_lab.runs.registry import RunRecord
 from finetune_lab.runs.runspeed import device_name, device_threads
 from finetune_lab.runs.tblogs import LoadedRuns, load_experiments
@@ -138,6 +139,10 @@ def facts_of(runs: PretrainRuns, rec: RunRecord, lineage: list[dict[str, Any]]) 
     total = (sum(tokens) if len(lineage) > 1 and None not in tokens else own_tokens)
     blocks = corpus_blocks(rec)
     samples = updates * int(hp["batch_size"]) * int(hp.get("update_freq") or 1)
+    log = rec.path / "train.log"
+    log_text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+    whole_lines = hp.get("sample_break_mode", "none") != "none"
+    per_epoch = updates_per_epoch(log_text) if whole_lines else None
     return {
         "lineage": lineage,
         "tokens_total": total,
@@ -161,7 +166,13 @@ def facts_of(runs: PretrainRuns, rec: RunRecord, lineage: list[dict[str, Any]]) 
         "corpus_blocks": blocks,
         "tokens_per_sample": int(hp["tokens_per_sample"]),
         "samples_seen": samples,
-        "passes": samples / blocks if blocks else None,
+        # batches of whole lines are filled by tokens, so their count per pass is fairseq's
+        "passes": (updates / per_epoch if per_epoch else None) if whole_lines
+        else (samples / blocks if blocks else None),
+        "whole_lines": whole_lines,
+        "bow_weight": float(hp.get("bow_weight") or 0.0),
+        "all_task_adaptive": float(hp.get("tapt_fraction") or 0.0) >= 1.0,
+        "tokens_per_update_measured": mean_tokens_per_update(log_text),
     }
 
 
@@ -174,15 +185,31 @@ def comparison_table(runs: PretrainRuns, summary: dict[str, Any] | None) -> pd.D
         f"{corpus_description()}: {train.get('words', 0) / 1e6:.1f} M words, "
         f"{train.get('tokens', 0) / 1e6:.1f} M tokens" if train else "not prepared"
     )
-    if train and facts.get("corpus_blocks") and facts["corpus_blocks"] != expected_blocks(
-            train, facts["tokens_per_sample"]):
+    tapt_only = bool(facts) and facts["all_task_adaptive"] and facts.get("corpus_blocks")
+    if (train and not tapt_only and not facts.get("whole_lines") and facts.get("corpus_blocks")
+            and facts["corpus_blocks"] != expected_blocks(train, facts["tokens_per_sample"])):
         ours_corpus = (f"an earlier preparation of the corpus: {facts['corpus_blocks']:,} "
                        f"samples of {facts['tokens_per_sample']} tokens (from the run's log); "
                        f"the current one (@sec-data) is {ours_corpus}")
+    if tapt_only:
+        ours_corpus = (f"its last run: the task-adaptive corpus (@sec-pretrain-long; CLS-Books "
+                       f"training texts without labels, and dvd/music reviews), "
+                       f"{facts['corpus_blocks']:,} "
+                       + ("lines (from the run's log)" if facts["whole_lines"] else
+                          f"samples of {facts['tokens_per_sample']} tokens (from the run's log)")
+                       + "; the runs before it: the general corpus (@sec-data), as prepared "
+                       "when they ran")
     if facts:
-        ours_training = (f"masked LM, {facts['updates']:,} updates of "
-                         f"{facts['tokens_per_update']:,} tokens "
-                         f"({facts['tokens_seen'] / 1e6:.1f} M tokens seen)")
+        objective = (f"masked LM + `<s>` bag of words (weight {facts['bow_weight']:g}), on "
+                     "whole lines" if facts["bow_weight"] > 0 else
+                     "masked LM, on whole lines" if facts["whole_lines"] else "masked LM")
+        measured = facts["tokens_per_update_measured"]
+        ours_training = (f"{objective}, {facts['updates']:,} updates of "
+                         + (f"at most {facts['tokens_per_update']:,} tokens ({measured:,.0f} on "
+                            "average)" if facts["whole_lines"] and measured else
+                            f"{facts['tokens_per_update']:,} tokens")
+                         + (", at most" if facts["whole_lines"] else ",")
+                         + f" {facts['tokens_seen'] / 1e6:.1f} M tokens seen")
         if len(facts["lineage"]) > 1:
             ours_training += (f", continuing {len(facts['lineage']) - 1} earlier run(s): "
                               f"{facts['tokens_total'] / 1e6:.1f} M tokens in all")
@@ -209,7 +236,7 @@ def recipe_table(runs: PretrainRuns) -> pd.DataFrame:
     keep = ["tokens_per_sample", "mask_prob", "leave_unmasked_prob", "random_token_prob", "lr",
             "warmup_updates", "max_update", "adam_betas", "adam_eps", "weight_decay", "clip_norm",
             "dropout", "attention_dropout", "batch_size", "update_freq", "tokens_per_update",
-            "precision"]
+            "precision", "sample_break_mode", "bow_weight", "tapt_fraction"]
     return pd.DataFrame([{"hyperparameter": k, "value": str(hp[k])} for k in keep if k in hp])
 
 

@@ -15,14 +15,9 @@ import pandas as pd
 
 from finetune_lab.book import fairseq_report as fr
 from finetune_lab.runs import seedstats
-from finetune_lab.runs.registry import RunRecord
+from finetune_lab.runs.run_inputs import recorded_checkpoint_sha
 from finetune_lab.train.finetune_fairseq import candidate_experiments
 from finetune_lab.train.linear_probe import probe_dir
-
-
-def _checkpoint_sha(rec: RunRecord) -> str | None:
-    digest = (((rec.manifest or {}).get("inputs") or {}).get("checkpoint") or {}).get("sha256")
-    return digest.get(".") if isinstance(digest, dict) else digest
 
 
 def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None) -> pd.DataFrame:
@@ -32,27 +27,31 @@ def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None) -
     """
     folder = Path(probes_dir) if probes_dir is not None else probe_dir()
     probes = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
-    tuned: dict[str, list[float]] = {}  # checkpoint sha256 (or "random") -> test accuracies
+    # checkpoint sha256 (or "random") -> seed -> test accuracy; the same weights fine-tuned
+    # with the same seed in two experiments (a candidate, then the packaged checkpoint's grid)
+    # count once, the grid's first
+    tuned: dict[str, dict[int, float]] = {}
     for experiment in [fr.EXPERIMENT, *candidate_experiments(runs_root)]:
         res = fr.load_results(runs_root, experiment)
         if not res.ready:
             continue
         for rec in res.loaded.runs:
-            key = "random" if rec.init == "random" else _checkpoint_sha(rec)
+            key = "random" if rec.init == "random" else recorded_checkpoint_sha(rec.manifest)
             if not rec.valid or (key == "random" and experiment != fr.EXPERIMENT):
                 continue
             test = res.best.loc[(res.best["init"] == rec.init) & (res.best["seed"] == rec.seed),
                                 "test"].astype(float)
-            tuned.setdefault(key, []).extend(test.tolist())
+            for value in test.tolist():
+                tuned.setdefault(key, {}).setdefault(int(rec.seed), value)
     rows = []
     for p in probes:
         key = "random" if p["init"] == "random" else p["checkpoint"]["sha256"]
-        acc = pd.Series(tuned.get(key, []), dtype=float)
+        acc = pd.Series(list(tuned.get(key, {}).values()), dtype=float)
         rows.append({"weights": p["name"], "init": p["init"],
                      "probe on <s> (%)": p["probes"]["<s>"]["test_accuracy"],
                      "probe on the mean (%)": p["probes"]["mean"]["test_accuracy"],
                      "fine-tuned (%)": (seedstats.fmt_mean_std(acc.mean(), acc.std(ddof=1), len(acc))
-                                        if len(acc) else "not fine-tuned"),
+                                        if len(acc) else "no run cached"),
                      "probe time (min)": round(p["wall_time_s"] / 60, 1),
                      "fine-tuned mean": acc.mean() if len(acc) else float("nan")})
     return pd.DataFrame(rows, columns=["weights", "init", "probe on <s> (%)",

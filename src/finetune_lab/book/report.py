@@ -6,6 +6,8 @@ Tables are emitted as Markdown so that Quarto typesets them natively in both HTM
 
 from __future__ import annotations
 
+import math
+
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -89,6 +91,16 @@ LINE_CHARS = 105
 """About as many characters as a line of table text holds in the PDF (A4, text at 0.85em)."""
 
 
+UPPER_WIDTH = 1.35
+"""How many average characters an upper-case letter takes in the PDF's table font (A, M, W are
+wide): ``'FEATURE_EXTRACTION'`` is wider than its 18 characters."""
+
+
+def text_width(text: str) -> int:
+    """``text``'s width in average characters (upper-case letters count :data:`UPPER_WIDTH`)."""
+    return math.ceil(len(text) + (UPPER_WIDTH - 1) * sum(c.isupper() for c in text))
+
+
 def column_weights(columns: list[list[str]]) -> list[int]:
     """Widths, in characters, for columns given as their header and cells.
 
@@ -96,9 +108,10 @@ def column_weights(columns: list[list[str]]) -> list[int]:
     capped at :data:`MAX_COLUMN_WEIGHT`); what is left of a :data:`LINE_CHARS` line goes to the
     columns whose text is longer than that, in proportion to what they lack."""
     pad = 2
-    need = [min(MAX_COLUMN_WEIGHT, max(len(word) for text in col for word in text.split()
-                                       or [""])) + pad for col in columns]
-    want = [max(len(text) for text in col) + pad for col in columns]
+    need = [min(MAX_COLUMN_WEIGHT, max(text_width(word) for text in col
+                                       for word in text.split() or [""])) + pad
+            for col in columns]
+    want = [max(text_width(text) for text in col) + pad for col in columns]
     if sum(want) <= LINE_CHARS:  # the table fits a line: as tabulate draws it
         return want
     spare = LINE_CHARS - sum(need)

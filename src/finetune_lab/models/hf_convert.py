@@ -346,18 +346,6 @@ def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None =
     return out
 
 
-def converted_from(out: Path) -> str | None:
-    """The sha256 of the checkpoint that ``out`` was converted from (None: no conversion there,
-    or one without its record)."""
-    record = Path(out) / CONVERSION_RECORD
-    if not record.is_file():
-        return None
-    try:
-        return json.loads(record.read_text(encoding="utf-8"))["source"]["sha256"]
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 def default_hf_dir() -> Path:
     """Where ``convert-hf`` writes by default (derived data: the work dir)."""
 

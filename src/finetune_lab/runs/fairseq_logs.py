@@ -28,6 +28,7 @@ _NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"  # fairseq writes 1.34e+06 past a millio
 _STAT_RE = {name: re.compile(rf"\b{name}[=\s]+" + _NUMBER)
             for name in ("ups", "wps", "wpb", "num_updates")}
 _UPDATES_RE = re.compile(r"\bnum_updates[=\s]+([0-9]+)")
+_EPOCH_SIZE_RE = re.compile(r"\| epoch [0-9]+:\s+[0-9]+ / ([0-9]+) ")
 TRAIN_INNER = "| train_inner |"
 """What marks the lines fairseq logs every ``--log-interval`` updates while it trains."""
 
@@ -56,6 +57,13 @@ def mean_tokens_per_update(log_text: str) -> float | None:
     wpb = [v for ln in log_text.splitlines() if TRAIN_INNER in ln
            and (v := line_stat(ln, "wpb")) is not None]
     return statistics.fmean(wpb) if wpb else None
+
+
+def updates_per_epoch(log_text: str) -> int | None:
+    """Updates in one pass over the training data, from fairseq's ``epoch 001:  10 / 469``
+    progress: with batches by tokens (whole-line samples) the only exact count of it."""
+    found = _EPOCH_SIZE_RE.findall(log_text)
+    return int(found[-1]) if found else None
 
 
 def last_update(log_text: str) -> int | None:

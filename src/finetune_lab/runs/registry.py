@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finetune_lab._files import sha256_file
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.eventfiles import EventFileError, read_event_file_strict
+from finetune_lab.runs.run_inputs import cached_sha256, check_conversion_source, check_input
 
 if TYPE_CHECKING:  # pandas only for the table: the CLI's run checks start without it
     import pandas as pd
@@ -80,73 +80,6 @@ class RunRecord:
         return self._get("status") or "no manifest"
 
 
-_HASH_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-def cached_sha256(path: Path) -> str:
-    """A file's sha256, computed once per process for a given size and modification time."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASH_CACHE:
-        _HASH_CACHE[key] = sha256_file(path)
-    return _HASH_CACHE[key]
-
-
-CORPUS_EXPERIMENTS = frozenset({"pretrain"})
-"""Experiments whose product is weights, not a result compared with other runs: a corpus prepared
-again after such a run is a warning (the run, its curves and its checkpoint stand for the corpus
-it read), not a reason to exclude it."""
-
-
-def _check_input(label: str, record: dict[str, Any], rec: RunRecord) -> None:
-    """Compare an input with what the run recorded; the differences are problems, except for
-    the corpus of a run whose product is weights (:data:`CORPUS_EXPERIMENTS`): warnings."""
-    found = _input_differences(label, record, rec)
-    if label == "data" and rec.experiment in CORPUS_EXPERIMENTS:
-        rec.warnings += [f"the corpus was prepared again after the run, so this run stands for "
-                         f"the corpus it read, not the current one: {p.split('; ')[0]}"
-                         for p in found]
-    else:
-        rec.problems += found
-
-
-def _input_differences(label: str, record: dict[str, Any], rec: RunRecord) -> list[str]:
-    """Every way the input differs from the run's record (missing, changed, new files)."""
-    found: list[str] = []
-    stored = record.get("path")
-    recorded = record.get("sha256") or {}
-    if not stored or not recorded:
-        return [f"manifest {label} entry lacks a path or its sha256"]
-    root = mf.resolve_stored_path(stored)
-    if not root.exists():
-        rec.warnings.append(f"{label} {stored} is not on this machine; its sha256 is unverified")
-        return found
-    if root.is_dir():  # manifests written before inputs left the build records out
-        recorded = {k: v for k, v in recorded.items() if not mf.is_build_record(k)}
-    for rel, want in sorted(recorded.items()):
-        f = root if rel == "." else root / rel
-        if not f.is_file():
-            found.append(f"{label} file {f} recorded by the manifest is missing")
-            continue
-        got = cached_sha256(f)
-        if got != want:
-            why = ("the checkpoint was replaced after the run (a new pretraining), so re-run it "
-                   "from the new one" if label == "checkpoint" else
-                   "the data changed after the run, so re-run it")
-            if label == "checkpoint":
-                rec.stale_checkpoint = want
-            found.append(
-                f"hash mismatch: {label} file {f} has sha256 {got[:12]}… but the run used "
-                f"{want[:12]}…; {why}"
-            )
-    if root.is_dir():
-        now = {rel for f in root.rglob("*") if f.is_file()
-               if not mf.is_build_record(rel := f.relative_to(root).as_posix())}
-        for extra in sorted(now - set(recorded)):
-            found.append(f"{label} folder {root} has a new file {extra} the run never saw")
-    return found
-
-
 def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord:
     """Check one run folder on its own (manifest, event files, hashes)."""
     path = Path(run_dir)
@@ -192,9 +125,10 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
     if check_inputs and rec.manifest is not None and not mf.input_shape_problems(
             man.get("inputs")):
         for item in man["inputs"].get("data") or []:
-            _check_input("data", item, rec)
+            check_input("data", item, rec)
         if man["inputs"].get("checkpoint"):
-            _check_input("checkpoint", man["inputs"]["checkpoint"], rec)
+            check_input("checkpoint", man["inputs"]["checkpoint"], rec)
+            check_conversion_source(rec)
     return rec
 
 

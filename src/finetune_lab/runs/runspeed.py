@@ -84,3 +84,75 @@ def settings_sentence(t: pd.DataFrame) -> str:
         return f"all on one setting, {settings[0]}, so their times compare"
     return (f"on {len(settings)} different settings ({'; '.join(settings)}), so their times do "
             "not compare directly")
+
+
+def _interval(manifest: dict[str, Any]) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+    start, end = manifest.get("start_time"), manifest.get("end_time")
+    return (pd.Timestamp(start), pd.Timestamp(end)) if start and end else None
+
+
+def overlapping(record: Any, others: Iterable[Any], share: float = 0.5) -> list[Any]:
+    """The other recorded runs that ran during at least ``share`` of ``record``'s wall time, by
+    their manifests' start and end times (what else ran on the machine, tests or a render, the
+    manifests do not say)."""
+    mine = _interval(record.manifest or {})
+    if mine is None:
+        return []
+    length = (mine[1] - mine[0]).total_seconds()
+    found = []
+    for other in others:
+        theirs = _interval(other.manifest or {})
+        if other is record or theirs is None:
+            continue
+        if (min(mine[1], theirs[1]) - max(mine[0], theirs[0])).total_seconds() > share * length:
+            found.append(other)
+    return found
+
+
+LAYOUT_COLUMNS = ["device", "layout", "runs", "median wall time (min)",
+                  "runs per hour (machine)"]
+
+
+def layout_table(records: Iterable[Any], everything: Iterable[Any]) -> pd.DataFrame:
+    """Complete CPU runs of one recipe (``records``) grouped by how they shared the machine:
+    ``J × T``, J of them side by side with T threads each. A run that overlapped a run of
+    anything else among ``everything`` recorded (a pretraining, another framework) is left out:
+    its time measures that mix. The machine's throughput is J runs per median wall time: what
+    ``--jobs J`` buys."""
+    records, everything = list(records), list(everything)
+    mine = {id(r) for r in records}
+    rows = []
+    for r in records:
+        m = r.manifest or {}
+        threads = device_threads(m)
+        if (m.get("device") or {}).get("type") != "cpu" or np.isnan(threads) \
+                or not m.get("wall_time_s"):
+            continue
+        beside = overlapping(r, everything)
+        if any(id(o) not in mine for o in beside):
+            continue
+        rows.append({"device": device_name(m, cores=True), "jobs": 1 + len(beside),
+                     "threads": int(threads), "wall": m["wall_time_s"] / 60})
+    if not rows:
+        return pd.DataFrame(columns=LAYOUT_COLUMNS)
+    t = pd.DataFrame(rows).groupby(["device", "jobs", "threads"], as_index=False).agg(
+        runs=("wall", "size"), wall=("wall", "median"))
+    t["layout"] = [f"{j} × {k} thread{'s' if k > 1 else ''}"
+                   for j, k in zip(t["jobs"], t["threads"])]
+    t["median wall time (min)"] = t["wall"]
+    t["runs per hour (machine)"] = 60 * t["jobs"] / t["wall"]
+    return t.sort_values(["device", "jobs", "threads"])[LAYOUT_COLUMNS].reset_index(drop=True)
+
+
+def jobs_speedup(table: pd.DataFrame, cores: int = 2) -> pd.DataFrame:
+    """Per device, the machine's throughput with ``cores`` runs of one thread side by side over
+    one run with ``cores`` threads (> 1: ``--jobs`` pays); devices that lack either layout are
+    left out."""
+    out = []
+    for device, g in table.groupby("device"):
+        rate = dict(zip(g["layout"], g["runs per hour (machine)"]))
+        parallel, single = rate.get(f"{cores} × 1 thread"), rate.get(f"1 × {cores} threads")
+        if parallel and single:
+            out.append({"device": device, "speed-up": parallel / single,
+                        "runs": int(g["runs"].sum())})
+    return pd.DataFrame(out, columns=["device", "speed-up", "runs"])

@@ -27,7 +27,8 @@ from finetune_lab.runs import jobs
 from finetune_lab.runs.fairseq_logs import log_rates
 from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.runs.recording import record_run, run_dir_for, run_fairseq_train
-from finetune_lab.runs.registry import cached_sha256, validate_run
+from finetune_lab.runs.registry import validate_run
+from finetune_lab.runs.run_inputs import cached_sha256
 from finetune_lab.train.recipe import LAB_RECIPE, FinetuneRecipe
 
 EXPERIMENT = "fairseq"

@@ -37,8 +37,9 @@ from finetune_lab.data.cls_books import default_output as default_cls
 from finetune_lab.data.tokenizer import default_output as default_tok
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
-from finetune_lab.models.hf_convert import (convert_checkpoint, converted_from, default_hf_dir,
-                                            hf_model_config)
+from finetune_lab.models.conversion_record import (CONVERTED_FROM, converted_from,
+                                                  converted_from_record)
+from finetune_lab.models.hf_convert import convert_checkpoint, default_hf_dir, hf_model_config
 from finetune_lab.models.hf_tokenizer import FairseqIdTokenizer, pad_batch
 from finetune_lab.models.params import SMALL
 from finetune_lab.runs.recording import record_run, run_dir_for
@@ -306,10 +307,14 @@ def finetune_transformers(
     if adapt_model is not None:
         model = adapt_model(model)
     inputs = [cls_dir, tokenizer_dir]
+    # the converted folder lives in the git-ignored work dir: the fairseq checkpoint it was
+    # converted from is what says, on any machine, whether the run used the current one
+    source = converted_from_record(model_dir) if init == "pretrained" else None
     with record_run(experiment, run or f"{init}-seed{seed}", framework=FRAMEWORK, init=init,
                     seed=seed, hyperparameters=hp, data=inputs,
                     checkpoint=model_dir if init == "pretrained" else None,
-                    runs_root=runs_root, overwrite=overwrite) as handle:
+                    runs_root=runs_root, overwrite=overwrite,
+                    extra={CONVERTED_FROM: source} if source else None) as handle:
         writer = SummaryWriter(log_dir=str(handle.run_dir))
         context = run_context(handle) if run_context is not None else contextlib.nullcontext()
         try:

@@ -1,0 +1,128 @@
+"""Whether a run's inputs are still the ones it read: its data and checkpoint against the
+sha256 its manifest recorded, and, for a run from a converted Transformers model, the fairseq
+checkpoint behind that model. What differs becomes a problem of the run (or, for the corpus of a
+pretraining run, a warning), with what to do about it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from finetune_lab._files import sha256_file
+from finetune_lab.models.checkpoints import package_manifest
+from finetune_lab.models.conversion_record import CONVERTED_FROM
+from finetune_lab.runs import manifest as mf
+
+
+
+class Findings(Protocol):
+    """What these checks read and fill in: the registry's ``RunRecord``."""
+
+    experiment: str
+    manifest: dict[str, Any] | None
+    problems: list[str]
+    warnings: list[str]
+    stale_checkpoint: str | None
+
+
+_HASH_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def cached_sha256(path: Path) -> str:
+    """A file's sha256, computed once per process for a given size and modification time."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASH_CACHE:
+        _HASH_CACHE[key] = sha256_file(path)
+    return _HASH_CACHE[key]
+
+
+def recorded_checkpoint_sha(manifest: dict[str, Any] | None) -> str | None:
+    """The sha256 of the checkpoint file a run started from, as its manifest records it."""
+    digest = (((manifest or {}).get("inputs") or {}).get("checkpoint") or {}).get("sha256")
+    return digest.get(".") if isinstance(digest, dict) else digest
+
+
+CORPUS_EXPERIMENTS = frozenset({"pretrain"})
+"""Experiments whose product is weights, not a result compared with other runs: a corpus prepared
+again after such a run is a warning (the run, its curves and its checkpoint stand for the corpus
+it read), not a reason to exclude it."""
+
+
+def check_input(label: str, record: dict[str, Any], rec: Findings) -> None:
+    """Compare an input with what the run recorded; the differences are problems, except for
+    the corpus of a run whose product is weights (:data:`CORPUS_EXPERIMENTS`): warnings."""
+    found = input_differences(label, record, rec)
+    if label == "data" and rec.experiment in CORPUS_EXPERIMENTS:
+        rec.warnings += [f"the corpus was prepared again after the run, so this run stands for "
+                         f"the corpus it read, not the current one: {p.split('; ')[0]}"
+                         for p in found]
+    else:
+        rec.problems += found
+
+
+def input_differences(label: str, record: dict[str, Any], rec: Findings) -> list[str]:
+    """Every way the input differs from the run's record (missing, changed, new files)."""
+    found: list[str] = []
+    stored = record.get("path")
+    recorded = record.get("sha256") or {}
+    if not stored or not recorded:
+        return [f"manifest {label} entry lacks a path or its sha256"]
+    root = mf.resolve_stored_path(stored)
+    if not root.exists():
+        rec.warnings.append(f"{label} {stored} is not on this machine; its sha256 is unverified")
+        return found
+    if root.is_dir():  # manifests written before inputs left the build records out
+        recorded = {k: v for k, v in recorded.items() if not mf.is_build_record(k)}
+    for rel, want in sorted(recorded.items()):
+        f = root if rel == "." else root / rel
+        if not f.is_file():
+            found.append(f"{label} file {f} recorded by the manifest is missing")
+            continue
+        got = cached_sha256(f)
+        if got != want:
+            why = ("the checkpoint was replaced after the run (a new pretraining), so re-run it "
+                   "from the new one" if label == "checkpoint" else
+                   "the data changed after the run, so re-run it")
+            if label == "checkpoint":
+                rec.stale_checkpoint = want
+            found.append(
+                f"hash mismatch: {label} file {f} has sha256 {got[:12]}… but the run used "
+                f"{want[:12]}…; {why}"
+            )
+    if root.is_dir():
+        now = {rel for f in root.rglob("*") if f.is_file()
+               if not mf.is_build_record(rel := f.relative_to(root).as_posix())}
+        for extra in sorted(now - set(recorded)):
+            found.append(f"{label} folder {root} has a new file {extra} the run never saw")
+    return found
+
+
+def check_conversion_source(rec: Findings) -> None:
+    """A run from a converted Transformers model (in the git-ignored work dir, so often not on
+    this machine) against the fairseq checkpoint it was converted from: the one its manifest
+    names (``extra.converted_from``), or, for runs made before that was recorded, the packaged
+    checkpoint if it was created after the run started (so the run's model cannot be it)."""
+    man = rec.manifest or {}
+    if man.get("framework") == "fairseq" or rec.stale_checkpoint:
+        return
+    source = (man.get("extra") or {}).get(CONVERTED_FROM)
+    if source:
+        current = mf.resolve_stored_path(source["path"])
+        if current.is_file() and (got := cached_sha256(current)) != source["sha256"]:
+            rec.stale_checkpoint = source["sha256"]
+            rec.problems.append(
+                f"the model was converted from {source['path']} with sha256 "
+                f"{source['sha256'][:12]}…, which is now {got[:12]}…: the checkpoint was "
+                "replaced after the run (a new pretraining), so re-run it from the new one")
+        return
+    package = package_manifest()
+    created, started = (package or {}).get("created"), man.get("start_time")
+    if created and started and str(created) > str(started):
+        rec.stale_checkpoint = "unrecorded"
+        rec.problems.append(
+            f"the run started ({started}) before the packaged checkpoint was created "
+            f"({created}), so its converted model came from an earlier checkpoint: the "
+            "checkpoint was replaced after the run (a new pretraining), so re-run it from the "
+            "new one")
