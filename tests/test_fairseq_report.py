@@ -191,7 +191,9 @@ def test_pretraining_budget_comes_from_the_pretraining_manifest(grid):
     assert pretrain_budget(grid["report_runs"], checkpoint_dir=grid["root"] / "none").updates == 30
     table = budget_table(budget)
     assert f"{budget.tokens_seen:,}" in set(table["this project's stand-in"])
-    assert budget_markdown(budget).startswith(f"Our stand-in saw {budget.tokens_seen:,} tokens")
+    text = budget_markdown(budget)
+    assert text.startswith(f"The last pretraining run of our stand-in (`{budget.run}`) saw "
+                           f"{budget.tokens_seen:,} tokens")
     assert budget_markdown(None).startswith("No complete pretraining run")
 
 

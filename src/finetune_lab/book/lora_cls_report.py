@@ -96,6 +96,8 @@ def gaps_to_full(loaded: LoadedRuns) -> pd.DataFrame:
     columns = ["method", "n", "n full", "test gap (points)", "ci_low", "ci_high",
                "trainable / full", "time / full", "peak memory / full", "state saved (MiB)",
                "peak saved (MiB)", "peak device", "lr", "lr full"]
+    if not loaded.used:  # every recorded run excluded (made from an earlier checkpoint, say)
+        return pd.DataFrame(columns=columns)
     runs = per_run_table(loaded)
     s = summary(loaded, runs).set_index("method")
     if "full" not in s.index or s.loc["full", "n"] < 2:
