@@ -43,9 +43,8 @@ def test_not_run_state_gives_the_exact_command(tmp_path):
     assert lora_cls_runs.cached_runs(tmp_path) is None
     text = lora_cls_report.state_markdown(None)
     assert "has not been run yet" in text
-    assert "finetune-lab finetune lora --methods lora-qv lora-attn --seeds 0 1 2" in text
+    assert "finetune-lab finetune lora --methods lora-qv lora-attn qlora-qv --seeds 0 1 2" in text
     assert "finetune-lab finetune transformers --init pretrained --seeds 0 1 2" in text
-    assert lora_cls.GPU_COMMAND.endswith("lora-attn qlora-qv --seeds 0 1 2") and lora_cls.GPU_COMMAND in text
     # runs recorded but all excluded (e.g. made from a replaced checkpoint) are not "not run"
     recorded = lora_cls_report.not_run_text(recorded=True)
     assert recorded.startswith("**No usable run.**") and "not been run" not in recorded
@@ -168,6 +167,20 @@ def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs):
     frozen = trainable["full"] - trainable["lora-qv"]
     assert gaps.loc["lora-qv", "state saved (MiB)"] == pytest.approx(frozen * 12 / 2**20)
     assert "MiB under `lora-qv`" in text
+    # the runs were made one after the other on one setting: their times compare
+    assert "so their times compare" in text and "shared the machine" not in text
+    # two runs side by side: the time ratios measure the load too, and the text says so
+    from finetune_lab.runs.manifest import read_manifest, write_manifest
+
+    first, second = dirs[("lora-qv", 0)], dirs[("lora-attn", 0)]
+    original = read_manifest(second)
+    try:
+        write_manifest(second, {**original, **{k: read_manifest(first)[k]
+                                               for k in ("start_time", "end_time")}})
+        text = lora_cls_report.gaps_markdown(lora_cls_runs.cached_runs(runs_root))
+        assert "and 2 of them shared the machine with other runs of this chapter" in text
+    finally:
+        write_manifest(second, original)
 
 
 @pytest.mark.slow
@@ -222,8 +235,8 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
     loaded = lora_cls_runs.cached_runs(root)
     assert lora_cls_runs.summary(loaded)["method"].tolist() == ["full"]
     text = lora_cls_report.state_markdown(loaded)
-    assert "**Not run yet:** `lora-qv`, `lora-attn`" in text
-    assert "finetune-lab finetune lora --methods lora-qv lora-attn --seeds 0 1 2" in text
+    assert "**Not run yet:** `lora-qv`, `lora-attn`, `qlora-qv`" in text
+    assert "finetune-lab finetune lora --methods lora-qv lora-attn qlora-qv --seeds 0 1 2" in text
     assert "once LoRA runs exist, each is checked" in text
 
     (root / "lora").mkdir(parents=True)
@@ -240,7 +253,15 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
     assert "The `full` row is the 2 Transformers runs" in text and "`pretrained-seed1`" in text
     assert "each agrees with the LoRA runs' pinned recipe" in text
     assert lora_cls_report.gaps_to_full(loaded)["method"].tolist() == ["lora-qv"]
-    assert "**Not run yet:** `lora-attn`" in text
+    assert "**Not run yet:** `lora-attn`, `qlora-qv`, so" in text
+    # two seeds of the three planned: each row says which seed it lacks
+    assert lora_cls_report.seeds_missing(loaded) == {"lora-qv": [2], "full": [2]}
+    assert ("**Fewer seeds than planned** (3 per method): `lora-qv` lacks seed 2; `full` lacks "
+            "seed 2, so their rows stand on fewer runs") in text
+    with pytest.MonkeyPatch.context() as mp:  # had the plan been these two seeds: nothing to say
+        mp.setattr(lora_cls_report, "DEFAULT_SEEDS", (0, 1))
+        assert lora_cls_report.seeds_missing(loaded) == {}
+        assert "Fewer seeds" not in lora_cls_report.state_markdown(loaded)
 
     # a run without the measurements is excluded with the reason
     original = read_manifest(hf[1])
@@ -284,8 +305,8 @@ def test_cli_runs_then_skips_complete_runs(tiny, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_qlora_runs_on_cpu_with_bitsandbytes_when_forced(tiny, tmp_path):
-    from finetune_lab.errors import UserError
+def test_qlora_runs_on_cpu_with_bitsandbytes(tiny, tmp_path):
+    """No GPU needed: the base model is quantised to NF4 by bitsandbytes' CPU kernels."""
     from finetune_lab.models.four_bit import bitsandbytes_available
 
     if not bitsandbytes_available():
@@ -294,12 +315,10 @@ def test_qlora_runs_on_cpu_with_bitsandbytes_when_forced(tiny, tmp_path):
 
     common = {"cls_dir": tiny["cls_dir"], "model_dir": tiny["model_dir"], "logging_steps": 2,
               "recipe": dataclasses.replace(TINY_RECIPE, epochs=1), "runs_root": tmp_path}
-    if not torch.cuda.is_available():
-        with pytest.raises(UserError, match="--force-4bit"):
-            lora_cls.finetune_lora("qlora-qv", 0, **common)
-    run = lora_cls.finetune_lora("qlora-qv", 0, force_4bit=True, **common)
+    run = lora_cls.finetune_lora("qlora-qv", 0, **common)
     man = json.loads((run / "manifest.json").read_text())
     assert man["status"] == "complete"
+    assert man["device"]["type"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert man["hyperparameters"]["quantization"]["bnb_4bit_quant_type"] == "nf4"
     size = tiny["size"]
     m = lora_cls.METHODS["qlora-qv"]

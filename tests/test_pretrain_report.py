@@ -244,12 +244,16 @@ def test_accuracy_against_tokens_draws_every_fine_tuned_weights():
 
 def test_fill_mask_reading_counts_the_frequent_top_predictions(monkeypatch):
     monkeypatch.setattr(fm, "frequent_pieces", lambda n: {".", ",", "de"})
-    df = pd.DataFrame({"sentence": ["a", "a", "b", "b", "c"], "rank": [1, 2, 1, 2, 1],
-                       "predicted piece": [".", "livre", "porte", ",", "de"],
-                       "probability": [0.1, 0.05, 0.2, 0.1, 0.3]})
-    assert fm.fill_mask_reading(df, n=3) == {"sentences": 3, "frequent": 2, "n": 3}
+    a, b, c, d = ("Un <mask> de plus.", "La porte <mask>.", "Le <mask> de la porte.",
+                  "Ce livre est <mask>.")
+    df = pd.DataFrame({"sentence": [a, a, b, b, c, d], "rank": [1, 2, 1, 2, 1, 1],
+                       "predicted piece": [".", "livre", "Porte", ",", "de", "livres"],
+                       "probability": [0.1, 0.05, 0.2, 0.1, 0.3, 0.2]})
+    # "de" repeats a word of its sentence and is frequent; "Porte" repeats one (case aside);
+    # "livres" is not "livre"; "." is never a copy
+    assert fm.fill_mask_reading(df, n=3) == {"sentences": 4, "frequent": 2, "n": 3, "copied": 2}
     wide = fm.fill_mask_wide(df).set_index("sentence")
-    assert wide.loc["a", "top predictions (probability)"] == "`.` (0.10) · `livre` (0.05)"
+    assert wide.loc[a, "top predictions (probability)"] == "`.` (0.10) · `livre` (0.05)"
 
 
 def _tb_run(root, experiment, name, losses, manifest, reviews=None):

@@ -372,3 +372,58 @@ def test_a_run_from_a_converted_model_names_the_checkpoint_behind_it(tmp_path: P
     rec = check()
     assert not rec.valid and "the checkpoint was replaced after the run" in rec.reason
     assert rec.stale_checkpoint == man["extra"][CONVERTED_FROM]["sha256"]
+
+
+def test_a_conversion_by_another_transformers_version_keeps_the_runs(tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    """``save_pretrained`` stamps ``config.json`` with the Transformers version that wrote it:
+    the same checkpoint converted again after an upgrade differs by that stamp only, and the
+    runs made from the first conversion stay valid; a change of the model's configuration
+    still excludes them."""
+    import transformers
+    from transformers import RobertaConfig
+
+    from finetune_lab._files import sha256_file
+    from finetune_lab.runs import run_inputs
+
+    real = next(m.parent for m in sorted(Path("data/runs").glob("*/*/manifest.json"))
+                if (man := mf.read_manifest(m.parent))["framework"] == "transformers"
+                and man["init"] == "pretrained" and man["status"] == mf.STATUS_COMPLETE)
+    run = tmp_path / "runs" / real.parent.name / real.name
+    shutil.copytree(real, run)
+    hf = tmp_path / "hf"
+    config = RobertaConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1,
+                           num_attention_heads=2, intermediate_size=32)
+    config.save_pretrained(hf)
+    man = mf.read_manifest(run)
+    for item in man["inputs"]["data"]:
+        item["path"] = str(tmp_path / "absent" / Path(item["path"]).name)
+    man["inputs"]["checkpoint"] = {"path": str(hf),
+                                   "sha256": {"config.json": sha256_file(hf / "config.json")}}
+    man["environment"]["packages"]["transformers"] = transformers.__version__
+    man.setdefault("extra", {}).pop("converted_from", None)
+    mf.write_manifest(run, man)
+    monkeypatch.setattr(run_inputs, "package_manifest", lambda: None)
+
+    def record():
+        run_inputs._HASH_CACHE.clear()
+        return _only(discover_runs(tmp_path / "runs"), real.name)
+
+    assert record().valid
+    # converted again by a newer Transformers: another stamp, another sha256, the same model
+    monkeypatch.setattr(transformers.configuration_utils, "__version__", "99.0.0")
+    config.save_pretrained(hf)
+    assert '"transformers_version": "99.0.0"' in (hf / "config.json").read_text()
+    assert sha256_file(hf / "config.json") != man["inputs"]["checkpoint"]["sha256"]["config.json"]
+    assert record().valid
+    # the run's own version unknown: nothing to restamp with, so the difference counts
+    del man["environment"]["packages"]["transformers"]
+    mf.write_manifest(run, man)
+    assert not record().valid
+    man["environment"]["packages"]["transformers"] = transformers.__version__
+    mf.write_manifest(run, man)
+    # another model: excluded, whatever the stamp
+    config.hidden_dropout_prob = 0.3
+    config.save_pretrained(hf)
+    rec = record()
+    assert not rec.valid and f"hash mismatch: checkpoint file {hf / 'config.json'}" in rec.reason

@@ -60,8 +60,7 @@ def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
     hf_inits = ["pretrained", "random"] if gpu else ["pretrained"]
     steps.append(["finetune", "transformers", "--init", *hf_inits, "--seeds", "0", "1", "2"])
     # the LoRA table's full fine-tuning row is the Transformers pretrained runs above
-    lora_methods = [*LORA_METHODS] + (["qlora-qv"] if gpu else [])
-    steps.append(["finetune", "lora", "--methods", *lora_methods, "--seeds", "0", "1", "2"])
+    steps.append(["finetune", "lora", "--methods", *LORA_METHODS, "--seeds", "0", "1", "2"])
     steps.append(["data-summary"])
     return steps
 

@@ -4,6 +4,8 @@ most frequent pieces: what a model on the masked-LM plateau does whatever the co
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from finetune_lab.models.checkpoints import DICT_FILE, load_hub_model, packaged_dir
@@ -52,8 +54,14 @@ def frequent_pieces(n: int = 20) -> set[str]:
 
 
 def fill_mask_reading(df: pd.DataFrame, n: int = 20) -> dict[str, int]:
-    """How many top-1 predictions are among the corpus's ``n`` most frequent pieces: a model
-    that has learned little beyond unigram frequencies predicts those whatever the context."""
-    top1 = df[df["rank"] == 1]["predicted piece"]
+    """How many top-1 predictions are among the corpus's ``n`` most frequent pieces (a model
+    that has learned little beyond unigram frequencies predicts those whatever the context), and
+    how many repeat a word of their own sentence (what a model trained to predict a text's bag
+    of words from ``<s>`` can learn to do without learning French)."""
+    top1 = df[df["rank"] == 1]
     frequent = frequent_pieces(n)
-    return {"sentences": len(top1), "frequent": int(top1.isin(frequent).sum()), "n": n}
+    copied = sum(bool(re.fullmatch(r"\w+", piece.lower()))
+                 and piece.lower() in re.findall(r"\w+", sentence.lower().replace("<mask>", " "))
+                 for sentence, piece in zip(top1["sentence"], top1["predicted piece"]))
+    return {"sentences": len(top1), "frequent": int(top1["predicted piece"].isin(frequent).sum()),
+            "n": n, "copied": int(copied)}

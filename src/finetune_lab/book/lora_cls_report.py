@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from finetune_lab.book.lora_cls_runs import per_run_table, summary
+from finetune_lab.book.lora_cls_runs import method_of, per_run_table, summary
 from finetune_lab.book.report import fmt_int
 from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
@@ -24,10 +24,11 @@ from finetune_lab.models.params import SMALL, RobertaSize
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs.registry import exclusions_markdown
 from finetune_lab.runs.runmeasure import count_parameters
+from finetune_lab.runs.runspeed import overlapping, settings_sentence, speed_table
 from finetune_lab.runs.seedstats import fmt_mean_std, init_gap
 from finetune_lab.runs.tblogs import LoadedRuns
 from finetune_lab.train.lora_cls import (DEFAULT_METHODS, DEFAULT_SEEDS, EXPERIMENT,
-                                         FULL_BASELINE, FULL_COMMAND, GPU_COMMAND, METHODS,
+                                         FULL_BASELINE, FULL_COMMAND, METHODS,
                                          RUN_COMMAND, analytic_counts, get_method, run_command,
                                          wrap)
 
@@ -157,6 +158,7 @@ def gaps_markdown(loaded: LoadedRuns | None) -> str:
                + (": the peak resident set of a CPU process also holds the Python and torch "
                   "runtime, the data and the activations, which LoRA does not shrink."
                   if on_cpu else "."))
+    out.append(time_caveat(loaded))
     lora_lrs = sorted({f"{lr:g}" for lr in gaps["lr"]})
     full_lr = f"{gaps['lr full'].iloc[0]:g}"
     if lora_lrs != [full_lr]:
@@ -164,6 +166,20 @@ def gaps_markdown(loaded: LoadedRuns | None) -> str:
                    f"{', '.join(lora_lrs)}, full fine-tuning at the lab's {full_lr}): "
                    "these runs do not separate the two.")
     return "\n\n".join(out)
+
+
+def time_caveat(loaded: LoadedRuns) -> str:
+    """Whether the time ratios above measure the methods: the runs' devices and threads
+    (:func:`~finetune_lab.runs.runspeed.settings_sentence`), and how many of them shared the
+    machine with another recorded run for at least half their wall time."""
+    shared = [r for r in loaded.used if overlapping(r, loaded.runs)]
+    n = len(loaded.used)
+    text = f"Times per run are wall times; the {n} runs ran {settings_sentence(speed_table(loaded.used))}"
+    if shared:
+        text += (f", and {len(shared)} of them shared the machine with other runs of this "
+                 "chapter for at least half of their time, which slows a run by as much as the "
+                 "CPU is shared: the time ratios measure the methods and the load together")
+    return text + "."
 
 
 def memory_note(loaded: LoadedRuns) -> str:
@@ -188,6 +204,16 @@ def not_run_text(recorded: bool = False) -> str:
             f"the runs ({len(DEFAULT_SEEDS)} seeds per method):")
 
 
+def seeds_missing(loaded: LoadedRuns) -> dict[str, list[int]]:
+    """Per method with at least one used run, the planned seeds (:data:`DEFAULT_SEEDS`) that
+    have no used run: the rows that stand on fewer runs than the experiment plans."""
+    used: dict[str, set[int]] = {}
+    for rec in loaded.used:
+        used.setdefault(method_of(rec) or "", set()).add(int((rec.manifest or {})["seed"]))
+    return {m: missing for m, seeds in used.items()
+            if (missing := [s for s in DEFAULT_SEEDS if s not in seeds])}
+
+
 def state_markdown(loaded: LoadedRuns | None) -> str:
     """What the chapter says about the runs: the command when none is usable, else how many,
     plus every excluded run with its reason."""
@@ -195,9 +221,7 @@ def state_markdown(loaded: LoadedRuns | None) -> str:
         recorded = loaded is not None and bool(loaded.excluded)
         text = (f"{not_run_text(recorded)}\n\n```bash\n{RUN_COMMAND}\n```\n\nThe full fine-tuning row is "
                 f"the Transformers runs from the pretrained checkpoint:\n\n```bash\n"
-                f"{FULL_COMMAND}\n```\n\nOn a machine with a GPU, add "
-                f"QLoRA (a 4-bit NF4 base model through bitsandbytes):\n\n```bash\n"
-                f"{GPU_COMMAND}\n```")
+                f"{FULL_COMMAND}\n```")
     else:
         n = len(loaded.used)
         methods = summary(loaded)["method"].tolist()
@@ -219,6 +243,14 @@ def state_markdown(loaded: LoadedRuns | None) -> str:
         elif "full" not in methods:
             text += (f"\n\nNo full fine-tuning run is recorded yet: `{FULL_COMMAND}` makes "
                      "the row.")
+        short = seeds_missing(loaded)
+        if short:
+            text += ("\n\n**Fewer seeds than planned** "
+                     f"({len(DEFAULT_SEEDS)} per method): "
+                     + "; ".join(f"`{m}` lacks seed{'s' if len(seeds) > 1 else ''} "
+                                 f"{', '.join(map(str, seeds))}" for m, seeds in short.items())
+                     + f", so {'its row stands' if len(short) == 1 else 'their rows stand'} "
+                     "on fewer runs; the same command makes the missing ones.")
         missing = [m for m in DEFAULT_METHODS if m not in methods]
         if missing:
             text += (f"\n\n**Not run yet:** {', '.join(f'`{m}`' for m in missing)}, so the "

@@ -110,8 +110,7 @@ def lab_jobs(plan: Plan, logs: Path, python: str = sys.executable) -> list[Job]:
     if "lora" in plan.lab_parts:
         jobs += [_job(logs, f"lora-{m}-seed{s}",
                       [*cli, "lora", "--methods", m, "--seeds", s, *epochs,
-                       "--experiment", plan.experiment("lora"),
-                       *(["--force-4bit"] if m.startswith("qlora") and plan.tiny else [])])
+                       "--experiment", plan.experiment("lora")])
                  for m in plan.lora_methods for s in seeds]
     return jobs
 

@@ -6,6 +6,8 @@ pretraining run, a warning), with what to do about it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,7 +15,6 @@ from finetune_lab._files import sha256_file
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.models.conversion_record import CONVERTED_FROM
 from finetune_lab.runs import manifest as mf
-
 
 
 class Findings(Protocol):
@@ -81,7 +82,7 @@ def input_differences(label: str, record: dict[str, Any], rec: Findings) -> list
             found.append(f"{label} file {f} recorded by the manifest is missing")
             continue
         got = cached_sha256(f)
-        if got != want:
+        if got != want and not same_but_version_stamp(f, want, rec.manifest):
             why = ("the checkpoint was replaced after the run (a new pretraining), so re-run it "
                    "from the new one" if label == "checkpoint" else
                    "the data changed after the run, so re-run it")
@@ -97,6 +98,31 @@ def input_differences(label: str, record: dict[str, Any], rec: Findings) -> list
         for extra in sorted(now - set(recorded)):
             found.append(f"{label} folder {root} has a new file {extra} the run never saw")
     return found
+
+
+VERSION_STAMP = "transformers_version"
+"""The key ``save_pretrained`` writes into a model's ``config.json``: the Transformers version
+that wrote it, not a property of the model."""
+
+
+def same_but_version_stamp(f: Path, want: str, manifest: dict[str, Any] | None) -> bool:
+    """Whether ``f``, a ``config.json`` written by ``save_pretrained``, differs from the file a
+    run read only by its :data:`VERSION_STAMP`: restamped with the Transformers version the run
+    recorded and serialised as Transformers does (sorted keys, indent 2), it has the sha256 the
+    run used. So a model converted again from the same checkpoint by a newer Transformers keeps
+    the runs made from the old conversion valid, while any other change still fails."""
+    version = (((manifest or {}).get("environment") or {}).get("packages") or {}).get("transformers")
+    if f.name != "config.json" or not version:
+        return False
+    try:
+        config = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(config, dict) or VERSION_STAMP not in config:
+        return False
+    config[VERSION_STAMP] = version
+    restamped = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    return hashlib.sha256(restamped.encode("utf-8")).hexdigest() == want
 
 
 def check_conversion_source(rec: Findings) -> None:

@@ -3,9 +3,9 @@
 One experiment, ``data/runs/lora/<method>-seed<seed>/``, whose runs differ by *method* only
 (:data:`METHODS`): LoRA on the query and value projections (``lora-qv``) or on every attention
 projection (``lora-attn``), full fine-tuning (``full``), and ``lora-qv`` on a 4-bit NF4 base
-(``qlora-qv``, meant for a GPU). A ``full`` run is exactly a Transformers run from the pretrained
-checkpoint, so by default the chapter takes that row from the Transformers experiment
-(:data:`FULL_BASELINE`) instead of making the same runs twice.
+(``qlora-qv``: on the GPU, or through bitsandbytes' CPU kernels). A ``full`` run is exactly a
+Transformers run from the pretrained checkpoint, so by default the chapter takes that row from
+the Transformers experiment (:data:`FULL_BASELINE`) instead of making the same runs twice.
 
 The recipe is the Transformers runs', reused rather than copied
 (:func:`finetune_lab.train.hf_finetune.finetune_transformers`); the one value that differs is the
@@ -46,7 +46,7 @@ from finetune_lab.train.recipe import LAB_RECIPE, FinetuneRecipe
 
 EXPERIMENT = "lora"
 DEFAULT_SEEDS = (0, 1, 2)
-DEFAULT_METHODS = ("lora-qv", "lora-attn")
+DEFAULT_METHODS = ("lora-qv", "lora-attn", "qlora-qv")
 """What ``finetune lora`` makes by default; the ``full`` row comes from :data:`FULL_BASELINE`."""
 FULL_BASELINE = "transformers"
 """The experiment whose ``pretrained`` runs are the full fine-tuning row when this experiment
@@ -125,7 +125,6 @@ def run_command(methods: Sequence[str] = DEFAULT_METHODS, seeds: Sequence[int] =
 
 
 RUN_COMMAND = run_command()
-GPU_COMMAND = run_command((*DEFAULT_METHODS, "qlora-qv"))
 FULL_COMMAND = "finetune-lab finetune transformers --init pretrained --seeds " + " ".join(
     str(s) for s in DEFAULT_SEEDS)
 """Makes the full fine-tuning row (the Transformers chapter's pretrained runs)."""
@@ -175,20 +174,19 @@ def _record_method(handle, method: Method):
     yield
 
 
-def _four_bit_kwargs(method: Method, force_4bit: bool) -> dict[str, Any] | None:
+def _four_bit_kwargs(method: Method) -> dict[str, Any] | None:
+    """Loading arguments of a quantised method: the lab's NF4 config, on the GPU when there is
+    one, else on the CPU (bitsandbytes' CPU kernels; the bf16 compute uses AMX where the CPU
+    has it)."""
     if not method.quantized:
         return None
     import torch
 
     if not bitsandbytes_available():
-        raise UserError(f"{method.name} needs bitsandbytes, which does not import here")
-    cuda = torch.cuda.is_available()
-    if not cuda and not force_4bit:
-        raise UserError(f"{method.name} loads the base model in 4 bits, meant for a GPU, and "
-                        "none is visible; pass --force-4bit to quantise on the CPU anyway "
-                        "(bitsandbytes' CPU kernels, slow)")
+        raise UserError(f"{method.name} needs bitsandbytes, which does not import here; "
+                        "install it (pip install bitsandbytes) or leave qlora-qv out of --methods")
     return {"quantization_config": bnb_config(llm_int8_skip_modules=list(BNB_SKIP)),
-            "device_map": {"": 0} if cuda else "cpu"}
+            "device_map": {"": 0} if torch.cuda.is_available() else "cpu"}
 
 
 def finetune_lora(
@@ -204,7 +202,6 @@ def finetune_lora(
     runs_root: Path | None = None,
     experiment: str = EXPERIMENT,
     overwrite: bool = False,
-    force_4bit: bool = False,
 ) -> Path:
     """One recorded run ``<runs root>/<experiment>/<method>-seed<seed>/`` from the converted
     pretrained RoBERTa-small-fr (``model_dir``, default: converted from the packaged checkpoint).
@@ -227,7 +224,7 @@ def finetune_lora(
         recipe=run_recipe,
         logging_steps=logging_steps if logging_steps is not None else hf_finetune.DEFAULT_LOGGING_STEPS,
         runs_root=runs_root, experiment=experiment, run=run_name(m.name, seed),
-        overwrite=overwrite, model_kwargs=_four_bit_kwargs(m, force_4bit), adapt_model=adapt,
+        overwrite=overwrite, model_kwargs=_four_bit_kwargs(m), adapt_model=adapt,
         extra_hyperparameters={"method": m.name, "lora": m.lora_settings(),
                                "quantization": m.quantization()},
         run_context=lambda handle: _record_method(handle, m))
@@ -265,7 +262,7 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
         "lora", help="LoRA vs full fine-tuning of RoBERTa-small-fr on CLS-Books (same recipe)",
         description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS),
-                   help="qlora-qv needs bitsandbytes and (unless --force-4bit) a GPU")
+                   help="qlora-qv needs bitsandbytes (a GPU, or its 4-bit CPU kernels)")
     p.add_argument("--seeds", type=non_negative_int, nargs="+", default=list(DEFAULT_SEEDS))
     p.add_argument("--lora-lr", type=float, default=LORA_LR,
                    help=f"peak learning rate of the LoRA methods (default {LORA_LR:g}; "
@@ -278,8 +275,6 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
     p.add_argument("--runs-root", type=Path, default=None)
     p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test, recorded as lora-<N>ep (the lab: 5)")
-    p.add_argument("--force-4bit", action="store_true",
-                   help="run qlora-qv without a GPU (bitsandbytes' CPU kernels, slow)")
     p.add_argument("--experiment", help=f"run-cache folder (default: {EXPERIMENT}, with "
                    "-<N>ep and -lr<LR> for other epochs and LoRA learning rates)")
     p.set_defaults(func=_run)
@@ -303,6 +298,6 @@ def _run(args: argparse.Namespace) -> int:
                 method, seed, cls_dir=args.cls_dir, tokenizer_dir=args.tokenizer_dir,
                 model_dir=args.model_dir, recipe=recipe, lora_lr=args.lora_lr,
                 logging_steps=args.logging_steps, runs_root=args.runs_root,
-                experiment=experiment, overwrite=True, force_4bit=args.force_4bit)
+                experiment=experiment, overwrite=True)
             print(f"finetune lora: wrote {out}")
     return 0
