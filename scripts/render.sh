@@ -16,7 +16,10 @@ fi
 # Quarto's own output is kept as _site/render.log: tests/test_render.py fails on its warnings.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-quarto render "$@" 2>&1 | tee "$log"
+# --execute-daemon: one kernel per chapter, kept for both formats (HTML, then Typst), so a chapter
+# that must execute imports its modules once. Quarto turns the kernel daemon off in a project
+# render of more than 3 files unless this flag asks for it; the kernel ends 30 s after its last use.
+quarto render --execute-daemon 30 "$@" 2>&1 | tee "$log"
 mkdir -p _site && cp "$log" _site/render.log
 echo "render: done; open _site/index.html (PDF: _site/*.pdf); check it with"
 echo "  $venv/bin/python -m pytest tests/test_render.py"

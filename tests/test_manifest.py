@@ -187,3 +187,17 @@ def test_schema_problems_name_each_wrong_place_once():
         "manifest 'inputs.checkpoint' is not null or a {path, sha256} record",
         "manifest 'seed' is not an integer",
     ]
+
+
+def test_schema_validator_skips_the_iri_grammars():
+    """Reading a manifest must not compile rfc3987_syntax's lark grammars (over a second in each
+    chapter's process), and the validator still reports what is wrong."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from finetune_lab.runs import manifest\n"
+            "problems = manifest.schema_problems({'name': 3})\n"
+            "print('rfc3987_syntax' in sys.modules, 'lark' in sys.modules, len(problems) > 0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "True"]

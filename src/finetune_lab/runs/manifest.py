@@ -226,6 +226,20 @@ SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
 
 @lru_cache(maxsize=1)
 def _schema_validator():
+    if "jsonschema" not in sys.modules:
+        # jsonschema's format checkers import rfc3987_syntax when it is installed (jupyter brings
+        # it), which compiles 39 lark grammars on import: over a second in every process that
+        # reads a manifest (each chapter of a render), for an "iri" format this schema never
+        # uses. A None entry makes that optional import fail, as jsonschema allows; it is
+        # removed again, so a later import of rfc3987_syntax works as usual.
+        blocked = "rfc3987_syntax" not in sys.modules
+        if blocked:
+            sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]
+        try:
+            import jsonschema
+        finally:
+            if blocked:
+                del sys.modules["rfc3987_syntax"]
     import jsonschema
 
     schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
