@@ -174,7 +174,8 @@ def time_caveat(loaded: LoadedRuns) -> str:
     machine with another recorded run for at least half their wall time."""
     shared = [r for r in loaded.used if overlapping(r, loaded.runs)]
     n = len(loaded.used)
-    text = f"Times per run are wall times; the {n} runs ran {settings_sentence(speed_table(loaded.used))}"
+    settings = settings_sentence(speed_table(loaded.used))
+    text = f"Times per run are wall times; the {n} runs ran {settings}"
     if shared:
         text += (f", and {len(shared)} of them shared the machine with other runs of this "
                  "chapter for at least half of their time, which slows a run by as much as the "
