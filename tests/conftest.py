@@ -8,6 +8,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# a test that runs `freeze pre-render` starts no background worker unless it tests the worker
+os.environ.setdefault("FINETUNE_LAB_PREWARM", "0")
 
 
 # --- a tiny version of the whole pipeline, on real slices of the data root ------------------

@@ -50,7 +50,10 @@ def _imports(name: str, path: Path) -> tuple[tuple[str, bool, ast.stmt, str], ..
     source = path.read_text(encoding="utf-8")
     lines = source.splitlines()
     tree = ast.parse(source)
+    # top level: the module's statements, and those of a top-level ``try`` (an optional import)
     top = {id(node) for node in tree.body}
+    top |= {id(sub) for node in tree.body if isinstance(node, ast.Try)
+            for sub in node.body + [s for h in node.handlers for s in h.body]}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(tree):

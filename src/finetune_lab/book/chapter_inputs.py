@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from finetune_lab._files import sha256_file
-from finetune_lab.book.qmd import front_matter
+from finetune_lab.book.qmd import code_cells, front_matter
 from finetune_lab.errors import UserError
 
 MISSING = "MISSING"
@@ -48,7 +47,6 @@ def declared_inputs(qmd: Path) -> list[str] | None:
 
 
 PACKAGE = "finetune_lab"
-_CELL = re.compile(r"^```\{python[^}]*\}[ \t]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
 def _package_imports(tree: ast.AST, module: str = "") -> set[str]:
@@ -82,7 +80,7 @@ def module_file(project: Path, name: str) -> Path | None:
 def chapter_imports(qmd: Path) -> set[str]:
     """The package names a chapter's Python cells import."""
     found: set[str] = set()
-    for cell in _CELL.findall(qmd.read_text(encoding="utf-8")):
+    for cell in code_cells(qmd.read_text(encoding="utf-8")):
         try:
             found |= _package_imports(ast.parse(cell))
         except SyntaxError:  # IPython syntax: read the import lines alone

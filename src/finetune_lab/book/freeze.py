@@ -40,6 +40,7 @@ from typing import Any
 
 from finetune_lab import render_cache
 from finetune_lab._files import digest_of, utc_now, write_json_atomic
+from finetune_lab.book import prewarm
 from finetune_lab.book.chapter_inputs import MISSING, chapter_inputs, chapters, hash_inputs
 from finetune_lab.config import PROJECT_ROOT
 
@@ -190,14 +191,17 @@ def rendered_chapters(project: Path, environ: dict[str, str] | None = None) -> l
 
 
 def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = None,
-               log=print) -> list[StaleChapter]:
+               log=print, warm: bool = False) -> list[StaleChapter]:
     """Invalidate stale frozen chapters and write pending records; returns what it invalidated.
 
     Also opens the render's cache (:mod:`finetune_lab.render_cache`), so that a chapter
-    executed for several formats computes its facts once.
+    executed for several formats computes its facts once, and with ``warm`` starts the worker
+    that fills it ahead of Quarto (:mod:`finetune_lab.book.prewarm`) for the chapters Quarto
+    will execute.
     """
+    prewarm.stop(project)
     render_cache.open_cache(project)
-    invalidated = []
+    invalidated, executed = [], []
     for chapter in rendered_chapters(project, environ):
         if not (project / chapter).is_file():
             continue
@@ -217,12 +221,17 @@ def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = No
         if not is_frozen(project, chapter):
             write_json_atomic(record_path(project, chapter, pending=True),
                               make_record(project, chapter, patterns))
+            executed.append(chapter)
+    if warm:
+        prewarm.start(project, prewarm.book_order(project, executed))
     return invalidated
 
 
 def post_render(project: Path = PROJECT_ROOT, log=print) -> list[str]:
     """Promote pending records of chapters that now have fresh frozen results, and close the
     render's cache."""
+    for line in prewarm.stop(project):
+        log(f"finetune-lab freeze: {line}")
     render_cache.close_cache(project)
     promoted = []
     base = project / FREEZE_DIR / RECORDS_DIR
@@ -263,7 +272,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_pre(args: argparse.Namespace) -> int:
-    pre_render(_project(args))
+    pre_render(_project(args), warm=True)
     return 0
 
 

@@ -30,6 +30,7 @@ ANCHOR_RE = re.compile(r"\{#((?:fig|tbl|eq|sec|lst)-[\w-]+)[^}]*\}")
 CROSSREF_RE = re.compile(r"(?<![\w@.])@((?:fig|tbl|eq|sec|lst)-[\w-]*\w)")
 CITATION_RE = re.compile(r"\[[^\]]*?@([\w:.-]*\w)[^\]]*\]")
 CODE_CELL_RE = re.compile(r"^```\{python[^}]*\}\n.*?^```", re.M | re.S)
+CODE_CELL_BODY_RE = re.compile(r"^```\{python[^}]*\}[ \t]*\n(.*?)^```", re.M | re.S)
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)
 INLINE_CODE_RE = re.compile(r"`[^`\n]+`")
 
@@ -86,6 +87,11 @@ def book_chapters(root: Path = PROJECT_ROOT) -> list[Path]:
         book.get("appendices", [])
     )
     return [root / rel for rel in listed]
+
+
+def code_cells(text: str) -> list[str]:
+    """The source of each Python code cell of a chapter's text, in order (cell options kept)."""
+    return CODE_CELL_BODY_RE.findall(text)
 
 
 def prose(text: str) -> str:
