@@ -29,8 +29,7 @@ LABEL_OPTION_RE = re.compile(r"^#\|\s*label:\s*(\S+)\s*$", re.M)
 ANCHOR_RE = re.compile(r"\{#((?:fig|tbl|eq|sec|lst)-[\w-]+)[^}]*\}")
 CROSSREF_RE = re.compile(r"(?<![\w@.])@((?:fig|tbl|eq|sec|lst)-[\w-]*\w)")
 CITATION_RE = re.compile(r"\[[^\]]*?@([\w:.-]*\w)[^\]]*\]")
-CODE_CELL_RE = re.compile(r"^```\{python[^}]*\}\n.*?^```", re.M | re.S)
-CODE_CELL_BODY_RE = re.compile(r"^```\{python[^}]*\}[ \t]*\n(.*?)^```", re.M | re.S)
+CODE_CELL_RE = re.compile(r"^```\{python[^}]*\}[ \t]*\n(.*?)^```", re.M | re.S)
 FENCE_RE = re.compile(r"^```.*?^```", re.M | re.S)
 INLINE_CODE_RE = re.compile(r"`[^`\n]+`")
 
@@ -91,7 +90,7 @@ def book_chapters(root: Path = PROJECT_ROOT) -> list[Path]:
 
 def code_cells(text: str) -> list[str]:
     """The source of each Python code cell of a chapter's text, in order (cell options kept)."""
-    return CODE_CELL_BODY_RE.findall(text)
+    return CODE_CELL_RE.findall(text)
 
 
 def prose(text: str) -> str:
@@ -111,12 +110,12 @@ class CrossRefs:
 def crossrefs(path: Path) -> CrossRefs:
     text = path.read_text(encoding="utf-8")
     defined = set(ANCHOR_RE.findall(text))
-    for cell in CODE_CELL_RE.findall(text):
+    for cell in code_cells(text):
         defined.update(LABEL_OPTION_RE.findall(cell))
     md = prose(text)
     used = set(CROSSREF_RE.findall(md))
     # Cell captions (tbl-cap / fig-cap) are prose too and may cross-reference.
-    for cell in CODE_CELL_RE.findall(text):
+    for cell in code_cells(text):
         for line in cell.splitlines():
             if re.match(r"#\|\s*(tbl|fig)-cap:", line):
                 used.update(CROSSREF_RE.findall(line))
