@@ -83,6 +83,26 @@ def test_packaged_checkpoint_fills_a_mask(tiny_pretrain, monkeypatch):
     assert all("<mask>" not in text for text, _, _ in top)
 
 
+@pytest.mark.slow
+def test_fill_mask_answers_of_uncommitted_weights_are_kept(tiny_pretrain, tmp_path):
+    from finetune_lab.book import fill_mask as fm
+
+    out = fm.record_fill_mask(tiny_pretrain["packaged"], "tiny", out_dir=tmp_path)
+    record = json.loads(out.read_text())
+    assert out == tmp_path / "tiny.json"
+    assert record["checkpoint"]["sha256"] == checkpoints.sha256_file(
+        tiny_pretrain["packaged"] / "model.pt")
+    table = fm.recorded_fill_masks(tmp_path)["tiny"]["table"]
+    assert set(table["sentence"]) == set(fm.DEMO_SENTENCES)
+    # fairseq drops special pieces (</s>, <pad>) from the top 5, so a sentence may get fewer
+    for _, part in table.groupby("sentence"):
+        assert part["rank"].tolist() == list(range(1, len(part) + 1)) and len(part) <= 5
+        # ranked by probability, a sentence's top 5 summing to at most 1
+        assert part["probability"].is_monotonic_decreasing and part["probability"].sum() <= 1
+    with pytest.raises(UserError, match="--name"):
+        fm.record_fill_mask(tiny_pretrain["packaged"], "../x", out_dir=tmp_path)
+
+
 def test_unlisted_checkpoint_is_refused(tmp_path):
     ckpt = tmp_path / "model.pt"
     torch.save({"model": {"w": torch.zeros(2)}}, ckpt)

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY_ARCH, needs_data_root, use_tiny_work_dir
 
+from finetune_lab._files import sha256_file
 from finetune_lab.errors import UserError
+from finetune_lab.models.trust import fairseq_safe_globals
 from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.train import pretrain_long
 from finetune_lab.train.pretrain_fairseq import echoing
@@ -157,3 +159,69 @@ def test_progress_is_echoed_from_new_log_lines_only(tmp_path, capsys):
     with echoing(log, None):  # quiet: nothing
         pass
     assert capsys.readouterr().out == ""
+
+
+def test_sinusoidal_table_depends_on_distance_only():
+    import torch
+
+    from finetune_lab.models.position_init import sinusoidal_table
+
+    table = sinusoidal_table(64, 32)
+    assert table.shape == (64, 32)
+    assert torch.allclose(table.norm(dim=1), torch.full((64,), 4.0, dtype=table.dtype))
+    gram = table @ table.T
+    # the dot product of rows p and p + k is the same for every p
+    for k in (1, 5, 20):
+        diagonal = torch.diagonal(gram, offset=k)
+        assert float(diagonal.max() - diagonal.min()) < 1e-9
+    assert float(gram[0, 1]) > float(gram[0, 20])  # near rows are more alike than far ones
+    with pytest.raises(ValueError, match="even"):
+        sinusoidal_table(8, 31)
+
+
+@needs_data_root
+@pytest.mark.slow
+def test_a_long_run_can_start_from_sinusoidal_positions(tiny_pipeline, tapt_corpus, tmp_path,
+                                                        monkeypatch):
+    import torch
+
+    from finetune_lab.models import position_init
+
+    with pytest.raises(UserError, match="--continue-from"):
+        _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "sin-random",
+              position_init="sinusoidal")
+    with pytest.raises(UserError, match="must be one of"):
+        _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "sin-bad",
+              continue_from=tiny_pipeline["packaged"], position_init="rotary")
+    run_dir = _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "sin",
+                    continue_from=tiny_pipeline["packaged"], position_init="sinusoidal",
+                    segment_updates=3)
+    m = read_manifest(run_dir)
+    assert m["hyperparameters"]["position_init"] == "sinusoidal"
+    record = m["extra"]["position_init"]
+    assert record["neighbour_cosine_before"] < 0.5 < 0.9 < record["neighbour_cosine_after"]
+    # the weights the run started from: the parent's, but for the position rows
+    init = state_dir("sin") / "init_model.pt"
+    assert record["sha256"] == sha256_file(init)
+    with fairseq_safe_globals():
+        parent = torch.load(tiny_pipeline["packaged"] / "model.pt", weights_only=True)["model"]
+        started = torch.load(init, weights_only=True)["model"]
+    key = position_init.POSITIONS_KEY
+    assert all(torch.equal(parent[k], started[k]) for k in parent if k != key)
+    rows = started[key][2:].double()
+    expected = position_init.sinusoidal_table(rows.shape[0], rows.shape[1])
+    scale = record["row_norm"] / (rows.shape[1] / 2) ** 0.5
+    assert torch.allclose(rows, expected * scale, atol=1e-2 * scale)
+    assert torch.equal(started[key][:2], parent[key][:2])  # padding rows untouched
+    # a resumed launch keeps the first launch's record and does not rewrite the table again
+    _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "sin",
+          continue_from=tiny_pipeline["packaged"], position_init="sinusoidal")
+    m = read_manifest(run_dir)
+    assert m["status"] == "complete" and m["extra"]["position_init"] == record
+
+
+def test_position_init_is_refused_outside_a_long_run(capsys):
+    from finetune_lab.cli import main
+
+    assert main(["pretrain", "--max-update", "5", "--position-init", "sinusoidal"]) == 2
+    assert "--position-init needs a long run" in capsys.readouterr().err

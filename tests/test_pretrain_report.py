@@ -409,3 +409,59 @@ def test_packaged_weights_tried_first_are_found_and_compared_seed_by_seed():
     assert rehearsal.shared_seeds == len(shared)
     if shared:
         assert rehearsal.max_diff == pytest.approx(max(abs(ours - theirs).loc[shared]))
+
+
+def test_a_sinusoidal_position_run_is_compared_with_the_run_that_kept_the_table(tmp_path):
+    hp = {"tokens_per_update": 4096, "lr": 5e-4, "sample_break_mode": "none",
+          "tapt_fraction": 0.0, "dropout": 0.0}
+    parent = {"continued_from": {"sha256": "aa", "lineage": LINEAGE,
+                                 "run": "data/runs/pretrain/cpu-docbow1"}}
+    sin = _tb_run(tmp_path, "pretrain", "sin", {250: 9.1, 500: 8.0, 750: 6.5},
+                  {"status": "complete", "hyperparameters": {**hp, "position_init": "sinusoidal"},
+                   "extra": parent})
+    kept = _tb_run(tmp_path, "pretrain", "kept", {250: 9.0, 500: 8.9, 1000: 8.8},
+                   {"status": "paused", "hyperparameters": hp, "extra": parent})
+    shorter = _tb_run(tmp_path, "pretrain", "shorter", {250: 9.0},
+                      {"status": "complete", "hyperparameters": hp, "extra": parent})
+    other_lr = _tb_run(tmp_path, "pretrain", "lr", {250: 9.0, 500: 8.9, 750: 8.8, 1000: 8.7},
+                       {"status": "complete", "hyperparameters": {**hp, "lr": 1e-3},
+                        "extra": parent})
+    other_parent = _tb_run(tmp_path, "pretrain", "far", {250: 9.0, 500: 8.9, 750: 8.8, 1000: 8.7},
+                           {"status": "complete", "hyperparameters": hp,
+                            "extra": {"continued_from": {"sha256": "bb"}}})
+    other_seed = _tb_run(tmp_path, "pretrain", "seed", {250: 9.0, 500: 8.9, 750: 8.8, 1000: 8.7},
+                         {"status": "complete", "hyperparameters": hp, "extra": parent, "seed": 4})
+    for run in (sin, kept, shorter, other_lr, other_parent):
+        run.manifest["seed"] = 3
+    records = [sin, kept, shorter, other_lr, other_parent, other_seed]
+    assert pp.position_init_runs(records) == [sin]
+    assert pp.continued_run(sin) == "cpu-docbow1" and pp.continued_run(other_parent) is None
+    # the same weights, batch, learning rate and samples, the table kept; the longest such run
+    assert pp.position_control(sin, records) is kept
+    assert pp.position_control(sin, [sin, other_lr, other_parent, other_seed]) is None
+    table = pp.position_comparison(sin, kept)
+    assert table["update"].tolist() == [250, 500]  # the updates both validated at
+    assert table["tokens (M)"].tolist() == pytest.approx([250 * 4096 / 1e6, 500 * 4096 / 1e6])
+    assert table["difference (bits)"].tolist() == pytest.approx([0.1, -0.9], abs=1e-5)
+    assert table[pp.KEPT_BITS].tolist() == pytest.approx([9.0, 8.9])
+    assert set(table["sinusoids"]) == {"`sin`"} and set(table["table kept"]) == {"`kept`"}
+    # the plateau's by-device counts are of tables as trained; sinusoid starts are counted apart
+    # a run that continues the sinusoid run's weights inherits its table's start
+    after = _tb_run(tmp_path, "pretrain", "after", {250: 6.0},
+                    {"status": "complete", "hyperparameters": hp, "seed": 4,
+                     "extra": {"continued_from": {"sha256": "cc", "lineage": [
+                         *LINEAGE, {"run": "data/runs/pretrain/sin", "tokens": 4096}]}}})
+    plateau = pp.plateau_table([sin, kept, after], unigram=10.0)
+    assert plateau.set_index("run")[pp.POSITIONS].to_dict() == {
+        "`pretrain/sin`": "sinusoidal", "`pretrain/kept`": "kept",
+        "`pretrain/after`": "sinusoidal (sin)"}
+    seen = pp.plateau_facts(plateau)
+    assert (seen.left, seen.left_cpu, seen.left_sinusoidal) == (2, 0, 2)
+    assert seen.left_sinusoidal_from_m == pytest.approx((8_192_000 + 4096 + 250 * 4096) / 1e6)
+
+
+def test_fine_tuned_sources_are_read_from_the_candidate_runs():
+    tuned = pc.fine_tuned_sources()
+    # cpu-long3 was fine-tuned from a checkpoint it saved on its way, cpu-long4 never was
+    assert {"pretrain/cpu-long3", "pretrain/cpu-docbow1", "pretrain/cpu-sinpos1-bow"} <= tuned
+    assert "pretrain/cpu-long4" not in tuned and "pretrain/cpu-sinpos1" not in tuned

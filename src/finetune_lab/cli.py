@@ -30,6 +30,7 @@ COMMAND_MODULES: list[str] = [
     "finetune_lab.data.binarize",
     "finetune_lab.data.pretrain_corpus",
     "finetune_lab.book.data_summary",
+    "finetune_lab.book.fill_mask",
     "finetune_lab.runs.registry",
     "finetune_lab.book.freeze",
     "finetune_lab.train.lora_qa",

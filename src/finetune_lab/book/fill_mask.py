@@ -1,15 +1,28 @@
 """The committed checkpoint asked to fill masks, live, and how often it answers with the corpus's
 most frequent pieces: what a model on the masked-LM plateau does whatever the context.
+
+Weights that are not committed (a candidate under ``data/work/``) are asked once, by
+``finetune-lab fill-mask``, and their answers kept in ``data/summaries/fill-mask/``, so that the
+book can show them on a machine that does not have those weights.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
+import time
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from finetune_lab.models.checkpoints import DICT_FILE, load_hub_model, packaged_dir
+from finetune_lab._files import sha256_file, utc_now, write_json_atomic
+from finetune_lab.config import paths
+from finetune_lab.errors import UserError
+from finetune_lab.models.checkpoints import DICT_FILE, MODEL_FILE, load_hub_model, packaged_dir
 from finetune_lab.render_cache import per_render
+from finetune_lab.runs.manifest import device_info, environment_info, portable_path
 
 DEMO_SENTENCES = (
     "Ce livre est vraiment <mask>.",
@@ -22,12 +35,14 @@ DEMO_SENTENCES = (
 
 
 @per_render
-def fill_mask_table(sentences: tuple[str, ...] = DEMO_SENTENCES, topk: int = 5) -> pd.DataFrame:
-    """Top-k completions of each sentence, computed now on CPU from the committed checkpoint."""
+def fill_mask_table(sentences: tuple[str, ...] = DEMO_SENTENCES, topk: int = 5,
+                    folder: Path | None = None) -> pd.DataFrame:
+    """Top-k completions of each sentence, computed now on CPU from a packaged checkpoint (the
+    committed one by default)."""
     import torch
 
     torch.manual_seed(0)
-    hub = load_hub_model()
+    hub = load_hub_model(folder)
     rows = []
     for sentence in sentences:
         for rank, (filled, prob, token) in enumerate(hub.fill_mask(sentence, topk=topk), 1):
@@ -65,3 +80,48 @@ def fill_mask_reading(df: pd.DataFrame, n: int = 20) -> dict[str, int]:
                  for sentence, piece in zip(top1["sentence"], top1["predicted piece"]))
     return {"sentences": len(top1), "frequent": int(top1["predicted piece"].isin(frequent).sum()),
             "n": n, "copied": int(copied)}
+
+
+def fill_mask_dir() -> Path:
+    """``data/summaries/fill-mask/``: the answers of weights the project does not commit."""
+    return paths().summaries / "fill-mask"
+
+
+def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None) -> Path:
+    """Ask the packaged weights in ``folder`` to fill :data:`DEMO_SENTENCES` and write
+    ``<out_dir>/<name>.json``: which weights (path and sha256), the answers, when and where."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only")
+    folder = Path(folder)
+    start = time.monotonic()
+    table = fill_mask_table(folder=folder)
+    result = {"schema": 1, "name": name,
+              "checkpoint": {"path": portable_path(folder / MODEL_FILE),
+                             "sha256": sha256_file(folder / MODEL_FILE)},
+              "predictions": table.to_dict(orient="records"),
+              "time": utc_now(), "wall_time_s": round(time.monotonic() - start, 1),
+              "environment": environment_info(), "device": device_info()}
+    out = Path(out_dir or fill_mask_dir()) / f"{name}.json"
+    write_json_atomic(out, result)
+    return out
+
+
+def recorded_fill_masks(out_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Every record of :func:`record_fill_mask`, by name, with its answers as a table."""
+    found = {}
+    for path in sorted(Path(out_dir or fill_mask_dir()).glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        record["table"] = pd.DataFrame(record["predictions"])
+        found[record["name"]] = record
+    return found
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "fill-mask", help="ask packaged weights to fill the book's masked sentences; keep the "
+                          "answers in data/summaries/fill-mask/NAME.json")
+    p.add_argument("--checkpoint", type=Path, required=True,
+                   help="packaged checkpoint folder (model.pt, dict.txt, manifest.json)")
+    p.add_argument("--name", required=True, help="record name (the weights' name in the book)")
+    p.set_defaults(func=lambda a: print(f"fill-mask: {record_fill_mask(a.checkpoint, a.name)}")
+                   or 0)

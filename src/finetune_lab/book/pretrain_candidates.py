@@ -368,3 +368,16 @@ def packaged_rehearsal(runs_root: Path | None = None) -> Rehearsal | None:
                          default=None),
             threads=threads)
     return None
+
+
+def fine_tuned_sources(runs_root: Path | None = None) -> set[str]:
+    """``experiment/name`` of every pretraining run whose weights (its last, or a checkpoint it
+    saved on its way) a candidate experiment fine-tuned, read from the fine-tuning manifests."""
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    found = set()
+    for experiment in candidate_experiments(root):
+        for rec in discover_runs(root, [experiment], check_inputs=False):
+            source = ((rec.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}
+            if source.get("run"):
+                found.add(str(source["run"]).split("data/runs/")[-1])
+    return found

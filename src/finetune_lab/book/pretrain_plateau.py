@@ -11,6 +11,15 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from finetune_lab.models.checkpoints import MANIFEST_FILE, MODEL_FILE, packaged_dir
+from finetune_lab.models.position_init import (
+    PADDING_IDX,
+    POSITIONS_KEY,
+    neighbour_similarity,
+    sinusoidal_table,
+)
+from finetune_lab.models.trust import load_trusted
+from finetune_lab.render_cache import per_render
 from finetune_lab.runs.fairseq_logs import log_rates
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.tblogs import event_scalars
@@ -22,6 +31,12 @@ ESCAPE_BITS = 3.0
 """A run has left the plateau once its held-out loss is this far under the unigram entropy: the
 plateau lies 1 to 1.5 bits under it (what token frequencies and positions alone are worth), and
 the H100 runs fell from there to 5 bits and below within a few hundred updates."""
+KEPT_BITS, SINE_BITS = "table kept (bits)", "sinusoids (bits)"
+"""The held-out losses :func:`position_comparison` sets side by side."""
+POSITIONS = "positions"
+"""The column of :func:`plateau_table` that says how a run's position table started: ``kept``
+(as the weights it continues had it, or fairseq's random initialisation), ``sinusoidal``, or
+``sinusoidal (NAME)`` for weights that continue those of a run NAME that started so."""
 LEFT = "left the plateau at (M tokens)"
 """The column of :func:`plateau_table` that says where a run left the plateau (NaN: not yet)."""
 
@@ -76,6 +91,23 @@ def token_curves(records: list[RunRecord], subsets: tuple[str, ...] = ("valid",)
         columns=["run", "status", "device", "subset", "tokens", "bits"])
 
 
+def position_start(rec: RunRecord, records: list[RunRecord]) -> str:
+    """:data:`POSITIONS` of ``rec``: from its own hyperparameters, else from the runs behind
+    its weights (its lineage, as run paths), the nearest first."""
+
+    def own(r: RunRecord) -> str | None:
+        return ((r.manifest or {}).get("hyperparameters") or {}).get("position_init")
+
+    if own(rec) == "sinusoidal":
+        return "sinusoidal"
+    by_path = {f"data/runs/{r.experiment}/{r.name}": r for r in records}
+    for step in reversed(_continued(rec).get("lineage") or []):
+        behind = by_path.get(str(step.get("run") or ""))
+        if behind is not None and own(behind) == "sinusoidal":
+            return f"sinusoidal ({behind.name})"
+    return "kept"
+
+
 def plateau_table(records: list[RunRecord], unigram: float | None) -> pd.DataFrame:
     """One row per run: device, batch, learning rate, loaders, throughput, tokens behind the
     weights, last held-out losses, and the tokens at which the novels' loss first fell
@@ -100,6 +132,7 @@ def plateau_table(records: list[RunRecord], unigram: float | None) -> pd.DataFra
                        else str(man.get("status"))),
             "weights": weights_state(rec),
             "device": "GPU" if rec.experiment == GPU_EXPERIMENT else "CPU",
+            POSITIONS: position_start(rec, records),
             "tokens per update": int(hp.get("tokens_per_update") or 0),
             "lr": hp.get("lr"), "loaders": hp.get("num_workers", 1),
             "tokens/s": rate.get("tokens_per_s"),
@@ -115,8 +148,10 @@ class PlateauFacts:
     """What :func:`plateau_table` shows: how many runs stayed on the plateau (``stuck``) and how
     low and how far they got, how many left it, where and how far they went, how many of those
     lost their weights, the most tokens behind a CPU run, and the runs still in progress;
-    then the same for the runs that left it, by device (``left_cpu``, ``left_gpu``: how many, and
-    the tokens at which they left). A bound is None where no run is of its kind."""
+    then the same for the runs that left it with their position table as trained, by device
+    (``left_cpu``, ``left_gpu``: how many, and the tokens at which they left), and for those
+    that started from sinusoids (``left_sinusoidal``). A bound is None where no run is of its
+    kind."""
 
     runs: int
     stuck: int
@@ -137,6 +172,8 @@ class PlateauFacts:
     left_gpu_to_m: float | None = None
     in_progress_left: tuple[str, ...] = ()
     stranded: tuple[str, ...] = ()
+    left_sinusoidal: int = 0
+    left_sinusoidal_from_m: float | None = None
 
 
 def plateau_facts(table: pd.DataFrame) -> PlateauFacts:
@@ -146,6 +183,8 @@ def plateau_facts(table: pd.DataFrame) -> PlateauFacts:
     left = table.dropna(subset=[LEFT])
     stuck = table[table[LEFT].isna()]
     cpu = table[table["device"] == "CPU"]
+    sines = left[left[POSITIONS].str.startswith("sinusoidal")]
+    kept = left[left[POSITIONS] == "kept"]  # the by-device counts: tables as trained
 
     def bound(part: pd.DataFrame, col: str, how: str) -> float | None:
         return float(getattr(part[col], how)()) if len(part) else None
@@ -161,14 +200,15 @@ def plateau_facts(table: pd.DataFrame) -> PlateauFacts:
         cpu_most_tokens_m=bound(cpu, "tokens behind (M)", "max"),
         in_progress=tuple(str(r).strip("`") for r in table.loc[table["weights"] == "in progress",
                                                                "run"]),
-        left_cpu=int((left["device"] == "CPU").sum()),
-        left_cpu_from_m=bound(left[left["device"] == "CPU"], LEFT, "min"),
-        left_gpu=int((left["device"] == "GPU").sum()),
-        left_gpu_from_m=bound(left[left["device"] == "GPU"], LEFT, "min"),
-        left_gpu_to_m=bound(left[left["device"] == "GPU"], LEFT, "max"),
+        left_cpu=int((kept["device"] == "CPU").sum()),
+        left_cpu_from_m=bound(kept[kept["device"] == "CPU"], LEFT, "min"),
+        left_gpu=int((kept["device"] == "GPU").sum()),
+        left_gpu_from_m=bound(kept[kept["device"] == "GPU"], LEFT, "min"),
+        left_gpu_to_m=bound(kept[kept["device"] == "GPU"], LEFT, "max"),
         in_progress_left=tuple(str(r).strip("`") for r in left.loc[left["weights"] == "in progress",
                                                                   "run"]),
-        stranded=tuple(str(r).strip("`") for r in table.loc[table["weights"] == STRANDED, "run"]))
+        stranded=tuple(str(r).strip("`") for r in table.loc[table["weights"] == STRANDED, "run"]),
+        left_sinusoidal=len(sines), left_sinusoidal_from_m=bound(sines, LEFT, "min"))
 
 
 def plot_plateau(records: list[RunRecord], unigram: float | None):
@@ -213,3 +253,73 @@ def plateau_display(table: pd.DataFrame) -> pd.DataFrame:
         out[col] = out[col].map(num(fmt))
     out[LEFT] = out[LEFT].map(lambda v: "not yet" if v is None or pd.isna(v) else f"{v:.0f}")
     return out
+
+
+def position_init_runs(records: list[RunRecord]) -> list[RunRecord]:
+    """The runs that started from sinusoids written into their weights' position table."""
+    return [r for r in records if ((r.manifest or {}).get("hyperparameters") or {})
+            .get("position_init") == "sinusoidal"]
+
+
+def _continued(rec: RunRecord) -> dict:
+    return ((rec.manifest or {}).get("extra") or {}).get("continued_from") or {}
+
+
+def started_from(rec: RunRecord) -> str | None:
+    """The sha256 of the packaged weights ``rec`` continues (None: a random start)."""
+    return _continued(rec).get("sha256")
+
+
+def continued_run(rec: RunRecord) -> str | None:
+    """The name of the run whose packaged weights ``rec`` continues (None: a random start)."""
+    parent = _continued(rec).get("run")
+    return str(parent).rstrip("/").rsplit("/", 1)[-1] if parent else None
+
+
+def position_control(rec: RunRecord, records: list[RunRecord]) -> RunRecord | None:
+    """The run that continued the same weights with their position table kept, the same
+    tokens per update, peak learning rate, samples and seed (so the same sample order; the
+    longest such run), or None."""
+
+    def hp(r: RunRecord) -> dict:
+        return (r.manifest or {}).get("hyperparameters") or {}
+
+    same = ("tokens_per_update", "lr", "sample_break_mode", "tapt_fraction", "dropout")
+    found = [r for r in records
+             if r is not rec and started_from(r) == started_from(rec)
+             and (r.manifest or {}).get("seed") == (rec.manifest or {}).get("seed")
+             and hp(r).get("position_init") is None
+             and all(hp(r).get(k) == hp(rec).get(k) for k in same)]
+    return max(found, key=lambda r: len(token_curves([r])), default=None)
+
+
+def position_comparison(rec: RunRecord, control: RunRecord) -> pd.DataFrame:
+    """Held-out novels' loss (bits) of a sinusoidal-position run and of its control at the
+    updates both validated at (each counted from the weights they both continue)."""
+
+    def novels(r: RunRecord) -> pd.Series:
+        df = event_scalars(r.path)
+        df = df[(df["subset"] == "valid") & (df["tag"] == "loss")]
+        return df.groupby(df["step"].astype(int))["value"].last().astype(float)
+
+    both = pd.concat({"kept": novels(control), "sinusoidal": novels(rec)}, axis=1,
+                     join="inner").sort_index()
+    per_update = int(rec.manifest["hyperparameters"]["tokens_per_update"])
+    return pd.DataFrame({"sinusoids": f"`{rec.name}`", "table kept": f"`{control.name}`",
+                         "update": both.index.to_numpy(),
+                         "tokens (M)": both.index.to_numpy() * per_update / 1e6,
+                         KEPT_BITS: both["kept"].to_numpy(), SINE_BITS: both["sinusoidal"].to_numpy(),
+                         "difference (bits)": (both["sinusoidal"] - both["kept"]).to_numpy()})
+
+
+@per_render
+def position_similarity(lags: tuple[int, ...] = (1, 50)) -> dict[str, dict[int, float]]:
+    """Mean cosine similarity of position rows ``lag`` apart, in the committed checkpoint's
+    table and in a sinusoidal table of the same shape (what ``--position-init`` writes)."""
+    folder = packaged_dir()
+    table = load_trusted(folder / MODEL_FILE, [folder / MANIFEST_FILE])["model"][POSITIONS_KEY]
+    sines = table.double().clone()
+    first = PADDING_IDX + 1  # the row of position 0
+    sines[first:] = sinusoidal_table(table.shape[0] - first, table.shape[1])
+    return {"committed": {lag: neighbour_similarity(table, lag) for lag in lags},
+            "sinusoidal": {lag: neighbour_similarity(sines, lag) for lag in lags}}

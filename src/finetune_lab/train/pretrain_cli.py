@@ -14,7 +14,7 @@ from pathlib import Path
 from finetune_lab.argtypes import non_negative_int, positive_float, positive_int, resolved_path
 from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
-from finetune_lab.models import checkpoints, trust
+from finetune_lab.models import checkpoints, position_init, trust
 from finetune_lab.train.pretrain import pretrain
 from finetune_lab.train.pretrain_lineage import checkpoint_metadata
 from finetune_lab.train.pretrain_long import pretrain_long
@@ -50,6 +50,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also train <s> to predict its sample's bag of words, with this weight "
                         "per sample against one masked token (default 0: masked LM alone); "
                         "needs --sample-break-mode eos")
+    p.add_argument("--position-init", choices=position_init.CHOICES, default="keep",
+                   help="with --tokens and --continue-from: keep the weights' position table "
+                        "(default), or write sinusoids into it before the first update, scaled "
+                        "to the word embeddings (the table stays learned; see the pretraining "
+                        "chapter's plateau section)")
     p.add_argument("--stop-minutes", type=float,
                    help="with --max-update: also stop (and save) when this much time has passed")
     p.add_argument("--seed", type=non_negative_int,
@@ -111,6 +116,8 @@ def _run(args: argparse.Namespace) -> int:
     launch = Launch(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                     node_rank=args.node_rank, master_addr=args.master_addr,
                     master_port=args.master_port)
+    if args.position_init != "keep" and args.tokens is None:
+        raise UserError("--position-init needs a long run (--tokens N --continue-from DIR)")
     if args.tokens is not None:
         run_dir = pretrain_long(run=args.run or f"{d['device']}-long", tokens=int(args.tokens),
                                 continue_from=args.continue_from, seed=args.seed,
@@ -118,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
                                 recipe=replace(recipe, validate_every=250),
                                 precision=args.precision, segment_minutes=args.segment_minutes,
                                 package=not args.no_package, package_to=args.package_to,
-                                launch=launch)
+                                launch=launch, position_init=args.position_init)
         print(f"pretrain: run recorded in {run_dir}")
         return 0
     run_dir = pretrain(max_update=args.max_update, minutes=args.minutes or args.stop_minutes,

@@ -24,6 +24,7 @@ from finetune_lab.config import paths
 from finetune_lab.data import pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
+from finetune_lab.models import position_init as position_inits
 from finetune_lab.runs.fairseq_logs import line_stat
 from finetune_lab.runs.manifest import device_info, portable_path, read_manifest
 from finetune_lab.runs.recording import record_run, run_fairseq_train
@@ -136,6 +137,7 @@ def pretrain_long(
     package_to: Path | None = None,
     quiet: bool = False,
     launch: Launch = Launch(),
+    position_init: str = "keep",
 ) -> Path:
     """Run (or resume) the long run ``run`` until its budget is spent or this segment's time is.
 
@@ -143,6 +145,8 @@ def pretrain_long(
     refused (a different run needs another name). ``segment_minutes`` (or ``segment_updates``)
     ends this launch early, resumable. When the budget is spent, the final weights (the end of
     the decay) are packaged, to ``package_to`` or the committed checkpoint's folder.
+    ``position_init="sinusoidal"`` writes sinusoids into the continued weights' position table
+    before the first update (:mod:`~finetune_lab.models.position_init`).
     """
     defaults = device_defaults()
     recipe = recipe or default_recipe()
@@ -163,6 +167,12 @@ def pretrain_long(
     recipe = replace(recipe, max_update=total)
     phases = plan_phases(total, general, tapt, tapt_fraction)
     parent = continuation_source(Path(continue_from), general) if continue_from else None
+    if position_init not in position_inits.CHOICES:
+        raise UserError(f"--position-init must be one of {', '.join(position_inits.CHOICES)} "
+                        f"(got {position_init!r})")
+    if position_init != "keep" and parent is None:
+        raise UserError("--position-init sinusoidal rewrites the weights a run continues: "
+                        "give them with --continue-from DIR")
     if seed is None:  # as `pretrain`: never replay the samples the weights were trained on
         seed = 1 + (len(parent["lineage"]) if parent is not None else 0)
 
@@ -174,6 +184,8 @@ def pretrain_long(
              **launch.hyperparameters(per_process),
              "budget_tokens": int(tokens), "tapt_fraction": tapt_fraction,
              "phases": phase_records(phases)}
+    if position_init != "keep":  # absent from the runs before the option, which kept them
+        hyper["position_init"] = position_init
     root = Path(runs_root) if runs_root is not None else paths().runs
     run_manifest = root / EXPERIMENT / run / "manifest.json"
     if point is not None and not run_manifest.is_file():
@@ -189,9 +201,11 @@ def pretrain_long(
     write_json_atomic(root / EXPERIMENT / EXPERIMENT_CONFIG, experiment_config(recipe))
 
     init_copy = save_dir / "init_model.pt"
+    extra: dict[str, Any] = {"calibration": None}
     if parent is not None and point is None:
         shutil.copyfile(parent["path"], init_copy)
-    extra: dict[str, Any] = {"calibration": None}
+        if position_init == "sinusoidal":
+            extra["position_init"] = position_inits.write_sinusoidal_positions(init_copy)
     if parent is not None:
         extra["continued_from"] = {k: parent[k] for k in ("sha256", "run", "lineage")}
     env = {trust.TRUSTED_DIRS_ENV: str(save_dir)}

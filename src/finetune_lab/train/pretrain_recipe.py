@@ -67,7 +67,7 @@ class PretrainRecipe:
 VARYING = ("num_workers", "batch_size", "update_freq", "tokens_per_update", "max_update", "warmup_updates",
            "validate_every", "max_valid_steps", "log_interval", "precision", "budget_minutes", "lr", "arch",
            "dropout", "attention_dropout", "budget_tokens", "tapt_fraction", "phases",
-           "world_size", "sample_break_mode", "bow_weight")
+           "world_size", "sample_break_mode", "bow_weight", "position_init")
 """Hyperparameters that legitimately differ between pretraining runs (device, budget, and what
 the recipe ablations vary); the MLM recipe itself (masking, optimizer, sample length) must not."""
 
