@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --tokens and --continue-from: keep the weights' position table "
                         "(default), or write sinusoids into it before the first update, scaled "
                         "to the word embeddings (the table stays learned; see the pretraining "
-                        "chapter's plateau section)")
+                        "chapter's Positions section)")
     p.add_argument("--stop-minutes", type=float,
                    help="with --max-update: also stop (and save) when this much time has passed")
     p.add_argument("--seed", type=non_negative_int,
