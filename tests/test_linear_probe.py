@@ -86,10 +86,18 @@ def test_the_objective_ablation_reads_both_runs_from_the_cache():
     # the ablation's pair, and the candidate that ran the same objective after sinusoids
     assert weights == {"`pretrain/cpu-docbow1`": 8.0, "`pretrain/cpu-docmlm1`": 0.0,
                        "`pretrain/cpu-sinpos1-bow`": 8.0}
+    parents = dict(zip(table["run"], table["continues"]))
+    assert parents == {"`pretrain/cpu-docbow1`": "pretrain/cpu-seed1",
+                       "`pretrain/cpu-docmlm1`": "pretrain/cpu-seed1",
+                       "`pretrain/cpu-sinpos1-bow`": "pretrain/cpu-sinpos1"}
     probes = {name: json.loads((lp.probe_dir() / f"{name}.json").read_text())["probes"]
               for name in ("cpu-docbow1", "cpu-docmlm1")}
     reading = prp.objective_reading(table)
+    # paired by start and budget, not by table order (the packaged cpu-sinpos1-bow comes first)
     assert reading.weight == 8.0 and reading.bag == "`pretrain/cpu-docbow1`"
+    assert reading.control == "`pretrain/cpu-docmlm1`"
+    alone = table[table["run"] != "`pretrain/cpu-docmlm1`"]
+    assert prp.objective_reading(alone) is None  # no control shares cpu-sinpos1-bow's start
     assert reading.probe_s == pytest.approx(probes["cpu-docbow1"]["<s>"]["test_accuracy"]
                                             - probes["cpu-docmlm1"]["<s>"]["test_accuracy"])
     # whole-line updates hold fewer tokens than the 4,096 a full batch of 256-token samples does
@@ -97,16 +105,27 @@ def test_the_objective_ablation_reads_both_runs_from_the_cache():
 
 
 def test_weights_fine_tuned_twice_count_each_seed_once():
-    """The packaged checkpoint's weights were first fine-tuned as a candidate
-    (``fairseq-candidate-9``), then again by the grid once packaged: the same weights (sha256)
-    and seeds, which the probe table must not count twice."""
+    """The packaged checkpoint's weights were first fine-tuned as a candidate (the experiment
+    :func:`packaged_rehearsal` finds), then again by the grid once packaged: the same weights
+    (sha256) and seeds, which the probe table must not count twice."""
+    from finetune_lab.book import pretrain_replacement as prl
     from finetune_lab.book import probe_report as prp
+    from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
     from finetune_lab.runs.registry import discover_runs
-    from finetune_lab.runs.run_inputs import recorded_checkpoint_sha
+    from finetune_lab.runs.run_inputs import cached_sha256, recorded_checkpoint_sha
 
-    seeds = {r.seed for r in discover_runs(None, ["fairseq", "fairseq-candidate-9"])
-             if r.valid and r.init == "pretrained"
-             and recorded_checkpoint_sha(r.manifest) == json.loads(
-                 (lp.probe_dir() / "cpu-docbow1.json").read_text())["checkpoint"]["sha256"]}
-    row = prp.probe_table().set_index("weights").loc["cpu-docbow1"]
-    assert seeds and row["fine-tuned (%)"].endswith(f"(n={len(seeds)})")
+    sha = cached_sha256(packaged_dir() / MODEL_FILE)
+    rehearsal = prl.packaged_rehearsal()
+    assert rehearsal is not None
+    seeds = {experiment: {r.seed for r in discover_runs(None, [experiment])
+                          if r.valid and r.init == "pretrained"
+                          and recorded_checkpoint_sha(r.manifest) == sha}
+             for experiment in ("fairseq", rehearsal.experiment)}
+    assert all(seeds.values())  # both experiments fine-tuned these very weights
+    probed = [json.loads(p.read_text()) for p in lp.probe_dir().glob("*.json")]
+    name = next(p["name"] for p in probed if p["init"] != "random"
+                and p["checkpoint"]["sha256"] == sha)
+    row = prp.probe_table().set_index("weights").loc[name]
+    both = set().union(*seeds.values())
+    assert row["fine-tuned (%)"].endswith(f"(n={len(both)})")
+    assert len(both) < sum(len(s) for s in seeds.values())  # some seed was run twice

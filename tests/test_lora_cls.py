@@ -263,6 +263,18 @@ def test_full_row_comes_from_the_transformers_runs_when_checked(tiny, tiny_runs,
     assert "each agrees with the LoRA runs' pinned recipe" in text
     assert lora_cls_report.gaps_to_full(loaded)["method"].tolist() == ["lora-qv"]
     assert "**Not run yet:** `lora-attn`, `qlora-qv`, so" in text
+    # runs of a method made from an earlier checkpoint: that method waits for a re-run
+    from finetune_lab.runs.registry import RunRecord
+    from finetune_lab.runs.tblogs import LoadedRuns
+
+    stale = RunRecord(path=root / "lora" / "lora-attn-seed0", experiment="lora",
+                      name="lora-attn-seed0", manifest={"hyperparameters": {"method": "lora-attn"}},
+                      problems=["the checkpoint was replaced"], stale_checkpoint="0" * 64)
+    text = lora_cls_report.state_markdown(LoadedRuns(scalars=loaded.scalars,
+                                                     runs=[*loaded.runs, stale]))
+    assert ("**To be re-run:** `lora-attn` (their runs were made from an earlier stand-in "
+            "checkpoint, listed below), so the table has no row for it;") in text
+    assert "**Not run yet:** `qlora-qv`, so the table has no row for it;" in text
     # two seeds of the three planned: each row says which seed it lacks
     assert lora_cls_report.seeds_missing(loaded) == {"lora-qv": [2], "full": [2]}
     assert ("**Fewer seeds than planned** (3 per method): `lora-qv` lacks seed 2; `full` lacks "

@@ -101,6 +101,19 @@ def test_fill_mask_answers_of_uncommitted_weights_are_kept(tiny_pretrain, tmp_pa
         assert part["probability"].is_monotonic_decreasing and part["probability"].sum() <= 1
     with pytest.raises(UserError, match="--name"):
         fm.record_fill_mask(tiny_pretrain["packaged"], "../x", out_dir=tmp_path)
+    # once these weights are the committed file, their record is told apart from the others
+    records = fm.recorded_fill_masks(tmp_path)
+    mine, others = fm.split_committed(records, folder=tiny_pretrain["packaged"])
+    assert list(mine) == ["tiny"] and others == {}
+    mine, others = fm.split_committed(records, folder=tmp_path / "elsewhere")
+    assert mine == {} and list(others) == ["tiny"]
+    live = fm.fill_mask_table(folder=tiny_pretrain["packaged"])
+    assert fm.differing_answers(table, live) == 0  # the same weights answer the same
+    changed = live.copy()
+    changed.loc[0, "predicted piece"] = "zzz"
+    changed.loc[1, "probability"] += 0.02
+    assert fm.differing_answers(table, changed) == 2
+    assert fm.differing_answers(table, live.iloc[1:]) == 1
 
 
 def test_unlisted_checkpoint_is_refused(tmp_path):

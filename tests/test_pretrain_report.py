@@ -4,6 +4,7 @@ ablations, long runs and plateau read from the run cache, and each candidate's v
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -13,6 +14,7 @@ from finetune_lab.book import pretrain_candidates as pc
 from finetune_lab.book import pretrain_curves as pcu
 from finetune_lab.book import pretrain_plateau as pp
 from finetune_lab.book import pretrain_report as pr
+from finetune_lab.book import pretrain_replacement as prl
 
 LINEAGE = [{"run": "data/runs/pretrain/cpu-seed1", "updates": 1600, "tokens": 6_553_600},
            {"run": "data/runs/pretrain/cpu-seed1-c1", "updates": 400, "tokens": 1_638_400}]
@@ -124,14 +126,14 @@ def test_replacement_cost_counts_the_runs_built_on_the_checkpoint():
     runs = [NS(experiment="lora", manifest={"wall_time_s": 3600}),
             NS(experiment="fairseq", manifest={"wall_time_s": 1800}),
             NS(experiment="lora", manifest={"wall_time_s": 1800})]
-    cost = pc.replacement_cost(runs)
+    cost = prl.replacement_cost(runs)
     assert (cost.runs, cost.hours) == (3, 2.0)
     assert list(cost.by_experiment.items()) == [("fairseq", 1), ("lora", 2)]
 
 
 def test_the_committed_runs_on_the_checkpoint_are_the_pretrained_ones():
     """fairseq pretrained, Transformers pretrained and LoRA runs; never random, never pretraining."""
-    recs = pc.runs_on_checkpoint()
+    recs = prl.runs_on_checkpoint()
     assert recs and all(r.init != "random" for r in recs)
     assert {r.experiment for r in recs} <= {"fairseq", "transformers", "lora"}
 
@@ -239,7 +241,19 @@ def test_accuracy_against_tokens_draws_every_fine_tuned_weights():
     # every candidate's verdict is one the chapter words
     verdicts = {pc.candidate_verdict(row) for _, row in table.iloc[1:].iterrows()}
     assert verdicts and verdicts <= {"not fine-tuned", "one seed", "package", "below the bar",
-                                     "beats the packaged", "neither"}
+                                     "beats the packaged", "neither", "continued"}
+    # the weights the packaged checkpoint went on from keep their row when a candidate
+    # experiment fine-tuned them, marked as such; the packaged run itself is not a candidate
+    lineage = {str(step["run"]).split("data/runs/")[-1] for step in runs.checkpoint["lineage"]}
+    for _, row in table.iloc[1:].iterrows():
+        run = row["run"].strip("`").split("`")[0]
+        assert (row["weights"] == pc.CONTINUED) == (run in lineage)
+        assert (pc.candidate_verdict(row) == "continued") == (run in lineage)
+        assert run != f"{runs.latest.experiment}/{runs.latest.name}"
+    tuned_behind = lineage & pc.fine_tuned_sources() - {
+        f"{runs.latest.experiment}/{runs.latest.name}"}
+    shown = {r.strip("`").split("`")[0] for r in table["run"]}
+    assert tuned_behind and tuned_behind <= shown
 
 
 def test_fill_mask_reading_counts_the_frequent_top_predictions(monkeypatch):
@@ -386,7 +400,17 @@ def test_the_packaged_checkpoints_pretraining_is_said_next_to_its_results():
     hp = json.loads((PROJECT_ROOT / budget.run / "manifest.json").read_text())["hyperparameters"]
     assert budget.task_adaptive == (hp.get("tapt_fraction", 0) >= 1)
     assert budget.bow_weight == hp.get("bow_weight", 0)
-    assert (pb.checkpoint_caveat(budget) != "") == (budget.task_adaptive or budget.bow_weight > 0)
+    assert (pb.checkpoint_caveat(budget) != "") == (
+        budget.task_adaptive or budget.bow_weight > 0 or budget.sinusoids_in is not None)
+    # the position table's restart is read from the run behind the weights that made it
+    restarted = pb.PretrainBudget(**{**plain.__dict__, "sinusoids_in": "cpu-x"})
+    assert "sinusoids partway (in `cpu-x`" in pb.checkpoint_caveat(restarted)
+    lineage = json.loads((PROJECT_ROOT / "data/checkpoints/roberta-small-fr/manifest.json")
+                         .read_text())["lineage"]
+    wrote = [Path(step["run"]).name for step in lineage if json.loads(
+        (PROJECT_ROOT / step["run"] / "manifest.json").read_text())["hyperparameters"].get(
+        "position_init") == "sinusoidal"]
+    assert budget.sinusoids_in == (wrote[-1] if wrote else None)
 
 
 def test_packaged_weights_tried_first_are_found_and_compared_seed_by_seed():
@@ -396,7 +420,7 @@ def test_packaged_weights_tried_first_are_found_and_compared_seed_by_seed():
     from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
     from finetune_lab.runs.run_inputs import cached_sha256, recorded_checkpoint_sha
 
-    rehearsal = pc.packaged_rehearsal()
+    rehearsal = prl.packaged_rehearsal()
     assert rehearsal is not None
     tried = fr.load_results(None, rehearsal.experiment)
     sha = cached_sha256(packaged_dir() / MODEL_FILE)

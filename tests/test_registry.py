@@ -334,6 +334,30 @@ def test_a_trainer_that_logged_done_but_hangs_is_ended_and_the_run_counts(tmp_pa
     assert "exit_forced" not in mf.read_manifest(runs_root / EXPERIMENT / "quick")
 
 
+
+def test_a_log_replaced_under_a_running_trainer_does_not_end_it(tmp_path: Path) -> None:
+    """A ``git stash`` during a run put an earlier run's complete log (done marker and all) at
+    ``train.log``; the launcher read that path, took the marker for its trainer's, and killed it
+    mid-run. The watch reads the file the trainer writes to, whatever is at the path since."""
+    from finetune_lab.runs.recording import FAIRSEQ_DONE, record_run
+
+    runs_root, finished = tmp_path / "runs", tmp_path / "finished"
+    log = runs_root / EXPERIMENT / "replaced" / "train.log"
+    trainer = ("import os, time\n"
+               "print('epoch 1', flush=True)\n"
+               f"os.replace({str(log)!r} + '.old', {str(log)!r})\n"
+               "time.sleep(4)\n"
+               f"open({str(finished)!r}, 'w').write('yes')\n")
+    with record_run(EXPERIMENT, "replaced", framework="fairseq", init="random", seed=1,
+                    hyperparameters={"lr": 1e-3}, runs_root=runs_root) as h:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        (log.parent / "train.log.old").write_text(f"| {FAIRSEQ_DONE} 9.0 seconds\n")
+        code = h.run([sys.executable, "-c", trainer], done_marker=FAIRSEQ_DONE,
+                     exit_grace_s=0.5)
+    assert code == 0 and finished.read_text() == "yes"
+    assert "exit_forced" not in mf.read_manifest(runs_root / EXPERIMENT / "replaced")
+
+
 def test_a_run_from_a_converted_model_names_the_checkpoint_behind_it(tmp_path: Path,
                                                                       monkeypatch) -> None:
     """Transformers and LoRA runs read a converted model in the git-ignored work dir, so its
@@ -427,3 +451,10 @@ def test_a_conversion_by_another_transformers_version_keeps_the_runs(tmp_path: P
     config.save_pretrained(hf)
     rec = record()
     assert not rec.valid and f"hash mismatch: checkpoint file {hf / 'config.json'}" in rec.reason
+    # a converted model is a run's data as well as its checkpoint: one change, one problem,
+    # with the checkpoint's reason
+    man["inputs"]["data"].append({"path": str(hf),
+                                  "sha256": dict(man["inputs"]["checkpoint"]["sha256"])})
+    mf.write_manifest(run, man)
+    about = [p for p in record().problems if "config.json" in p]
+    assert len(about) == 1 and about[0].startswith("hash mismatch: checkpoint file")

@@ -4,7 +4,10 @@ or ``--epochs 0`` is a one-line usage error, not a fairseq traceback and a faile
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
+
+from finetune_lab.errors import UserError
 
 
 def non_negative_int(text: str) -> int:
@@ -32,3 +35,11 @@ def resolved_path(text: str) -> Path:
     """A path resolved against the current directory now, so that a step that runs a tool in
     another folder (``fairseq-preprocess`` runs in a scratch folder) still finds it."""
     return Path(text).expanduser().resolve()
+
+
+def record_name(name: str) -> str:
+    """``--name`` of a record kept as ``<folder>/<name>.json`` (a probe, a fill-mask): a file
+    name, never a path, so that a record cannot land outside its folder."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only")
+    return name

@@ -17,9 +17,9 @@ from typing import Any
 
 import pandas as pd
 
+from finetune_lab.argtypes import record_name
 from finetune_lab._files import sha256_file, utc_now, write_json_atomic
 from finetune_lab.config import paths
-from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import DICT_FILE, MODEL_FILE, load_hub_model, packaged_dir
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs.manifest import device_info, environment_info, portable_path
@@ -90,8 +90,7 @@ def fill_mask_dir() -> Path:
 def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None) -> Path:
     """Ask the packaged weights in ``folder`` to fill :data:`DEMO_SENTENCES` and write
     ``<out_dir>/<name>.json``: which weights (path and sha256), the answers, when and where."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only")
+    record_name(name)
     folder = Path(folder)
     start = time.monotonic()
     table = fill_mask_table(folder=folder)
@@ -114,6 +113,27 @@ def recorded_fill_masks(out_dir: Path | None = None) -> dict[str, dict[str, Any]
         record["table"] = pd.DataFrame(record["predictions"])
         found[record["name"]] = record
     return found
+
+
+def split_committed(records: dict[str, dict[str, Any]], folder: Path | None = None
+                    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """:func:`recorded_fill_masks` split in two: the records of the committed ``model.pt`` (the
+    same sha256: weights asked before they were packaged), and the others."""
+    model = Path(folder or packaged_dir()) / MODEL_FILE
+    sha = sha256_file(model) if model.is_file() else None
+    mine = {n: r for n, r in records.items() if r["checkpoint"]["sha256"] == sha}
+    return mine, {n: r for n, r in records.items() if n not in mine}
+
+
+def differing_answers(recorded: pd.DataFrame, live: pd.DataFrame) -> int:
+    """How many (sentence, rank) answers of a record differ from the live table's, by piece or
+    by probability as the tables show it (two decimals); an answer one side lacks differs."""
+    def keyed(df: pd.DataFrame) -> dict[tuple[str, int], tuple[str, float]]:
+        return {(s, int(r)): (piece, round(float(prob), 2)) for s, r, piece, prob in
+                zip(df["sentence"], df["rank"], df["predicted piece"], df["probability"])}
+
+    a, b = keyed(recorded), keyed(live)
+    return sum(a.get(k) != b.get(k) for k in a.keys() | b.keys())
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

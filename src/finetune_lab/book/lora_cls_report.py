@@ -253,10 +253,17 @@ def state_markdown(loaded: LoadedRuns | None) -> str:
                      + f", so {'its row stands' if len(short) == 1 else 'their rows stand'} "
                      "on fewer runs; the same command makes the missing ones.")
         missing = [m for m in DEFAULT_METHODS if m not in methods]
-        if missing:
-            text += (f"\n\n**Not run yet:** {', '.join(f'`{m}`' for m in missing)}, so the "
-                     f"table has no row for {'it' if len(missing) == 1 else 'them'}; "
-                     f"`{run_command(missing)}` makes the runs.")
+        # a method whose runs were all made from an earlier checkpoint was run: it waits for a
+        # re-run from the current one
+        stale = {method_of(r) for r in loaded.excluded if r.stale_checkpoint}
+        for heading, which, why in (
+                ("To be re-run", [m for m in missing if m in stale],
+                 " (their runs were made from an earlier stand-in checkpoint, listed below)"),
+                ("Not run yet", [m for m in missing if m not in stale], "")):
+            if which:
+                text += (f"\n\n**{heading}:** {', '.join(f'`{m}`' for m in which)}{why}, so "
+                         f"the table has no row for {'it' if len(which) == 1 else 'them'}; "
+                         f"`{run_command(which)}` makes the runs.")
     if loaded is not None and loaded.excluded:
         text += "\n\nExcluded from the table:\n\n" + exclusions_markdown(loaded.runs)
     return text

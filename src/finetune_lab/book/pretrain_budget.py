@@ -49,6 +49,9 @@ class PretrainBudget:
     bow_weight: float = 0.0
     whole_lines: bool = False
     tapt_passes: float | None = None
+    sinusoids_in: str | None = None
+    """The run of the lineage that wrote sinusoids into the learned position table
+    (``pretrain --position-init sinusoidal``), if one did."""
 
     @property
     def tokens_seen(self) -> int | None:
@@ -154,7 +157,20 @@ def pretrain_budget(runs_root: Path | None = None,
         runs_behind=max(len(lineage), 1),
         task_adaptive=float(hp.get("tapt_fraction") or 0.0) >= 1.0,
         bow_weight=float(hp.get("bow_weight") or 0.0), whole_lines=whole_lines,
-        tapt_passes=updates / per_epoch if updates and per_epoch else None)
+        tapt_passes=updates / per_epoch if updates and per_epoch else None,
+        sinusoids_in=next((Path(str(step["run"])).name for step in reversed(lineage)
+                           if _position_init(step.get("run")) == "sinusoidal"), None))
+
+
+def _position_init(run: str | None) -> str | None:
+    """``hyperparameters.position_init`` of a lineage step's run (None when unrecorded)."""
+    if not run or not (resolve_stored_path(run) / "manifest.json").is_file():
+        return None
+    try:
+        return (read_manifest(resolve_stored_path(run)).get("hyperparameters") or {}).get(
+            "position_init")
+    except ManifestError:
+        return None
 
 
 def checkpoint_tag(budget: PretrainBudget | None) -> str:
@@ -168,7 +184,8 @@ def checkpoint_tag(budget: PretrainBudget | None) -> str:
 def checkpoint_caveat(budget: PretrainBudget | None) -> str:
     """How the stand-in's pretraining departs from a pretrained model in the usual sense, said
     next to the results it gives (empty when it does not)."""
-    if budget is None or not (budget.task_adaptive or budget.bow_weight > 0):
+    if budget is None or not (budget.task_adaptive or budget.bow_weight > 0
+                              or budget.sinusoids_in):
         return ""
     what = []
     if budget.task_adaptive:
@@ -177,9 +194,15 @@ def checkpoint_caveat(budget: PretrainBudget | None) -> str:
                     "reviews)")
     if budget.bow_weight > 0:
         what.append("it was trained to summarise each text at `<s>`, the position the "
-                    "classifier reads, with a self-supervised bag-of-words objective")
-    return ("The stand-in is not pretrained quite as the course's model was: " + ", and ".join(what)
-            + " (@sec-pretrain-summary).")
+                    "classifier reads, with a self-supervised bag-of-words objective "
+                    "(@sec-pretrain-summary)")
+    if budget.sinusoids_in:
+        what.append(f"its learned position table was restarted from sinusoids partway (in "
+                    f"`{budget.sinusoids_in}`, @sec-pretrain-positions)")
+    # the clauses hold commas, so three or more are set apart by semicolons
+    joined = (", and ".join(what) if len(what) < 3
+              else "; ".join(what[:-1]) + "; and " + what[-1])
+    return f"The stand-in is not pretrained quite as the course's model was: {joined}."
 
 
 def fmt(value: float | None, spec: str = ",.0f", suffix: str = "") -> str:

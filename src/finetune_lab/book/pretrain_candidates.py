@@ -7,8 +7,6 @@ the fairseq grid's, and says which verdict each set of weights earns. The chapte
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +22,12 @@ from finetune_lab.book.pretrain_report import (
     valid_curve,
 )
 from finetune_lab.config import paths
-from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.registry import RunRecord, discover_runs
-from finetune_lab.runs.run_inputs import cached_sha256, recorded_checkpoint_sha
-from finetune_lab.runs.runspeed import device_threads
 from finetune_lab.runs.tblogs import event_scalars
-from finetune_lab.train.finetune_fairseq import candidate_experiments, candidate_index
+from finetune_lab.train.finetune_fairseq import candidate_experiments
 from finetune_lab.train.pretrain_lineage import lineage_of
-from finetune_lab.train.pretrain_recipe import EXPERIMENT, tapt_start
+from finetune_lab.train.pretrain_recipe import tapt_start
 
 PACKAGE_MARGIN = 5.0
 """Points over random initialisation (its 95 % Welch interval above 0 as well) that weights must
@@ -57,13 +52,31 @@ def finetuning_verdict(runs_root: Path | None = None) -> str:
     return text
 
 
-def candidates(runs: PretrainRuns) -> list[RunRecord]:
-    """Valid pretraining runs that are not behind the packaged checkpoint (not in its lineage):
-    weights tried, not (or not yet) adopted."""
+CANDIDATE = "candidate (not packaged)"
+CONTINUED = "continued by the packaged"
+"""The ``weights`` of a candidate-table row: weights tried and not (or not yet) adopted, or
+weights in the packaged checkpoint's lineage whose own fine-tuning a candidate experiment holds
+(an earlier package, say): the packaged weights went on from them."""
+
+
+def candidates(runs: PretrainRuns, runs_root: Path | None = None) -> list[RunRecord]:
+    """Valid pretraining runs other than the packaged checkpoint's own: those not behind it (not
+    in its lineage), and those behind it that a candidate experiment fine-tuned, whose results
+    stay points on the way (:data:`CONTINUED`)."""
     package = runs.checkpoint or {}
     behind = {str(step.get("run") or "") for step in package.get("lineage") or []}
-    behind = (behind | {str(package.get("run") or "")}) - {""}
-    return [r for r in runs.used if not any(str(r.path).endswith(b) for b in behind)]
+    own = str(package.get("run") or "")
+    behind = (behind | {own}) - {""}
+    tuned = fine_tuned_sources(runs_root)
+    return [r for r in runs.used
+            if not any(str(r.path).endswith(b) for b in behind)
+            or (f"{r.experiment}/{r.name}" in tuned and not (own and str(r.path).endswith(own)))]
+
+
+def is_behind(runs: PretrainRuns, rec: RunRecord) -> bool:
+    """Whether ``rec`` is in the packaged checkpoint's lineage (its weights were continued)."""
+    lineage = (runs.checkpoint or {}).get("lineage") or []
+    return any(step.get("run") and str(rec.path).endswith(str(step["run"])) for step in lineage)
 
 
 def _probe_runs(best: pd.DataFrame, records: list[RunRecord], source_run: str) -> pd.DataFrame:
@@ -128,7 +141,7 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
     probe_best = pd.concat([t.best for t in tried if t.ready] or [pd.DataFrame()])
     probe_records = [r for t in tried for r in t.loaded.runs]
     # a run still in progress is a candidate once weights it saved have been fine-tuned
-    cands = candidates(runs) + [
+    cands = candidates(runs, runs_root) + [
         r for r in runs.runs if not r.valid and r.status in ("paused", "running")
         and _tuned_source(probe_records, f"{r.experiment}/{r.name}") is not None]
     if not cands or runs.latest is None:
@@ -148,7 +161,7 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
         name = f"{rec.experiment}/{rec.name}"
         facts = _facts_at_checkpoint(runs, rec, facts_of(runs, rec, lineage),
                                      _tuned_source(probe_records, name))
-        entries.append(("candidate (not packaged)", rec, facts,
+        entries.append((CONTINUED if is_behind(runs, rec) else CANDIDATE, rec, facts,
                         _probe_runs(probe_best, probe_records, name)))
     for role, rec, facts, tuned in entries:
         switch = tapt_start(rec.manifest["hyperparameters"])
@@ -202,7 +215,10 @@ def candidate_verdict(row: pd.Series) -> str:
     ``"not fine-tuned"``; ``"one seed"`` (no Welch interval yet); ``"package"`` (beats random
     by a margin the seeds show and by :data:`PACKAGE_MARGIN` points); ``"below the bar"``
     (beats random, by less); ``"beats the packaged"`` (beats the packaged checkpoint, not
-    random); ``"neither"``."""
+    random); ``"neither"``; ``"continued"`` for weights the packaged checkpoint went on from
+    (:data:`CONTINUED`), whatever their fine-tuning showed."""
+    if row["weights"] == CONTINUED:
+        return "continued"
     if row["n fine-tuned"] == 0:
         return "not fine-tuned"
     if pd.isna(row["ci_low"]):
@@ -256,32 +272,6 @@ def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def runs_on_checkpoint(runs_root: Path | None = None) -> list[RunRecord]:
-    """Valid runs that started from the packaged checkpoint (fairseq from ``model.pt``, the
-    Transformers and LoRA runs from its conversion): what replacing it sets aside."""
-    root = runs_root or paths().runs
-    return [r for r in discover_runs(root) if r.valid
-            and r.experiment != EXPERIMENT and candidate_index(r.experiment) is None
-            and ((r.manifest or {}).get("inputs") or {}).get("checkpoint")]
-
-
-@dataclass(frozen=True)
-class ReplacementCost:
-    """What replacing the packaged checkpoint sets aside: the runs built on it, by experiment
-    (in name order), and their recorded run time."""
-
-    runs: int
-    by_experiment: dict[str, int]
-    hours: float
-
-
-def replacement_cost(records: list[RunRecord]) -> ReplacementCost:
-    """:class:`ReplacementCost` of :func:`runs_on_checkpoint`'s runs."""
-    by = Counter(r.experiment for r in records)
-    hours = sum(float((r.manifest or {}).get("wall_time_s") or 0) for r in records) / 3600
-    return ReplacementCost(runs=len(records), by_experiment=dict(sorted(by.items())), hours=hours)
-
-
 def random_accuracy(runs_root: Path | None = None) -> tuple[float, float, int] | None:
     """Mean, std and number of seeds of the fairseq grid's random initialisation (test accuracy
     at the best-validation epoch), or None before it has two seeds."""
@@ -320,54 +310,6 @@ def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int
     ax.set_ylabel("test accuracy (%), best-valid epoch")
     ax.legend(frameon=False, fontsize="x-small", loc="lower right")
     return fig
-
-
-@dataclass(frozen=True)
-class Rehearsal:
-    """The packaged weights fine-tuned as a candidate before they were packaged, beside the
-    grid's runs of the packaged file: the same weights (sha256), recipe and seeds."""
-
-    experiment: str
-    tried: str
-    shared_seeds: int
-    max_diff: float | None
-    """The largest difference of test accuracy over the seeds both hold (points)."""
-    threads: str
-    """The CPU threads each side's runs recorded (e.g. "1 and 2"; "" when not all recorded)."""
-
-
-def packaged_rehearsal(runs_root: Path | None = None) -> Rehearsal | None:
-    """The candidate experiment whose pretrained runs started from the packaged checkpoint's
-    very file (None when the packaged weights were never tried first)."""
-    model = packaged_dir() / MODEL_FILE
-    if not model.is_file():
-        return None
-    sha = cached_sha256(model)
-    grid = fr.load_results(runs_root)
-    packaged = (grid.best[grid.best["init"] == "pretrained"].set_index("seed")["test"]
-                if grid.ready else pd.Series(dtype=float))
-    for name in candidate_experiments(runs_root):
-        res = fr.load_results(runs_root, name)
-        seeds = {r.seed for r in res.loaded.runs if r.valid and r.init == "pretrained"
-                 and recorded_checkpoint_sha(r.manifest) == sha}
-        if not res.ready or not seeds:
-            continue
-        tried = res.best[(res.best["init"] == "pretrained") & res.best["seed"].isin(seeds)]
-        test = tried.set_index("seed")["test"].astype(float)
-        shared = sorted(set(test.index) & set(packaged.index))
-        sides = [[r for r in runs.loaded.runs if r.valid and r.init == "pretrained"
-                  and r.seed in shared] for runs in (res, grid)]
-        counts = [sorted({device_threads(r.manifest or {}) for r in side}) for side in sides]
-        threads = (" and ".join("/".join(f"{t:g}" for t in c) for c in counts)
-                   if all(c and not any(pd.isna(c)) for c in counts) else "")
-        return Rehearsal(
-            experiment=name,
-            tried=seedstats.fmt_mean_std(test.mean(), test.std(ddof=1), len(test)),
-            shared_seeds=len(shared),
-            max_diff=max((abs(float(test[s]) - float(packaged[s])) for s in shared),
-                         default=None),
-            threads=threads)
-    return None
 
 
 def fine_tuned_sources(runs_root: Path | None = None) -> set[str]:

@@ -93,7 +93,7 @@ def objective_table(cand: pd.DataFrame, probes: pd.DataFrame) -> pd.DataFrame:
     the ``<s>`` bag-of-words objective: its weight, the held-out reviews' masked-LM loss, the
     probes of their frozen features and their fine-tuning (from the chapter's candidate and
     probe tables; NaN where a run was not probed or not fine-tuned)."""
-    columns = ["run", "<s> bag-of-words weight", "tokens (M, all runs)",
+    columns = ["run", "continues", "<s> bag-of-words weight", "tokens (M, all runs)",
                "tokens per update (measured)", "valid loss, reviews (bits)", "probe on <s> (%)", "probe on the mean (%)",
                "fine-tuned (%)", "fine-tuned mean", "minus random (points)", "ci_low", "ci_high"]
     if cand.empty or "samples" not in cand:
@@ -102,7 +102,8 @@ def objective_table(cand: pd.DataFrame, probes: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, c in cand[cand["samples"] == "whole lines"].iterrows():
         probe = probed.get(c["run"].strip("`").split(" ")[0].split("/")[-1])
-        rows.append([c["run"], c["bag weight"], c["tokens (M, all runs)"],
+        rows.append([c["run"], c["continued"] if isinstance(c["continued"], str) else "",
+                     c["bag weight"], c["tokens (M, all runs)"],
                      c["tokens per update (measured)"], c["valid loss, reviews (bits)"],
                      float("nan") if probe is None else probe["probe on <s> (%)"],
                      float("nan") if probe is None else probe["probe on the mean (%)"],
@@ -129,12 +130,17 @@ class ObjectiveReading:
 
 
 def objective_reading(table: pd.DataFrame) -> ObjectiveReading | None:
-    """The first bag-of-words run against the first control, or None until both are recorded."""
+    """The first bag-of-words run against its control: a run without the objective that
+    continues the same weights with the same budget (the same tokens behind it); None until
+    such a pair is recorded."""
     bag = table[table["<s> bag-of-words weight"] > 0]
     control = table[table["<s> bag-of-words weight"] == 0]
-    if bag.empty or control.empty:
+    pairs = [(b, c) for _, b in bag.iterrows() for _, c in control.iterrows()
+             if b["continues"] == c["continues"]
+             and abs(b["tokens (M, all runs)"] - c["tokens (M, all runs)"]) < 0.05]
+    if not pairs:
         return None
-    b, c = bag.iloc[0], control.iloc[0]
+    b, c = pairs[0]
     return ObjectiveReading(
         bag=b["run"], control=c["run"], weight=float(b["<s> bag-of-words weight"]),
         probe_s=float(b["probe on <s> (%)"] - c["probe on <s> (%)"]),

@@ -105,14 +105,14 @@ class RunHandle:
         mf.write_manifest(self.run_dir, self.manifest)
         self.log_path = self.run_dir / TRAIN_LOG
         full_env = {**os.environ, **(env or {})}
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "a+b") as log:  # readable: the done-marker watch reads it
             start = log.tell()
             proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
                 preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
             )
             try:
-                returncode = wait_or_end_after(proc, self.log_path, start, done_marker,
+                returncode = wait_or_end_after(proc, log.fileno(), start, done_marker,
                                                exit_grace_s)
             except BaseException:  # an interrupt: the trainer goes too (as subprocess.run does)
                 proc.kill()

@@ -21,7 +21,12 @@ from finetune_lab.errors import UserError
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.eventfiles import EventFileError, read_event_file_strict
-from finetune_lab.runs.run_inputs import cached_sha256, check_conversion_source, check_input
+from finetune_lab.runs.run_inputs import (
+    cached_sha256,
+    check_conversion_source,
+    check_input,
+    recorded_files,
+)
 
 if TYPE_CHECKING:  # pandas only for the table: the CLI's run checks start without it
     import pandas as pd
@@ -124,10 +129,12 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
 
     if check_inputs and rec.manifest is not None and not mf.input_shape_problems(
             man.get("inputs")):
+        checkpoint = man["inputs"].get("checkpoint")
+        in_checkpoint = recorded_files(checkpoint) if checkpoint else frozenset()
         for item in man["inputs"].get("data") or []:
-            check_input("data", item, rec)
-        if man["inputs"].get("checkpoint"):
-            check_input("checkpoint", man["inputs"]["checkpoint"], rec)
+            check_input("data", item, rec, skip=in_checkpoint)
+        if checkpoint:
+            check_input("checkpoint", checkpoint, rec)
             check_conversion_source(rec)
     return rec
 

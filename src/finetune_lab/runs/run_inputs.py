@@ -51,10 +51,22 @@ again after such a run is a warning (the run, its curves and its checkpoint stan
 it read), not a reason to exclude it."""
 
 
-def check_input(label: str, record: dict[str, Any], rec: Findings) -> None:
+def recorded_files(record: dict[str, Any]) -> frozenset[Path]:
+    """The files an input record lists (by their sha256), as paths on this machine."""
+    stored, recorded = record.get("path"), record.get("sha256") or {}
+    if not stored or not isinstance(recorded, dict):
+        return frozenset({mf.resolve_stored_path(stored)}) if stored else frozenset()
+    root = mf.resolve_stored_path(stored)
+    return frozenset(root if rel == "." else root / rel for rel in recorded)
+
+
+def check_input(label: str, record: dict[str, Any], rec: Findings,
+                skip: frozenset[Path] = frozenset()) -> None:
     """Compare an input with what the run recorded; the differences are problems, except for
-    the corpus of a run whose product is weights (:data:`CORPUS_EXPERIMENTS`): warnings."""
-    found = input_differences(label, record, rec)
+    the corpus of a run whose product is weights (:data:`CORPUS_EXPERIMENTS`): warnings.
+    ``skip``: files another input checks (a converted model is both a run's data and its
+    checkpoint), so that one change is reported once."""
+    found = input_differences(label, record, rec, skip)
     if label == "data" and rec.experiment in CORPUS_EXPERIMENTS:
         rec.warnings += [f"the corpus was prepared again after the run, so this run stands for "
                          f"the corpus it read, not the current one: {p.split('; ')[0]}"
@@ -63,8 +75,10 @@ def check_input(label: str, record: dict[str, Any], rec: Findings) -> None:
         rec.problems += found
 
 
-def input_differences(label: str, record: dict[str, Any], rec: Findings) -> list[str]:
-    """Every way the input differs from the run's record (missing, changed, new files)."""
+def input_differences(label: str, record: dict[str, Any], rec: Findings,
+                      skip: frozenset[Path] = frozenset()) -> list[str]:
+    """Every way the input differs from the run's record (missing, changed, new files), files
+    named as the manifest stores them (relative to the project when inside it)."""
     found: list[str] = []
     stored = record.get("path")
     recorded = record.get("sha256") or {}
@@ -78,8 +92,11 @@ def input_differences(label: str, record: dict[str, Any], rec: Findings) -> list
         recorded = {k: v for k, v in recorded.items() if not mf.is_build_record(k)}
     for rel, want in sorted(recorded.items()):
         f = root if rel == "." else root / rel
+        if f in skip:
+            continue
+        shown = stored if rel == "." else f"{str(stored).rstrip('/')}/{rel}"
         if not f.is_file():
-            found.append(f"{label} file {f} recorded by the manifest is missing")
+            found.append(f"{label} file {shown} recorded by the manifest is missing")
             continue
         got = cached_sha256(f)
         if got != want and not same_but_version_stamp(f, want, rec.manifest):
@@ -89,7 +106,7 @@ def input_differences(label: str, record: dict[str, Any], rec: Findings) -> list
             if label == "checkpoint":
                 rec.stale_checkpoint = want
             found.append(
-                f"hash mismatch: {label} file {f} has sha256 {got[:12]}… but the run used "
+                f"hash mismatch: {label} file {shown} has sha256 {got[:12]}… but the run used "
                 f"{want[:12]}…; {why}"
             )
     if root.is_dir():

@@ -57,10 +57,13 @@ def log_tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def wait_or_end_after(proc: subprocess.Popen, log_path: Path, start: int,
+def wait_or_end_after(proc: subprocess.Popen, log_fd: int, start: int,
                        done_marker: str | None, grace_s: float, poll_s: float = 1.0) -> int | None:
     """``proc``'s exit code; None when it logged ``done_marker`` and was killed ``grace_s``
-    later for not exiting (it and its children: data-loading workers)."""
+    later for not exiting (it and its children: data-loading workers). ``log_fd``: a readable
+    descriptor of the very file ``proc`` writes to, read from ``start`` on. Not its path: a
+    file put there during the run (a ``git stash`` or checkout restoring an earlier run's
+    complete log) must not pass for this trainer's output and get it killed mid-run."""
     if done_marker is None:
         return proc.wait()
     marker, seen_at, offset, tail = done_marker.encode(), None, start, b""
@@ -70,9 +73,9 @@ def wait_or_end_after(proc: subprocess.Popen, log_path: Path, start: int,
         except subprocess.TimeoutExpired:
             pass
         if seen_at is None:
-            with open(log_path, "rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
+            chunk = b""
+            while piece := os.pread(log_fd, 1 << 20, offset + len(chunk)):
+                chunk += piece
             offset += len(chunk)
             if marker in tail + chunk:
                 seen_at = time.monotonic()

@@ -10,18 +10,17 @@ classification head reads, and the mean over the review's tokens (which the head
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from finetune_lab.argtypes import record_name
 from finetune_lab._files import sha256_file, utc_now, write_json_atomic
 from finetune_lab.config import paths
 from finetune_lab.data.cls_books import default_output as default_cls_dir
 from finetune_lab.data.cls_books import read_split
-from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import MODEL_FILE, load_hub_model, packaged_dir
 from finetune_lab.runs.manifest import device_info, environment_info, portable_path
 
@@ -98,8 +97,7 @@ def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: i
               cls_dir: Path | None = None, out_dir: Path | None = None) -> Path:
     """Probe the weights in ``checkpoint`` (or a random initialisation of their architecture)
     and write ``<out_dir>/<name>.json`` with what was probed, on what, and the accuracies."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only")
+    record_name(name)
     checkpoint, cls_dir = Path(checkpoint), Path(cls_dir or default_cls_dir())
     out = Path(out_dir or probe_dir()) / f"{name}.json"
     splits = {split: read_split(cls_dir, split) for split in ("train", "valid", "test")}
