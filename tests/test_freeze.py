@@ -229,3 +229,18 @@ def test_machine_local_inputs_gone_on_a_clean_clone_are_no_change(tmp_path: Path
     (root / "data" / "summary.json").unlink()  # a tracked-side input gone still counts
     (stale,) = fz.check_freeze(root)
     assert "data/summary.json (removed)" in stale.describe()
+
+
+def test_the_pretraining_chapter_declares_every_run_it_counts_as_built_on_the_checkpoint():
+    """The chapter says what replacing the checkpoint would set aside: runs of every experiment
+    (the LoRA ones too). Their manifests must be among its declared inputs, or new runs leave
+    its frozen count stale while check-freeze stays clean (it once said 6 runs, not 8)."""
+    from finetune_lab.book.pretrain_replacement import runs_on_checkpoint
+    from finetune_lab.config import PROJECT_ROOT
+
+    declared = ci.hash_inputs(PROJECT_ROOT, ci.declared_inputs(
+        PROJECT_ROOT / "chapters" / "pretraining.qmd"))
+    counted = {(r.path / "manifest.json").relative_to(PROJECT_ROOT).as_posix()
+               for r in runs_on_checkpoint()}
+    assert {r.split("/")[2] for r in counted} >= {"fairseq", "transformers", "lora"}
+    assert counted <= set(declared)

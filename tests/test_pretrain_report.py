@@ -475,10 +475,16 @@ def test_a_sinusoidal_position_run_is_compared_with_the_run_that_kept_the_table(
                     {"status": "complete", "hyperparameters": hp, "seed": 4,
                      "extra": {"continued_from": {"sha256": "cc", "lineage": [
                          *LINEAGE, {"run": "data/runs/pretrain/sin", "tokens": 4096}]}}})
-    plateau = pp.plateau_table([sin, kept, after], unigram=10.0)
+    # a lineage stored with an absolute path (a run cache outside the project) names it alike
+    moved = _tb_run(tmp_path, "pretrain", "moved", {250: 6.0},
+                    {"status": "complete", "hyperparameters": hp, "seed": 4,
+                     "extra": {"continued_from": {"sha256": "dd", "lineage": [
+                         *LINEAGE, {"run": "/elsewhere/runs/pretrain/sin", "tokens": 4096}]}}})
+    plateau = pp.plateau_table([sin, kept, after, moved], unigram=10.0)
     assert plateau.set_index("run")[pp.POSITIONS].to_dict() == {
         "`pretrain/sin`": "sinusoidal", "`pretrain/kept`": "kept",
-        "`pretrain/after`": "sinusoidal (sin)"}
+        "`pretrain/after`": "sinusoidal (sin)", "`pretrain/moved`": "sinusoidal (sin)"}
+    plateau = plateau[plateau["run"] != "`pretrain/moved`"]
     seen = pp.plateau_facts(plateau)
     assert (seen.left, seen.left_cpu, seen.left_sinusoidal) == (2, 0, 2)
     assert seen.left_sinusoidal_from_m == pytest.approx((8_192_000 + 4096 + 250 * 4096) / 1e6)

@@ -23,6 +23,7 @@ from finetune_lab.runs.registry import (
     exclusions_markdown,
     runs_table,
     valid_runs,
+    validate_run,
 )
 from finetune_lab.runs.tblogs import load_scalars
 
@@ -356,6 +357,28 @@ def test_a_log_replaced_under_a_running_trainer_does_not_end_it(tmp_path: Path) 
                      exit_grace_s=0.5)
     assert code == 0 and finished.read_text() == "yes"
     assert "exit_forced" not in mf.read_manifest(runs_root / EXPERIMENT / "replaced")
+
+
+def test_a_run_killed_as_done_must_have_reached_its_last_update(tmp_path: Path) -> None:
+    """``exit_forced`` says the launcher killed a trainer after its done marker; a real fairseq
+    run so marked is valid only if its event files reach the recipe's last update."""
+    real = Path("data/runs/fairseq/pretrained-seed0")
+    run = tmp_path / "runs" / "fairseq" / real.name
+    shutil.copytree(real, run)
+    man = mf.read_manifest(run)
+    total = int(man["hyperparameters"]["total_updates"])
+    man["exit_forced"] = "logged 'done training' but had not exited 30 s later: killed"
+    mf.write_manifest(run, man)
+    assert validate_run(run, check_inputs=False).valid  # its valid and test events at `total`
+    man["hyperparameters"]["total_updates"] = total + 225  # an epoch it never ran
+    mf.write_manifest(run, man)
+    rec = validate_run(run, check_inputs=False)
+    assert rec.problems == [f"{run} was killed as done ({man['exit_forced']}), but its event "
+                            f"files stop at update {total:,} of {total + 225:,}: the run did "
+                            "not finish; run it again"]
+    del man["exit_forced"]  # a trainer that exited on its own is not second-guessed here
+    mf.write_manifest(run, man)
+    assert validate_run(run, check_inputs=False).valid
 
 
 def test_a_run_from_a_converted_model_names_the_checkpoint_behind_it(tmp_path: Path,

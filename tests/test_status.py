@@ -42,6 +42,24 @@ def test_results_at_a_glance_without_runs_say_so(tmp_path, monkeypatch):
     assert rest["chapter"].str.contains(r"\(chapters/\w+\.qmd\)").all()
 
 
+def test_results_at_a_glance_round_each_gap_alike():
+    """The committed run cache's Transformers-vs-fairseq row gives the difference and its
+    interval with one decimal each, as the fairseq row does (it once mixed 1 and 2)."""
+    import re
+
+    from finetune_lab.book import hf_compare
+    from finetune_lab.book.glance import glance_table
+
+    rows = glance_table().set_index("question")["result"]
+    gap = hf_compare.framework_gaps(hf_compare.load_comparison()).set_index("init")
+    g = gap.loc["pretrained"]
+    assert rows["Transformers vs fairseq, same recipe (pretrained)"] == (
+        f"{g['difference']:+.1f} points (95 % CI {g['ci_low']:+.1f} to {g['ci_high']:+.1f}), "
+        + ("within" if g["within seed noise"] else "beyond") + " seed noise")
+    fairseq = next(r for q, r in rows.items() if q.startswith("fairseq:"))
+    assert re.search(r"points \(95 % CI [+-]\d+\.\d to [+-]\d+\.\d\)$", fairseq)
+
+
 def test_results_at_a_glance_name_runs_left_behind_by_a_new_checkpoint(tmp_path, monkeypatch):
     """LoRA runs made from an earlier checkpoint are not "not run yet": they wait for a re-run
     (and, all excluded, they leave the LoRA-against-full gaps empty instead of failing)."""

@@ -23,6 +23,7 @@ from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import DICT_FILE, MODEL_FILE, load_hub_model, packaged_dir
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs.manifest import device_info, environment_info, portable_path
+from finetune_lab.runs.run_inputs import cached_sha256
 
 DEMO_SENTENCES = (
     "Ce livre est vraiment <mask>.",
@@ -120,7 +121,7 @@ def split_committed(records: dict[str, dict[str, Any]], folder: Path | None = No
     """:func:`recorded_fill_masks` split in two: the records of the committed ``model.pt`` (the
     same sha256: weights asked before they were packaged), and the others."""
     model = Path(folder or packaged_dir()) / MODEL_FILE
-    sha = sha256_file(model) if model.is_file() else None
+    sha = cached_sha256(model) if model.is_file() else None
     mine = {n: r for n, r in records.items() if r["checkpoint"]["sha256"] == sha}
     return mine, {n: r for n, r in records.items() if n not in mine}
 

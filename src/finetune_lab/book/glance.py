@@ -46,8 +46,7 @@ def glance_table() -> pd.DataFrame:
     fw = hf_compare.framework_gaps(hf_compare.load_comparison())
     pre = fw[(fw["init"] == "pretrained") & fw["difference"].notna()]
     rows.append({"question": "Transformers vs fairseq, same recipe (pretrained)",
-                 "result": (f"{pre['difference'].iloc[0]:+.1f} points (95 % CI "
-                            f"{pre['95 % CI'].iloc[0]}), "
+                 "result": (_gap(*pre[["difference", "ci_low", "ci_high"]].iloc[0]) + ", "
                             + ("within seed noise" if pre["within seed noise"].iloc[0]
                                else "beyond seed noise")) if not pre.empty else "not run yet",
                  "chapter": _link("Transformers", "transformers")})

@@ -274,7 +274,8 @@ def seed_table(comp: Comparison) -> pd.DataFrame:
 def framework_gaps(comp: Comparison, column: str = "test") -> pd.DataFrame:
     """Transformers − fairseq per init (Welch), and whether the gap lies within seed noise.
 
-    "Within seed noise" means the 95 % Welch interval of the difference contains 0.
+    "Within seed noise" means the 95 % Welch interval of the difference contains 0. The
+    interval's ends are also kept as numbers (``ci_low``, ``ci_high``) for other rounding.
     """
     rows = []
     if comp.best.empty:
@@ -295,7 +296,8 @@ def framework_gaps(comp: Comparison, column: str = "test") -> pd.DataFrame:
             continue
         rows.append({"init": init, "difference": g.diff,
                      "95 % CI": f"{g.ci_low:.2f} to {g.ci_high:.2f}", "p": g.p_value,
-                     "within seed noise": bool(g.ci_low <= 0 <= g.ci_high)})
+                     "within seed noise": bool(g.ci_low <= 0 <= g.ci_high),
+                     "ci_low": g.ci_low, "ci_high": g.ci_high})
     return pd.DataFrame(rows)
 
 

@@ -152,12 +152,18 @@ def gaps_markdown(loaded: LoadedRuns | None) -> str:
         f"{abs(g['peak saved (MiB)']):,.0f} MiB under `{g['method']}`"
         for g in gaps.to_dict("records"))
     on_cpu = (gaps["peak device"] == "cpu").all()
+    beyond = [g["method"] for g in gaps.to_dict("records")
+              if g["peak saved (MiB)"] > g["state saved (MiB)"]]
     out.append(f"Freezing the base model saves its gradients and Adam moments "
                f"({TRAINING_STATE_BYTES} bytes per frozen parameter in fp32): up to "
                f"{gaps['state saved (MiB)'].max():,.0f} MiB here. The measured peak {measured}"
                + (": the peak resident set of a CPU process also holds the Python and torch "
                   "runtime, the data and the activations, which LoRA does not shrink."
-                  if on_cpu else "."))
+                  if on_cpu else ".")
+               + (f" Under {', '.join(f'`{m}`' for m in beyond)} it drops by more than "
+                  "freezing saves, so part of that drop is not the method's: a peak also "
+                  "moves with the memory allocator and what else the process held."
+                  if beyond else ""))
     out.append(time_caveat(loaded))
     lora_lrs = sorted({f"{lr:g}" for lr in gaps["lr"]})
     full_lr = f"{gaps['lr full'].iloc[0]:g}"
@@ -240,7 +246,8 @@ def state_markdown(loaded: LoadedRuns | None) -> str:
                      + (f"each agrees with the LoRA runs' pinned recipe (`data/runs/{EXPERIMENT}/"
                         "experiment.json`) in everything but what the methods vary."
                         if any(r.experiment == EXPERIMENT for r in loaded.used) else
-                        "once LoRA runs exist, each is checked against their pinned recipe."))
+                        "once a valid LoRA run is in the cache (none is now), each is checked "
+                        "against the LoRA runs' pinned recipe."))
         elif "full" not in methods:
             text += (f"\n\nNo full fine-tuning run is recorded yet: `{FULL_COMMAND}` makes "
                      "the row.")

@@ -25,6 +25,7 @@ from finetune_lab.models.checkpoints import MANIFEST_FILE, package_manifest, pac
 from finetune_lab.runs.manifest import ManifestError, read_manifest, resolve_stored_path
 from finetune_lab.runs.fairseq_logs import updates_per_epoch
 from finetune_lab.runs.runspeed import device_name
+from finetune_lab.train.pretrain_lineage import sinusoids_in
 from finetune_lab.train.pretrain_recipe import EXPERIMENT as PRETRAIN
 
 
@@ -147,6 +148,7 @@ def pretrain_budget(runs_root: Path | None = None,
     per_epoch = updates_per_epoch(log.read_text(encoding="utf-8", errors="replace")) \
         if log.is_file() else None
     updates = hp.get("max_update")
+    sinus = sinusoids_in(lineage, _position_init)
     return PretrainBudget(
         run=project_path(path), status=str(man.get("status")),
         updates=updates, tokens_per_update=hp.get("tokens_per_update"),
@@ -158,13 +160,12 @@ def pretrain_budget(runs_root: Path | None = None,
         task_adaptive=float(hp.get("tapt_fraction") or 0.0) >= 1.0,
         bow_weight=float(hp.get("bow_weight") or 0.0), whole_lines=whole_lines,
         tapt_passes=updates / per_epoch if updates and per_epoch else None,
-        sinusoids_in=next((Path(str(step["run"])).name for step in reversed(lineage)
-                           if _position_init(step.get("run")) == "sinusoidal"), None))
+        sinusoids_in=Path(sinus).name if sinus else None)
 
 
-def _position_init(run: str | None) -> str | None:
+def _position_init(run: str) -> str | None:
     """``hyperparameters.position_init`` of a lineage step's run (None when unrecorded)."""
-    if not run or not (resolve_stored_path(run) / "manifest.json").is_file():
+    if not (resolve_stored_path(run) / "manifest.json").is_file():
         return None
     try:
         return (read_manifest(resolve_stored_path(run)).get("hyperparameters") or {}).get(

@@ -23,10 +23,11 @@ from finetune_lab.book.pretrain_report import (
 )
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
+from finetune_lab.runs.manifest import portable_path, run_key
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.finetune_fairseq import candidate_experiments
-from finetune_lab.train.pretrain_lineage import lineage_of
+from finetune_lab.train.pretrain_lineage import lineage_keys, lineage_of
 from finetune_lab.train.pretrain_recipe import tapt_start
 
 PACKAGE_MARGIN = 5.0
@@ -64,26 +65,26 @@ def candidates(runs: PretrainRuns, runs_root: Path | None = None) -> list[RunRec
     in its lineage), and those behind it that a candidate experiment fine-tuned, whose results
     stay points on the way (:data:`CONTINUED`)."""
     package = runs.checkpoint or {}
-    behind = {str(step.get("run") or "") for step in package.get("lineage") or []}
-    own = str(package.get("run") or "")
-    behind = (behind | {own}) - {""}
+    own = run_key(package["run"]) if package.get("run") else None
+    behind = {*lineage_keys(package.get("lineage") or []), own}
     tuned = fine_tuned_sources(runs_root)
-    return [r for r in runs.used
-            if not any(str(r.path).endswith(b) for b in behind)
-            or (f"{r.experiment}/{r.name}" in tuned and not (own and str(r.path).endswith(own)))]
+    return [r for r in runs.used if r.key not in behind or (r.key in tuned and r.key != own)]
 
 
 def is_behind(runs: PretrainRuns, rec: RunRecord) -> bool:
     """Whether ``rec`` is in the packaged checkpoint's lineage (its weights were continued)."""
-    lineage = (runs.checkpoint or {}).get("lineage") or []
-    return any(step.get("run") and str(rec.path).endswith(str(step["run"])) for step in lineage)
+    return rec.key in lineage_keys((runs.checkpoint or {}).get("lineage") or [])
+
+
+def _source_key(rec: RunRecord) -> str | None:
+    """``experiment/name`` of the pretraining run whose weights a fine-tuning run started from."""
+    source = (((rec.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}).get("run")
+    return run_key(str(source)) if source else None
 
 
 def _probe_runs(best: pd.DataFrame, records: list[RunRecord], source_run: str) -> pd.DataFrame:
     """The best-epoch rows of the fine-tuning runs whose checkpoint came from ``source_run``."""
-    mine = {(r.experiment, r.name) for r in records if r.valid and str(
-        (((r.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}).get("run") or ""
-    ).endswith(source_run)}
+    mine = {(r.experiment, r.name) for r in records if r.valid and _source_key(r) == source_run}
     if best.empty:
         return best
     return best[[(e, r) in mine for e, r in zip(best["experiment"], best["run"])]]
@@ -95,7 +96,7 @@ def _tuned_source(records: list[RunRecord], source_run: str) -> dict[str, Any] |
     run still in progress, behind the run's own latest state)."""
     for r in records:
         source = ((r.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}
-        if r.valid and str(source.get("run") or "").endswith(source_run) and source.get("lineage"):
+        if r.valid and _source_key(r) == source_run and source.get("lineage"):
             return source
     return None
 
@@ -143,7 +144,7 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
     # a run still in progress is a candidate once weights it saved have been fine-tuned
     cands = candidates(runs, runs_root) + [
         r for r in runs.runs if not r.valid and r.status in ("paused", "running")
-        and _tuned_source(probe_records, f"{r.experiment}/{r.name}") is not None]
+        and _tuned_source(probe_records, r.key) is not None]
     if not cands or runs.latest is None:
         return pd.DataFrame()
     grid = fr.load_results(runs_root)
@@ -151,23 +152,24 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
     packaged = grid.best[grid.best["init"] == "pretrained"] if grid.ready else pd.DataFrame()
     rows = []
     entries = [("packaged checkpoint", runs.latest, facts or run_facts(runs), packaged)]
-    last_loss = {}  # run path -> its last validation loss, for a continued run's starting point
+    last_loss = {}  # experiment/name -> its last validation loss, a continued run's start
     for rec in runs.used:
         curve = valid_curve(runs, rec.name)
         if len(curve):
-            last_loss[f"data/runs/{rec.experiment}/{rec.name}"] = float(curve["value"].iloc[-1])
+            last_loss[rec.key] = float(curve["value"].iloc[-1])
     for rec in cands:
-        lineage = lineage_of(rec.manifest, f"data/runs/{rec.experiment}/{rec.name}")
-        name = f"{rec.experiment}/{rec.name}"
+        lineage = lineage_of(rec.manifest, portable_path(rec.path))
         facts = _facts_at_checkpoint(runs, rec, facts_of(runs, rec, lineage),
-                                     _tuned_source(probe_records, name))
+                                     _tuned_source(probe_records, rec.key))
         entries.append((CONTINUED if is_behind(runs, rec) else CANDIDATE, rec, facts,
-                        _probe_runs(probe_best, probe_records, name)))
+                        _probe_runs(probe_best, probe_records, rec.key)))
     for role, rec, facts, tuned in entries:
         switch = tapt_start(rec.manifest["hyperparameters"])
         tapt = switch is not None
         at = f" at update {facts['at_update']:,}" if facts.get("at_update") else ""
         hp = rec.manifest["hyperparameters"]
+        behind = facts["lineage"][-2].get("run") if len(facts["lineage"]) > 1 else None
+        continued = run_key(str(behind)) if behind else None
         row = {"weights": role, "run": f"`{rec.experiment}/{rec.name}`{at}",
                "task-adaptive": "yes: saw the CLS-Books training texts" if tapt else "no",
                "samples": ("whole lines" if hp.get("sample_break_mode", "none") != "none"
@@ -185,11 +187,9 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
                "pk_low": None, "pk_high": None,
                "own updates": facts["updates"],
                "dropout": hp.get("dropout"),
-               "continued": (str(facts["lineage"][-2].get("run") or "").split("data/runs/")[-1]
-                             if len(facts["lineage"]) > 1 else None),
+               "continued": continued,
                "first valid": facts.get("valid_first"),
-               "started at": (last_loss.get(str(facts["lineage"][-2].get("run")))
-                              if len(facts["lineage"]) > 1 else None)}
+               "started at": last_loss.get(continued) if continued else None}
         row["acc mean"] = row["acc std"] = float("nan")
         if len(tuned):
             vals = tuned["test"].astype(float)
@@ -316,10 +316,6 @@ def fine_tuned_sources(runs_root: Path | None = None) -> set[str]:
     """``experiment/name`` of every pretraining run whose weights (its last, or a checkpoint it
     saved on its way) a candidate experiment fine-tuned, read from the fine-tuning manifests."""
     root = Path(runs_root) if runs_root is not None else paths().runs
-    found = set()
-    for experiment in candidate_experiments(root):
-        for rec in discover_runs(root, [experiment], check_inputs=False):
-            source = ((rec.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}
-            if source.get("run"):
-                found.add(str(source["run"]).split("data/runs/")[-1])
-    return found
+    return {key for experiment in candidate_experiments(root)
+            for rec in discover_runs(root, [experiment], check_inputs=False)
+            if (key := _source_key(rec))}

@@ -8,6 +8,7 @@ how many tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -21,8 +22,10 @@ from finetune_lab.models.position_init import (
 from finetune_lab.models.trust import load_trusted
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs.fairseq_logs import log_rates
+from finetune_lab.runs.manifest import run_key
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.tblogs import event_scalars
+from finetune_lab.train.pretrain_lineage import sinusoids_in
 from finetune_lab.train.pretrain_recipe import EXPERIMENT, state_dir
 
 GPU_EXPERIMENT = "pretrain-gpu"
@@ -95,17 +98,16 @@ def position_start(rec: RunRecord, records: list[RunRecord]) -> str:
     """:data:`POSITIONS` of ``rec``: from its own hyperparameters, else from the runs behind
     its weights (its lineage, as run paths), the nearest first."""
 
-    def own(r: RunRecord) -> str | None:
-        return ((r.manifest or {}).get("hyperparameters") or {}).get("position_init")
+    def own(r: RunRecord | None) -> str | None:
+        return (((r.manifest if r else None) or {}).get("hyperparameters") or {}).get(
+            "position_init")
 
     if own(rec) == "sinusoidal":
         return "sinusoidal"
-    by_path = {f"data/runs/{r.experiment}/{r.name}": r for r in records}
-    for step in reversed(_continued(rec).get("lineage") or []):
-        behind = by_path.get(str(step.get("run") or ""))
-        if behind is not None and own(behind) == "sinusoidal":
-            return f"sinusoidal ({behind.name})"
-    return "kept"
+    by_key = {r.key: r for r in records}
+    behind = sinusoids_in(_continued(rec).get("lineage") or [],
+                          lambda run: own(by_key.get(run_key(run))))
+    return f"sinusoidal ({Path(behind).name})" if behind else "kept"
 
 
 def plateau_table(records: list[RunRecord], unigram: float | None) -> pd.DataFrame:

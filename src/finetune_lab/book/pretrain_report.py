@@ -23,6 +23,7 @@ from finetune_lab.book.pretrain_budget import corpus_description
 from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import DICT_FILE, package_manifest, packaged_dir
 from finetune_lab.runs.fairseq_logs import mean_tokens_per_update, updates_per_epoch
+from finetune_lab.runs.manifest import run_key
 from finetune_lab.runs.registry import RunRecord
 from finetune_lab.runs.runspeed import device_name, device_threads
 from finetune_lab.runs.tblogs import LoadedRuns, load_experiments
@@ -65,7 +66,7 @@ class PretrainRuns:
             return None
         source = (self.checkpoint or {}).get("run")
         for rec in used:
-            if source and str(rec.path).endswith(source):
+            if source and rec.key == run_key(source):
                 return rec
         return max(used, key=lambda r: r.manifest.get("end_time") or "")
 

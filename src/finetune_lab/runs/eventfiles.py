@@ -9,7 +9,9 @@ the file and the byte offset of the record it is in.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from finetune_lab.errors import UserError
 
@@ -37,6 +39,12 @@ def read_event_file_strict(path: Path | str) -> int:
 
     Raises :class:`EventFileError` naming the file and the byte offset of the first problem.
     """
+    return sum(1 for _ in strict_events(path))
+
+
+def strict_events(path: Path | str) -> Iterator[Any]:
+    """Every ``Event`` of a TensorBoard event file, each record checked as
+    :func:`read_event_file_strict` says."""
     from tensorboard.compat.proto import event_pb2
     from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
 
@@ -45,22 +53,23 @@ def read_event_file_strict(path: Path | str) -> int:
     if size == 0:
         raise EventFileError(f"event file {p} is empty (0 bytes)")
     reader = pywrap_tensorflow.PyRecordReader_New(str(p))
-    offset, count = 0, 0
+    offset = 0
     try:
         while True:
             try:
                 reader.GetNext()
             except errors.OutOfRangeError:  # a clean end: the last record was complete
-                return count
+                return
             except errors.DataLossError as exc:
                 raise _problem(p, offset, size, exc.message) from None
             body = reader.record()
+            event = event_pb2.Event()
             try:
-                event_pb2.Event().ParseFromString(body)
+                event.ParseFromString(body)
             except Exception as exc:  # protobuf raises DecodeError, a plain Exception subclass
                 raise EventFileError(
                     f"event file {p}: record at byte {offset} is no Event ({exc})") from None
+            yield event
             offset += len(body) + RECORD_OVERHEAD
-            count += 1
     finally:
         reader.file_handle.close()

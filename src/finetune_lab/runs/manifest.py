@@ -81,6 +81,14 @@ def resolve_stored_path(stored: str) -> Path:
     return p if p.is_absolute() else PROJECT_ROOT / p
 
 
+def run_key(stored: str | Path) -> str:
+    """``experiment/name`` of a run folder's path as a manifest stores it (project-relative or
+    absolute), as :attr:`RunRecord.key <finetune_lab.runs.registry.RunRecord.key>` names runs:
+    lineages and checkpoint sources are matched on it, whatever runs root or clone holds them."""
+    p = Path(stored)
+    return f"{p.parent.name}/{p.name}"
+
+
 BUILD_RECORD = "manifest.json"
 """A data folder's own record of how it was built (commands, counts, timings): provenance, not
 data. Run inputs leave it out, so rebuilding identical data does not invalidate the runs."""

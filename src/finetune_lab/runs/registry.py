@@ -20,7 +20,7 @@ from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
-from finetune_lab.runs.eventfiles import EventFileError, read_event_file_strict
+from finetune_lab.runs.eventfiles import EventFileError, strict_events
 from finetune_lab.runs.run_inputs import (
     cached_sha256,
     check_conversion_source,
@@ -59,6 +59,11 @@ class RunRecord:
     @property
     def valid(self) -> bool:
         return not self.problems
+
+    @property
+    def key(self) -> str:
+        """``experiment/name``: what a stored run path reads as (:func:`~finetune_lab.runs.manifest.run_key`)."""
+        return f"{self.experiment}/{self.name}"
 
     @property
     def reason(self) -> str:
@@ -104,13 +109,15 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
     files = mf.event_files(path)
     if not files:
         rec.problems.append(f"no TensorBoard event files under {path} (empty log directory)")
+    last_step = 0
     for f in files:
         try:
-            read_event_file_strict(f)
+            last_step = max(last_step, max((e.step for e in strict_events(f)), default=0))
         except EventFileError as exc:
             rec.problems.append(str(exc))
 
     man = rec.manifest or {}
+    rec.problems += _forced_exit_problems(path, man, last_step)
     outputs = man.get("outputs")
     if man.get("status") == mf.STATUS_COMPLETE and isinstance(outputs, dict):
         present = {f.relative_to(path).as_posix(): f for f in files}
@@ -137,6 +144,18 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
             check_input("checkpoint", checkpoint, rec)
             check_conversion_source(rec)
     return rec
+
+
+def _forced_exit_problems(path: Path, man: dict[str, Any], last_step: int) -> list[str]:
+    """A trainer killed after its log showed the done marker (``exit_forced``) must have got to
+    its recipe's last update: a marker read from anything but its own log once ended a run
+    mid-way, and the manifest said complete."""
+    total = (man.get("hyperparameters") or {}).get("total_updates")
+    if man.get("status") != mf.STATUS_COMPLETE or not man.get("exit_forced") or not total \
+            or last_step >= int(total):
+        return []
+    return [f"{path} was killed as done ({man['exit_forced']}), but its event files stop at "
+            f"update {last_step:,} of {int(total):,}: the run did not finish; run it again"]
 
 
 def _canon(value: Any) -> str:

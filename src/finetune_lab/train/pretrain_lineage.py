@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
 from finetune_lab.models.trust import check_trusted, load_trusted
-from finetune_lab.runs.manifest import portable_path
+from finetune_lab.runs.manifest import portable_path, run_key
 from finetune_lab.train.pretrain_recipe import state_dir
 
 
@@ -65,6 +66,21 @@ def lineage_of(manifest: dict[str, Any], run: str | None) -> list[dict[str, Any]
     earlier = ((manifest.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
     return [*earlier, {"run": run, "updates": done,
                        "tokens": done * int(hp["tokens_per_update"]) if done is not None else None}]
+
+
+def lineage_keys(lineage: list[dict[str, Any]]) -> list[str]:
+    """The runs behind some weights, as ``experiment/name`` (:func:`run_key`), the nearest last:
+    what the book matches against the registry's runs."""
+    return [run_key(str(step["run"])) for step in lineage if step.get("run")]
+
+
+def sinusoids_in(lineage: list[dict[str, Any]],
+                 position_init: Callable[[str], str | None]) -> str | None:
+    """The nearest run behind the weights (as its manifest stores it) whose
+    ``position_init`` was ``sinusoidal``: where the position table was last restarted.
+    ``position_init`` reads it for a stored run path (from disk, or from loaded records)."""
+    return next((str(step["run"]) for step in reversed(lineage)
+                 if step.get("run") and position_init(str(step["run"])) == "sinusoidal"), None)
 
 
 def checkpoint_metadata(source: Path, manifests: list[Path], *,
