@@ -9,6 +9,8 @@ the embedded source view (``code-tools``) are removed first.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -86,3 +88,17 @@ def test_the_render_log_has_no_warning():
                 # stages every Typst package): about the installation, not the book
                 and "typst-gather" not in line]
     assert not warnings, "\n".join(warnings[:10])
+
+
+@rendered
+@pytest.mark.skipif(shutil.which("pdftotext") is None,
+                    reason="poppler's pdftotext is not installed (apt-get install poppler-utils)")
+def test_pdf_references_to_a_chapter_read_chapter_n():
+    """The Typst book numbers a chapter heading "3."; a reference once copied that dot, so a
+    sentence ended "Chapter 3.." and a parenthesis read "(Chapter 2.)"."""
+    pdf = next(SITE.glob("*.pdf"))
+    text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True,
+                          check=True).stdout
+    assert re.search(r"\(Chapter \d+\)", text), "no reference to a chapter in parentheses"
+    wrong = sorted(set(re.findall(r"Chapter \d+\.[.),:;]", text)))
+    assert not wrong, f"chapter references with the heading's dot: {wrong}"
