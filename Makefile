@@ -1,10 +1,14 @@
 # The README's two commands are `make site` and `make test`; both set everything up first.
 VENV ?= .venv
 
-.PHONY: setup site test check-freeze clean experiments
+.PHONY: setup lock site test check-freeze clean experiments
 
 setup:
 	scripts/setup.sh $(VENV)
+
+# Regenerate requirements/lock.txt (and fairseq.txt, uv.txt) from pyproject.toml; see README.
+lock:
+	scripts/lock.sh $(LOCK_ARGS)
 
 site: setup
 	VENV=$(VENV) scripts/render.sh

@@ -209,3 +209,39 @@ def test_cli_prepare_cls(tmp_path, capsys):
     assert cli.main(["prepare-cls", "--data-root", str(data_root()),
                      "--out", str(tmp_path / "c")]) == 0
     assert "train 1800, valid 200, test 2000" in capsys.readouterr().out
+
+
+# --- issue 35 item 11: ratings CLS-Books cannot hold; a data root of the wrong kind ----------
+
+
+@pytest.mark.parametrize("rating", ["6.0", "0", "0.0", "4.5", "-1", "nan", "inf"])
+def test_a_rating_out_of_range_names_file_and_item(tmp_path, rating):
+    """Ratings 6.0 and 0 were accepted silently and labelled 1 and 0; the data has ratings
+    1, 2, 4 and 5 only."""
+    root = _fake_root(tmp_path, _replace_in_item(5, r"<rating>[^<]*</rating>",
+                                                 f"<rating>{rating}</rating>"))
+    with pytest.raises(ClsDataError) as info:
+        prepare_cls(root, tmp_path / "out" / "cls.books")
+    text = str(info.value)
+    assert str(root / BOOKS / "train.review") in text and "item 5" in text
+    assert f"rating {rating} is not one of the ratings CLS-Books holds (1, 2, 4, 5)" in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_data_root_that_is_a_file_says_so(tmp_path, capsys):
+    root = tmp_path / "root"
+    root.write_text("not a folder")
+    assert cli.main(["prepare-cls", "--data-root", str(root), "--out",
+                     str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"data root {root} is a file, not a folder" in err and "does not exist" not in err
+
+
+def test_a_review_file_that_is_a_folder_says_so(tmp_path, capsys):
+    root = _fake_root(tmp_path)
+    (root / BOOKS / "train.review").unlink()
+    (root / BOOKS / "train.review").mkdir()
+    assert cli.main(["prepare-cls", "--data-root", str(root), "--out",
+                     str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "train.review is a folder, not a review file" in err and "does not exist" not in err

@@ -298,13 +298,3 @@ def test_gap_verdict_reads_the_welch_interval(pretrained, verdict):
     text = fr.gap_verdict(seedstats.init_gap(best))
     assert verdict in text and "n = 3 and 3 seeds" in text
     assert "not known yet" in fr.gap_verdict(None)
-
-
-@needs_data_root
-@pytest.mark.slow
-def test_pretraining_chapter_verdict_reads_the_grid(grid):
-    from finetune_lab.book import pretrain_candidates
-
-    text = pretrain_candidates.finetuning_verdict(grid["report_runs"])
-    assert "n = 2 and 2 seeds" in text
-    assert ("beats random initialisation" in text) != ("Until better weights replace it" in text)

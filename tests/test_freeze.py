@@ -51,11 +51,16 @@ def _project(root: Path, grid=None) -> Path:
     return root
 
 
+FROZEN_RESULT = {"engine": "jupyter", "markdown": "Some text.\n", "supporting": [],
+                 "filters": [], "includes": {}}
+"""What Quarto's freeze keeps of an executed chapter (its shape, not its text)."""
+
+
 def _execute(root: Path, chapter: str) -> None:
     """What Quarto does when it executes a chapter with freeze on."""
     out = fz.freeze_entry(root, chapter) / "execute-results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "html.json").write_text(json.dumps({"hash": "x", "result": {}}))
+    (out / "html.json").write_text(json.dumps({"hash": "x", "result": FROZEN_RESULT}))
 
 
 def _render(root: Path, env: dict[str, str]) -> list[str]:
@@ -231,16 +236,99 @@ def test_machine_local_inputs_gone_on_a_clean_clone_are_no_change(tmp_path: Path
     assert "data/summary.json (removed)" in stale.describe()
 
 
-def test_the_pretraining_chapter_declares_every_run_it_counts_as_built_on_the_checkpoint():
-    """The chapter says what replacing the checkpoint would set aside: runs of every experiment
-    (the LoRA ones too). Their manifests must be among its declared inputs, or new runs leave
-    its frozen count stale while check-freeze stays clean (it once said 6 runs, not 8)."""
-    from finetune_lab.book.pretrain_replacement import runs_on_checkpoint
-    from finetune_lab.config import PROJECT_ROOT
+# --- issue 35 item 3: inputs the import closure did not see, and damaged frozen results -----
 
-    declared = ci.hash_inputs(PROJECT_ROOT, ci.declared_inputs(
-        PROJECT_ROOT / "chapters" / "pretraining.qmd"))
-    counted = {(r.path / "manifest.json").relative_to(PROJECT_ROOT).as_posix()
-               for r in runs_on_checkpoint()}
-    assert {r.split("/")[2] for r in counted} >= {"fairseq", "transformers", "lora"}
-    assert counted <= set(declared)
+
+def _frozen_book(root: Path) -> Path:
+    """A book whose chapter imports the package (which holds a data file) and reads runs;
+    rendered once, so the freeze is current."""
+    pkg = root / "src" / "finetune_lab"
+    (pkg / "runs").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "runs" / "__init__.py").write_text("")
+    (pkg / "runs" / "registry.py").write_text("SCHEMA = 'manifest.schema.json'\n")
+    (pkg / "runs" / "manifest.schema.json").write_text('{"type": "object"}\n')
+    (root / "data" / "runs" / "exp" / "r1").mkdir(parents=True)
+    (root / "data" / "runs" / "exp" / "r1" / "manifest.json").write_text("{}")
+    (root / "chapters").mkdir()
+    (root / "chapters" / "c.qmd").write_text(
+        "---\ninputs:\n  - data/runs/**/manifest.json\n  - data/runs/exp/**\n---\n\n"
+        "```{python}\nfrom finetune_lab.runs import registry\n```\n")
+    _render(root, {})
+    assert fz.check_freeze(root) == []
+    return root
+
+
+def test_package_data_is_a_chapter_input(tmp_path: Path, capsys) -> None:
+    """Editing runs/manifest.schema.json made `runs` say "0 valid, 60 excluded" while
+    check-freeze said "up to date": the import closure followed only .py files."""
+    root = _frozen_book(tmp_path)
+    (root / "src" / "finetune_lab" / "runs" / "manifest.schema.json").write_text('{"x": 1}\n')
+    (stale,) = fz.check_freeze(root)
+    assert "src/finetune_lab/runs/manifest.schema.json (changed)" in stale.describe()
+    assert main(["check-freeze", "--project", str(root)]) == 1
+
+
+@pytest.mark.parametrize("how", ["empty run folder", "symlinked run folder", "broken link"])
+def test_run_folders_that_hold_no_file_of_their_own_are_inputs(tmp_path: Path, how: str) -> None:
+    """The registry lists an empty run folder (no manifest) and reads a symlinked one; the
+    freeze hashed only files it found without following links, so neither made it stale."""
+    root = _frozen_book(tmp_path)
+    runs = root / "data" / "runs" / "exp"
+    if how == "empty run folder":
+        (runs / "r2").mkdir()
+        want = "data/runs/exp/r2/ (new)"
+    elif how == "symlinked run folder":
+        elsewhere = tmp_path / "elsewhere" / "r3"
+        elsewhere.mkdir(parents=True)
+        (elsewhere / "manifest.json").write_text('{"run": "r3"}')
+        (runs / "r3").symlink_to(elsewhere, target_is_directory=True)
+        want = "data/runs/exp/r3/manifest.json (new)"
+    else:
+        (runs / "r4").symlink_to(tmp_path / "nowhere")
+        want = "data/runs/exp/r4 (new)"
+    (stale,) = fz.check_freeze(root)
+    assert want in stale.describe()
+
+
+def test_a_symlink_loop_is_read_once(tmp_path: Path) -> None:
+    runs = tmp_path / "data" / "runs" / "exp" / "r1"
+    runs.mkdir(parents=True)
+    (runs / "manifest.json").write_text("{}")
+    (runs / "loop").symlink_to(runs, target_is_directory=True)
+    assert list(ci.hash_inputs(tmp_path, ["data/runs/**"])) == ["data/runs/exp/r1/manifest.json"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "not a record", "figure gone"])
+def test_damaged_frozen_results_are_stale(tmp_path: Path, damage: str, capsys) -> None:
+    """A truncated _freeze/chapters/fairseq/execute-results/html.json passed check-freeze;
+    Quarto then re-executes the chapter, which a publish job without torch cannot do."""
+    root = _frozen_book(tmp_path)
+    results = fz.freeze_entry(root, "chapters/c.qmd") / "execute-results" / "html.json"
+    text = results.read_text()
+    if damage == "truncated":
+        results.write_text(text[: len(text) // 2])
+    elif damage == "empty":
+        results.write_text("")
+    elif damage == "not a record":
+        results.write_text('{"hash": "x", "result": []}')
+    else:
+        record = json.loads(text)
+        record["result"]["markdown"] = "![](c_files/figure-html/fig-1.svg)\n"
+        results.write_text(json.dumps(record))
+    (stale,) = fz.check_freeze(root)
+    assert "frozen results are damaged" in stale.describe()
+    assert main(["check-freeze", "--project", str(root)]) == 1
+    assert "execute-results/html.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("what", ["missing", "a file"])
+def test_check_freeze_on_a_project_that_is_not_there_fails(tmp_path: Path, what: str,
+                                                            capsys) -> None:
+    """`check-freeze --project <missing folder>` said "nothing frozen" and exited 0."""
+    target = tmp_path / "nope"
+    if what == "a file":
+        target.write_text("")
+    assert main(["check-freeze", "--project", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert str(target.name) in err and ("does not exist" in err or "is a file" in err)

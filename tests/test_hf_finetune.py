@@ -33,6 +33,22 @@ def test_every_setting_matches_the_fairseq_recipe():
     assert rows.loc["total updates", "Transformers run"] == "1125"
 
 
+def test_a_warmup_ratio_is_a_float_warmup_steps_rounded_up():
+    """transformers 5 has no ``warmup_ratio``: a float ``warmup_steps`` in [0, 1) is the ratio,
+    and the Trainer rounds ⌈0.06 × 1125⌉ = 68, not the recipe's int(67.5) = 67."""
+    import dataclasses as dc
+
+    from transformers import TrainingArguments
+
+    from finetune_lab.train.hf_defaults import ratio_warmup_steps
+
+    assert "warmup_ratio" not in {f.name for f in dc.fields(TrainingArguments)}
+    assert ratio_warmup_steps(0.06, 1125) == 68 and LAB_RECIPE.warmup_updates(1800) == 67
+    assert ratio_warmup_steps(0.05, 80) == 4  # the FAQ fine-tune's warm-up
+    note = hf_vs_fairseq_defaults().set_index("setting").loc["warm-up updates", "note"]
+    assert "warmup_ratio" not in note and "would give 68" in note
+
+
 def test_token_check_names_the_missing_prepared_data(monkeypatch, tmp_path):
     monkeypatch.setenv(WORK_DIR_ENV, str(tmp_path / "no-work"))
     check = hf_compare.token_check()

@@ -38,6 +38,10 @@ def test_peft_counts_equal_the_formula_for_roberta_small_and_a_tiny_model():
     assert table.loc["lora-attn", "trainable (peft)"] == 4 * 4 * 16 * 1024 + 263_682
     assert table.loc["lora-qv", "peak lr"] == lora_cls.LORA_LR
     assert table.loc["full", "peak lr"] == LAB_RECIPE.lr
+    # one trainable share: trainable over all parameters of the wrapped model, as peft reports
+    # it (the head's saved copy counts in the total): 394,754 / 23,488,004
+    assert lora_cls_report.trainable_share("lora-qv") == pytest.approx(394_754 / 23_488_004)
+    assert f"{100 * lora_cls_report.trainable_share():.2f}" == "1.68"
 
 
 def test_not_run_state_gives_the_exact_command(tmp_path):
@@ -155,14 +159,19 @@ def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs, monkeypatch
     assert list(gaps.index) == ["lora-qv", "lora-attn"]
     mean = per_run.groupby("method")["test"].mean()
     trainable = per_run.groupby("method")["trainable"].max()
+    total = per_run.groupby("method")["total"].max()
     for method in gaps.index:
         g = gaps.loc[method]
         assert g["test gap (points)"] == pytest.approx(mean[method] - mean["full"])
         assert g["ci_low"] <= g["test gap (points)"] <= g["ci_high"]
-        assert g["trainable / full"] == pytest.approx(trainable[method] / trainable["full"])
-        assert 0 < g["trainable / full"] < 1
+        assert g["trainable share"] == pytest.approx(trainable[method] / total[method])
+        assert 0 < g["trainable share"] < 1
+        assert g["test mean"] - g["full mean"] == pytest.approx(g["test gap (points)"])
+    shown = lora_cls_report.gaps_table(loaded)
+    assert shown["difference"].tolist() == ["lora-qv − full", "lora-attn − full"]
+    assert (gaps["n"] == 2).all() and (gaps["n full"] == 2).all()
+    assert shown["LoRA − full (points)"].str.match(r"^[+-]\d+\.\d\d$").all()
     text = lora_cls_report.gaps_markdown(loaded)
-    assert text.count("`full`:") == 2 and "n = 2 and 2 seeds" in text
     assert "LoRA at 0.0005, full fine-tuning at the lab's 1e-05" in text
     # the training state LoRA drops: 12 bytes (fp32 gradient + two Adam moments) per frozen one
     frozen = trainable["full"] - trainable["lora-qv"]

@@ -68,6 +68,20 @@ def test_bnb_table_reads_transformers_docstring():
     assert table.loc["bnb_4bit_quant_type", "transformers default"] == "'fp4'"
     assert table.loc["bnb_4bit_quant_type", "lab value"] == "'nf4'"
     assert "nested quantization" in table.loc["bnb_4bit_use_double_quant", "transformers doc"]
+    # the signature says None, but the constructor makes it float32: the effective default
+    from transformers import BitsAndBytesConfig
+
+    assert BitsAndBytesConfig().bnb_4bit_compute_dtype == torch.float32
+    assert table.loc["bnb_4bit_compute_dtype", "transformers default"] == (
+        "'float32' (None in the signature)")
+    assert table.loc["bnb_4bit_compute_dtype", "lab value"] == "'bfloat16'"
+
+
+def test_every_demonstrated_field_is_explained_in_the_books_words():
+    table = lc.lora_field_table().set_index("field")
+    assert set(lc.FIELD_MEANING) == set(lc.DEMONSTRATED_FIELDS)
+    assert (table["what it does"].str.len() > 0).all()
+    assert "before A" in table.loc["lora_dropout", "what it does"]
 
 
 def test_first_sentence():

@@ -84,6 +84,15 @@ def test_scaling_is_alpha_over_r_and_b_starts_at_zero():
     assert (df["max |Δh − scaling·BAx|"] < 1e-5).all()
 
 
+def test_lora_dropout_acts_on_the_adapter_input_in_training_only():
+    d = lc.dropout_check()
+    assert d["p"] == 0.05
+    assert d["train: max |h1 − h2|"] > 1e-3  # a new mask per pass
+    assert d["train: max |h − formula|"] < 1e-6  # W0 x + scaling · B(A(dropout(x)))
+    assert 0.0 < d["train: share of x zeroed"] < 0.1
+    assert d["eval: max |h1 − h2|"] == 0 and d["eval: max |h − h(dropout 0)|"] == 0
+
+
 def test_labs_printout_is_reproduced():
     out = lc.lab_printout()
     assert out["lab helper"] == ("trainable params: 1572864 || all params: 560787456 || "
@@ -155,3 +164,11 @@ def test_nf4_codebook_equals_bitsandbytes():
     assert four_bit.nf4_codebook() == pytest.approx(four_bit.bnb_nf4_codebook(), abs=1e-6)
     assert four_bit.nf4_matches_bitsandbytes() is True
     assert four_bit.nf4_matches_bitsandbytes(tolerance=0.0) is False  # float32 vs float64 levels
+    # and to the function bitsandbytes builds its table with: 8 positive and 7 negative
+    # normal quantiles from the offset 0.9677083, plus 0 (241 padding zeros in its 256 slots)
+    import numpy as np
+    from bitsandbytes.functional import create_normal_map
+
+    built = np.unique(create_normal_map(offset=four_bit.NF4_OFFSET).numpy())
+    assert len(built) == 16 and (built > 0).sum() == 8 and (built < 0).sum() == 7
+    assert four_bit.nf4_codebook() == pytest.approx(built.tolist(), abs=1e-6)

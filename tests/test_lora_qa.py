@@ -47,6 +47,9 @@ def test_report_without_runs_says_so_and_shows_the_labs_recipe(tmp_path):
     recipe = lora_qa_report.recipe_table().set_index("setting")["value"]
     assert recipe["max_steps"] == "80" and recipe["optim"] == "paged_adamw_8bit"
     assert recipe["generation: temperature"] == "0.7"
+    # transformers 5 has no warmup_ratio: the lab's 0.05 is a float warmup_steps, rounded up
+    assert "warmup_ratio" not in recipe.index
+    assert recipe["warmup_steps"] == "0.05 (a ratio: 4 of the 80 updates)"
 
 
 def test_collator_keeps_eos_as_a_target_when_pad_is_eos():
@@ -121,7 +124,7 @@ def test_lora_qa_runs_on_cpu_end_to_end(tiny_model, tmp_path):
     assert row["run"] == "cpu-test" and row["steps"] == steps and not row["4-bit"]
     assert row["fallbacks"] == len(man["extra"]["fallbacks"])
     text = lora_qa_report.runs_markdown(loaded)
-    assert text.startswith("1 valid run(s)") and "- `cpu-test` (random-weight model): " in text
+    assert text.startswith("1 valid run of `lora-qa` is recorded") and "- `cpu-test` (random-weight model): " in text
     gens = lora_qa_report.generations_table(loaded.used[0])
     assert gens["question"].tolist() == [p.question for p in load_faq()[:2]]
 

@@ -137,3 +137,23 @@ def test_missing_data_root(tmp_path):
     with pytest.raises(DataRootError):
         pc.prepare_pretrain(tmp_path / "nowhere", tiny_tokenizer(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_dapt_preset_reads_no_books_text(tmp_path, monkeypatch):
+    """Issue 37: `--dapt` is the tapt corpus without the task's texts, and says so."""
+    from finetune_lab.cli import main
+
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    args = ["prepare-pretrain", "--data-root", str(data_root()), "--tokenizer",
+            str(tiny_tokenizer()), "--max-novels", "2", "--review-valid", "10", "--workers", "1"]
+    assert main([*args, "--dapt"]) == 0
+    out = pc.dapt_output()
+    manifest = read_json(out / "manifest.json")
+    assert manifest["parameters"]["documents"]["train"] == [
+        f"webis-cls-10/fr/{d}/{f}.review" for d in ("dvd", "music") for f in ("train", "test")]
+    assert manifest["parameters"]["review_repeat"] == 1 and "task_repeat" not in manifest["parameters"]
+    record = pc.corpus_record(out / "bin")
+    assert record["kind"] == "dapt" and record["task_repeat"] == 0
+    assert record["train_sources"] == ["webis-cls-10/fr/dvd", "webis-cls-10/fr/music"]
+    assert pc.corpus_record(tmp_path / "nowhere") is None
+    assert main([*args, "--dapt", "--tapt"]) == 2

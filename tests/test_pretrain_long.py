@@ -187,9 +187,6 @@ def test_a_long_run_can_start_from_sinusoidal_positions(tiny_pipeline, tapt_corp
 
     from finetune_lab.models import position_init
 
-    with pytest.raises(UserError, match="--continue-from"):
-        _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "sin-random",
-              position_init="sinusoidal")
     with pytest.raises(UserError, match="must be one of"):
         _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "sin-bad",
               continue_from=tiny_pipeline["packaged"], position_init="rotary")

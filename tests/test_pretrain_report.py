@@ -83,12 +83,20 @@ def test_only_weights_that_beat_random_by_the_margin_are_packaged():
     assert pc.candidate_verdict(winner.iloc[1]) == "below the bar"
     assert pc.candidate_verdict(_table(None, n=0).iloc[1]) == "not fine-tuned"
     assert pc.candidate_verdict(_table(None, n=1).iloc[1]) == "one seed"
-    shown = pc.candidate_display(_table(-2.0)).set_index("weights")
-    assert shown.loc["candidate (not packaged)", "minus random (points)"] == "+1.00 (CI -2.00 to 5.00)"
-    assert shown.loc["packaged checkpoint", "valid loss, reviews (bits)"] == "n/a"
-    assert shown.loc["packaged checkpoint", "minus packaged (points)"] == "n/a"
-    assert "first valid" not in shown.columns and "own updates" not in shown.columns
-    assert "no weights tried" in pc.candidate_display(_table(0.5).iloc[0:0]).iloc[0, 0]
+    table = _table(-2.0).assign(**{"acc mean": [66.03, 70.0], "acc std": [0.5, 1.0],
+                                   "task-adaptive": ["no", "yes: saw them"],
+                                   "samples": ["256-token stretches", "whole lines"],
+                                   "bag weight": [0.0, 8.0]})
+    tuning = pc.candidate_tuning_display(table).set_index("run")
+    assert tuning.loc["`b`", "− random (points, CI)"] == "+1.0 (-2.0 to 5.0)"
+    assert tuning.loc["`b`", "verdict"] == "beats the packaged, not random"
+    assert tuning.loc["`a`", "verdict"] == "packaged"
+    assert tuning.loc["`a`", "− packaged (points, CI)"] == "–"
+    weights = pc.candidate_weights_display(table).set_index("run")
+    assert weights.loc["`a`", "reviews (bits)"] == "–"
+    assert weights.loc["`b`", "pretraining"] == "`<s>` objective, task texts"
+    assert weights.loc["`a`", "pretraining"] == "masked LM, no task texts"
+    assert "no weights tried" in pc.candidate_tuning_display(table.iloc[0:0]).iloc[0, 0]
 
 
 def test_a_fresh_warm_up_costs_what_the_first_validation_shows():

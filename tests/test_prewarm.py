@@ -109,7 +109,7 @@ def test_pre_render_warms_only_what_quarto_will_execute_and_post_render_stops_it
     freeze.pre_render(project, env, log=lambda *_: None)
     results = freeze.freeze_entry(project, "index.qmd") / "execute-results"
     results.mkdir(parents=True)
-    (results / "html.json").write_text("{}")
+    (results / "html.json").write_text('{"hash": "x", "result": {"markdown": ""}}')
     freeze.post_render(project, log=lambda *_: None)
     assert freeze.check_freeze(project) == []
 

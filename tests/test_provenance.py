@@ -42,8 +42,10 @@ def test_footer_lists_runs_hashes_devices_and_inputs(tiny_grid, tmp_path: Path,
     pdf = rest.split('::: {.content-hidden when-format="html"}')[1].split(":::")[0]
     assert man["device"]["name"] in html and man["device"]["name"] not in pdf
     assert "| run | status | manifest |" in pdf
-    assert f"`{sha256_file(good / 'manifest.json')[:8]}`" in pdf
-    assert "excluded |" in pdf and "listed in the HTML book" in pdf
+    assert f"`{sha256_file(good / 'manifest.json')[:8]}`" not in pdf  # valid runs: HTML only
+    bad = [r for r in records if not r.valid]
+    assert bad and all(f"{r.experiment}/{r.name} | excluded" in pdf for r in bad)
+    assert "listed in the HTML book" in pdf
     md = provenance_footer(records, chapter="chapters/r.qmd", project=tmp_path)
     assert md._repr_markdown_().startswith("## Provenance")
 

@@ -29,7 +29,7 @@ def test_speed_table_reads_device_threads_and_times():
     assert t["threads"].tolist() == [2.0, 1.0]
     assert t["wall time (min)"].tolist() == [10.0, 20.0]
     assert np.isnan(t["updates/s"].iloc[0]) and t["updates/s"].iloc[1] == 1.25
-    assert t["setting"].tolist() == ["Some CPU, 2 thread(s)", "Some CPU, 1 thread(s)"]
+    assert t["setting"].tolist() == ["Some CPU, 2 threads", "Some CPU, 1 thread"]
     assert not runspeed.comparable(t)
     assert "2 different settings" in runspeed.settings_sentence(t)
 

@@ -31,33 +31,41 @@ def test_results_at_a_glance_without_runs_say_so(tmp_path, monkeypatch):
     """On an empty run cache the front page still renders: Q1's counts (computed, not run) and
     "not run yet" for every fine-tuning result."""
     from finetune_lab.models import params
-    from finetune_lab.book.glance import glance_table
+    from finetune_lab.book.glance import COURSE, PROJECT, glance_table
 
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path))
     table = glance_table()
-    q1 = table[table["question"].str.startswith("Q1")]
-    assert set(q1["result"]) == {f"{n:,}" for n in params.WRITEUP_ANSWERS}
-    rest = table[~table["question"].str.startswith("Q1")]
-    assert list(rest["result"]) == ["not run yet"] * 3
-    assert rest["chapter"].str.contains(r"\(chapters/\w+\.qmd\)").all()
+    q1 = table[table["result"].str.startswith("Q1")]
+    assert set(q1[PROJECT]) == {f"{n:,}" for n in params.WRITEUP_ANSWERS}
+    assert q1["result"].iloc[0].startswith("Q1: parameters, the lab's convention")
+    rest = table[~table["result"].str.startswith("Q1")]
+    assert list(rest[PROJECT]) == ["not run yet"] * 3
+    assert set(rest[COURSE]) == {""}
+    assert rest["evidence"].str.contains(r"\(chapters/\w+\.qmd").all()
 
 
-def test_results_at_a_glance_round_each_gap_alike():
-    """The committed run cache's Transformers-vs-fairseq row gives the difference and its
-    interval with one decimal each, as the fairseq row does (it once mixed 1 and 2)."""
+def test_results_at_a_glance_give_accuracies_and_signed_named_gaps():
+    """The committed run cache's rows: the accuracies themselves beside the course's figures,
+    and each difference signed, named by its direction, with one decimal like its interval."""
     import re
 
     from finetune_lab.book import hf_compare
-    from finetune_lab.book.glance import glance_table
+    from finetune_lab.book.course_reference import COURSE_TEST_ACCURACY
+    from finetune_lab.book.glance import COURSE, PROJECT, glance_table
 
-    rows = glance_table().set_index("question")["result"]
+    rows = glance_table().set_index("result")
     gap = hf_compare.framework_gaps(hf_compare.load_comparison()).set_index("init")
     g = gap.loc["pretrained"]
-    assert rows["Transformers vs fairseq, same recipe (pretrained)"] == (
-        f"{g['difference']:+.1f} points (95 % CI {g['ci_low']:+.1f} to {g['ci_high']:+.1f}), "
-        + ("within" if g["within seed noise"] else "beyond") + " seed noise")
-    fairseq = next(r for q, r in rows.items() if q.startswith("fairseq:"))
-    assert re.search(r"points \(95 % CI [+-]\d+\.\d to [+-]\d+\.\d\)$", fairseq)
+    assert rows.loc["Transformers − fairseq (pretrained, same recipe)", PROJECT] == (
+        f"{g['difference']:+.1f} points (95 % CI {g['ci_low']:+.1f} to {g['ci_high']:+.1f})")
+    pre = rows.loc["fairseq, pretrained stand-in: test accuracy"]
+    assert re.fullmatch(r"\d+\.\d ± \d+\.\d % \(n = \d+\)", pre[PROJECT])
+    assert pre[COURSE] == COURSE_TEST_ACCURACY["pretrained"].text()
+    assert re.search(r"^[+-]\d+\.\d points \(95 % CI [+-]\d+\.\d to [+-]\d+\.\d\)$",
+                     rows.loc["fairseq: pretrained − random", PROJECT])
+    lora = [r for r in rows.index if "− full fine-tuning" in r]
+    assert lora and all(re.fullmatch(r"[+-]\d+\.\d points \(95 % CI [+-]\d+\.\d to "
+                                     r"[+-]\d+\.\d\)", rows.loc[r, PROJECT]) for r in lora)
 
 
 def test_results_at_a_glance_name_runs_left_behind_by_a_new_checkpoint(tmp_path, monkeypatch):
@@ -76,5 +84,14 @@ def test_results_at_a_glance_name_runs_left_behind_by_a_new_checkpoint(tmp_path,
                       problems=["the checkpoint was replaced"], stale_checkpoint="0" * 64)
     monkeypatch.setattr(glance, "lora_cached_runs",
                         lambda: LoadedRuns(scalars=pd.DataFrame(), runs=[stale]))
-    row = glance.glance_table().set_index("question").loc["LoRA vs full fine-tuning"]
-    assert row["result"].startswith("to be re-run")
+    row = glance.glance_table().set_index("result").loc[
+        "LoRA − full fine-tuning (RoBERTa-small-fr)"]
+    assert row[glance.PROJECT].startswith("to be re-run")
+
+
+def test_task_7_is_said_not_run_with_its_reason(tmp_path):
+    """Task 7 (the BLOOM-560m QLoRA) has a row of its own that says why it has no run, apart
+    from the RoBERTa LoRA runs that stand beside it."""
+    df = lab_status(runs_root=tmp_path / "runs").set_index("lab part")
+    assert df.loc["Task 7", "runs"].startswith("not run: BLOOM-560m's weights")
+    assert df.loc["(beside Task 7)", "runs"] == "not run yet"

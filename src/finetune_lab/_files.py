@@ -6,13 +6,16 @@ manifests hash and write files the same way without importing each other.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from contextlib import contextmanager
@@ -24,6 +27,10 @@ from finetune_lab.errors import UserError
 CONVERSION_RECORD = "conversion.json"
 """A converted Transformers model's record: its source's sha256 and the numerical check, with
 its time (written by :mod:`finetune_lab.models.hf_convert`)."""
+OUTPUT_MARKER = ".finetune-lab-output"
+"""Written by :func:`atomic_dir` into every folder it makes: the command that made the folder
+and every path it wrote there, so that the command may later replace that folder and nothing
+else. Not data: hashes (:func:`sha256_tree`) and run inputs leave it out."""
 
 
 def utc_now() -> str:
@@ -47,7 +54,7 @@ def sha256_tree(path: Path | str, exclude: Iterable[str] = ()) -> dict[str, str]
     Keys are POSIX paths relative to ``path`` (``"."`` for a single file), sorted, so two trees
     compare equal exactly when they hold the same files with the same bytes.
     """
-    skip = set(exclude)
+    skip = {*exclude, OUTPUT_MARKER}  # the marker names who wrote the folder; it is not data
     root = Path(path)
     if root.is_file():
         return {".": sha256_file(root)}
@@ -116,14 +123,126 @@ def check_writable(parent: Path) -> None:
         )
 
 
+Recognizer = Callable[[Path], bool]
+"""Whether an unmarked folder is one a command wrote before markers existed: it looks for the
+command's own record first, so that a large foreign folder is not walked."""
+
+
+def tree_entries(folder: Path) -> set[str]:
+    """Every path under ``folder``, relative POSIX, folders ending in ``/``; links are listed,
+    never followed; the marker is left out."""
+    found: set[str] = set()
+    for top, dirs, files in os.walk(folder):
+        rel = Path(top).relative_to(folder)
+        for name in dirs:
+            link = os.path.islink(os.path.join(top, name))
+            found.add((rel / name).as_posix() + ("" if link else "/"))
+        found.update((rel / name).as_posix() for name in files)
+    found.discard(OUTPUT_MARKER)
+    return found
+
+
+def _within(entries: set[str], allowed: set[str]) -> list[str]:
+    """Entries neither in ``allowed`` nor a folder holding an allowed file."""
+    folders = {f"{parent.as_posix()}/" for a in allowed for parent in Path(a).parents
+               if parent != Path(".")}
+    return sorted(e for e in entries if e not in allowed and e not in folders)
+
+
+def data_step_output(*steps: str) -> Recognizer:
+    """A folder a data step wrote before markers: its ``manifest.json`` names one of ``steps``
+    (any step when none is given) and every file is one its ``outputs`` list (or the manifest,
+    or a ``preprocess.log``)."""
+    def recognize(folder: Path) -> bool:
+        try:
+            manifest = read_json(folder / "manifest.json")
+        except (OSError, ValueError):
+            return False
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("outputs"), dict):
+            return False
+        step = manifest.get("step")
+        if not isinstance(step, str) or (steps and step not in steps):
+            return False
+        entries = tree_entries(folder)
+        logs = {e for e in entries if e.rsplit("/", 1)[-1] == "preprocess.log"}
+        return not _within(entries, {*manifest["outputs"], "manifest.json", *logs})
+    return recognize
+
+
+def _refusal(dest: Path, problem: str, force_hint: bool) -> UserError:
+    fix = ("pass --force to replace it and everything in it" if force_hint else
+           "choose another output folder, or move it away first")
+    return UserError(f"{dest} {problem}: it was left as it is; {fix}")
+
+
+def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
+                      earlier: Recognizer | None = None) -> None:
+    """Refuse (a one-line :class:`UserError` naming ``dest``) to replace anything the command
+    ``owner`` did not make itself, unless ``force``.
+
+    Replaceable: nothing there; an empty folder; a folder whose marker names ``owner`` and which
+    holds only paths the command wrote (a file dropped in later is the user's, and refuses the
+    whole); a folder without a marker that ``earlier`` recognizes (outputs written before markers
+    existed: by default a data step's manifest naming ``owner``). ``owner`` None (a caller that
+    has not named its command): a folder made by any command of this project.
+    """
+    if force or not os.path.lexists(dest):
+        return
+    who = f"`finetune-lab {owner}`" if owner else "finetune-lab"
+    if os.path.islink(dest) or not dest.is_dir():
+        kind = "is a link" if os.path.islink(dest) else "is a file"
+        raise _refusal(dest, f"{kind}, not a folder {who} made", owner is not None)
+    marker = dest / OUTPUT_MARKER
+    if marker.is_file():
+        try:
+            record = read_json(marker)
+            made_by, wrote = str(record["command"]), set(record["entries"])
+        except (OSError, ValueError, TypeError, KeyError):
+            raise _refusal(dest, f"has a damaged {OUTPUT_MARKER}, so who made it is not known",
+                           owner is not None) from None
+        if owner is not None and made_by != owner:
+            raise _refusal(dest, f"was made by `finetune-lab {made_by}` (its {OUTPUT_MARKER} "
+                           f"says so), not by {who}", True)
+        extra = _within(tree_entries(dest), wrote)
+    elif _empty(dest):  # nothing to lose
+        return
+    elif (earlier or data_step_output(*([owner] if owner else [])))(dest):
+        return
+    else:
+        raise _refusal(dest, f"exists and was not made by {who} (it has no "
+                       f"{OUTPUT_MARKER})", owner is not None)
+    if extra:
+        more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+        raise _refusal(dest, f"holds {extra[0]}{more}, which {who} did not write",
+                       owner is not None)
+
+
+def _empty(folder: Path) -> bool:
+    with os.scandir(folder) as entries:
+        return next(entries, None) is None
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 @contextmanager
-def atomic_dir(dest: Path) -> Iterator[Path]:
+def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
+               earlier: Recognizer | None = None, marker: bool = True) -> Iterator[Path]:
     """Yield a temp folder beside ``dest``; on success it replaces ``dest``, on failure it is removed.
 
     Readers therefore never see a half-written dataset, and a failed run leaves the previous
-    complete output (or nothing) in place.
+    complete output (or nothing) in place. ``dest`` is replaced only if ``owner`` made it
+    (:func:`check_replaceable`, asked before the work and again before the swap), so a user's
+    folder given as ``--out`` is never wiped; ``force`` replaces anything. ``marker``: write
+    :data:`OUTPUT_MARKER` (off for a folder whose exact files identify it, the packaged
+    checkpoint, which stays byte for byte what it was).
     """
     dest = Path(dest)
+    check_replaceable(dest, owner, force=force, earlier=earlier)
     check_writable(dest.parent)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
@@ -135,16 +254,66 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; give it normal permissions
-        old = None
-        if dest.exists():
+        if marker:
+            write_json_atomic(tmp / OUTPUT_MARKER, {
+                "command": owner or _step_of(tmp) or "finetune-lab",
+                "entries": sorted(tree_entries(tmp))})
+        check_replaceable(dest, owner, force=force, earlier=earlier)  # changed meanwhile?
+        if not os.path.lexists(dest):
+            os.replace(tmp, dest)
+        elif _swap(tmp, dest):  # one atomic exchange: ``dest`` is the old or the new, always
+            _remove(tmp)  # now the old one
+        else:  # no exchange here: two renames, and the old put back if the second fails
             old = dest.parent / f".{dest.name}.old-{os.getpid()}"
             os.replace(dest, old)
-        os.replace(tmp, dest)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                os.replace(tmp, dest)
+            except BaseException:
+                os.replace(old, dest)
+                raise
+            _remove(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _resolve_renameat2() -> Callable[..., int] | None:
+    """Linux's ``renameat2``, which can exchange two paths in one step (``RENAME_EXCHANGE``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
+
+
+_RENAMEAT2 = _resolve_renameat2()
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _swap(a: Path, b: Path) -> bool:
+    """Exchange ``a`` and ``b`` atomically; False where the system or file system cannot (the
+    caller then renames twice)."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _step_of(folder: Path) -> str | None:
+    """The ``step`` a data step's manifest names (the command, for callers that gave none)."""
+    try:
+        step = read_json(folder / "manifest.json").get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, str) else None
 
 
 def tool_versions() -> dict[str, str]:

@@ -4,6 +4,7 @@ or ``--epochs 0`` is a one-line usage error, not a fairseq traceback and a faile
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from pathlib import Path
 
@@ -25,9 +26,13 @@ def positive_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
+    """More than 0 and finite: ``1e400`` reads as infinity, which no budget can be divided by
+    (it reached the trainer as an OverflowError)."""
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, not {text}")
     return value
 
 

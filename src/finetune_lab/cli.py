@@ -12,11 +12,13 @@ import argparse
 import errno
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from finetune_lab.config import paths
-from finetune_lab.errors import UserError
+from finetune_lab.errors import Interrupted, UserError
 
 COMMAND_MODULES: list[str] = [
     "finetune_lab.models.params",
@@ -44,8 +46,16 @@ LIGHT_COMMANDS = {"freeze": "finetune_lab.book.freeze", "check-freeze": "finetun
 Quarto's pre- and post-render scripts over a committed freeze."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error in one line (the flag and what is wrong), as every other error: the usage
+    block is ``--help``'s. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` says more)\n")
+
+
 def build_parser(modules: Sequence[str] = tuple(COMMAND_MODULES)) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="finetune-lab",
         description="Re-run and report the NLP-frameworks lab (see README).",
     )
@@ -91,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"finetune-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C, or SIGTERM during a run
+        print(f"finetune-lab {args.command}: {_interrupted(exc)}", file=sys.stderr)
+        return 128 + int(getattr(exc, "signum", signal.SIGINT))
     except BrokenPipeError:  # `finetune-lab runs | head`: the reader has had enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -99,8 +112,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         where = exc.filename or "a file"
         print(f"finetune-lab {args.command}: error: cannot write {where}: {exc.strerror}; "
-              f"{OS_FAULTS[exc.errno]}", file=sys.stderr)
+              f"{fault_advice(exc.errno, exc.filename)}", file=sys.stderr)
         return 2
+
+
+def fault_advice(code: int, filename: str | os.PathLike | None) -> str:
+    """The fix for a machine fault at ``filename``: moving the work dir or the run cache helps
+    only with a file inside them; a read-only checkout (Quarto's .quarto/ and _freeze/, say)
+    needs a writable copy, whatever the environment says."""
+    advice = OS_FAULTS[code]
+    if filename is None:
+        return advice
+    where, p = Path(os.path.abspath(filename)), paths()
+    movable = any(where.is_relative_to(os.path.abspath(d)) for d in (p.work, p.runs))
+    if movable:
+        return advice
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on that disk, then run the same command again"
+    if where.is_relative_to(p.project) or {".quarto", "_freeze"} & set(where.parts):
+        return ("the checkout is not writable here (rendering writes .quarto/ and _freeze/, a "
+                "data step data/summaries/): work in a writable copy (`git clone`), or fix the "
+                "permissions")
+    return "fix its permissions, or choose a location you can write"
+
+
+def _interrupted(exc: BaseException) -> str:
+    """One line for an interruption: the run that was being written says it was interrupted
+    (:func:`~finetune_lab.runs.recording.record_run` marks it), so no traceback is needed."""
+    marked = getattr(exc, "marked_run", None)
+    return (f"interrupted; the run is marked interrupted ({marked})" if marked is not None
+            else "interrupted")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -68,8 +68,9 @@ def require_data_root(*relative: str, root: Path | None = None) -> Path:
     """
     base = root if root is not None else default_data_root()
     if not base.is_dir():
+        what = "is a file, not a folder" if base.exists() else "does not exist"
         raise DataRootError(
-            f"data root {base} does not exist. Set {DATA_ROOT_ENV}=/path/to/data "
+            f"data root {base} {what}. Set {DATA_ROOT_ENV}=/path/to/data "
             "(the folder holding webis-cls-10/, eltec-fra/ and qa/; see README, 'Data')."
         )
     for rel in relative:

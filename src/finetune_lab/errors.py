@@ -9,3 +9,13 @@ class UserError(Exception):
 
 class DataRootError(UserError, FileNotFoundError):
     """The raw-data root is missing or incomplete."""
+
+
+class Interrupted(BaseException):
+    """A signal (SIGTERM) asked the command to stop: raised, as Ctrl-C raises
+    ``KeyboardInterrupt``, so that what is running is stopped and marked as such; the CLI then
+    prints one line and exits 128 + the signal's number, as a shell reports a killed command."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted (signal {signum})")
+        self.signum = signum

@@ -62,6 +62,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "runs; they go to the next fairseq-candidate experiment")
     p.add_argument("--python", default=GPU_PYTHON, help="the device's Python, for the wheels")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if gpu-bundle did not make it")
     p.set_defaults(func=_bundle)
     u = sub.add_parser("gpu-unpack", help="move a device call's runs into the run cache")
     u.add_argument("files", type=Path, help="the folder the call's files came back in")
@@ -95,7 +97,7 @@ def _bundle(args: argparse.Namespace) -> int:
     if args.tiny:
         plan.seeds, plan.epochs = plan.seeds[:1] if args.seeds else [0], 1
         plan.pretrain_tokens = min(plan.pretrain_tokens, 20_000) if plan.pretrain_tokens else 0
-    info = bundle(args.out, plan=plan, python=args.python)
+    info = bundle(args.out, plan=plan, python=args.python, force=args.force)
     print(f"gpu-bundle: {info['bundle']} {info['carried_bytes'] / 2**20:.1f} MiB + working tree "
           f"{info['tree_bytes'] / 2**20:.1f} MiB of {TRANSFER_LIMIT / 2**20:.0f} MiB; run it with "
           f"the device tool: command `bash scripts/gpu-lab.sh {BUNDLE_DIR}`, carry "

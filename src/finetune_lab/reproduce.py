@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from finetune_lab._files import sha256_file, write_json_atomic
+from finetune_lab._files import atomic_dir, data_step_output, sha256_file, write_json_atomic
 from finetune_lab.argtypes import positive_int
 from finetune_lab.cli import main
 from finetune_lab.data import tokenizer
@@ -26,35 +26,40 @@ def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path) -> boo
     src_model = checkpoint_dir / checkpoints.SPM_FILE
     src_dict = checkpoint_dir / checkpoints.DICT_FILE
     if not (src_model.is_file() and src_dict.is_file()):
-        raise UserError(f"{checkpoint_dir} lacks {checkpoints.SPM_FILE} or {checkpoints.DICT_FILE}")
+        raise UserError(f"{checkpoint_dir} lacks {checkpoints.SPM_FILE} or {checkpoints.DICT_FILE}: "
+                        "it is no packaged checkpoint (restore data/checkpoints/ from git, or "
+                        "pretrain one: `finetune-lab reproduce --from-scratch`)")
     dst_model, dst_dict = tokenizer_dir / tokenizer.MODEL_FILE, tokenizer_dir / tokenizer.DICT_FILE
     same = all(d.is_file() and sha256_file(d) == sha256_file(s)
                for s, d in ((src_model, dst_model), (src_dict, dst_dict)))
     if same:
         return False
-    if tokenizer_dir.exists():
-        shutil.rmtree(tokenizer_dir)
-    tokenizer_dir.mkdir(parents=True)
-    shutil.copyfile(src_model, dst_model)
-    shutil.copyfile(src_dict, dst_dict)
-    write_json_atomic(tokenizer_dir / "manifest.json", {
-        "step": "adopted from the packaged checkpoint",
-        "source": str(checkpoint_dir),
-        "outputs": {p.name: sha256_file(p) for p in (dst_model, dst_dict)},
-    })
+    # swapped in whole, and only over a tokenizer folder of this project (trained or adopted)
+    mine = data_step_output(tokenizer.COMMAND, tokenizer.ADOPTED_STEP)
+    with atomic_dir(tokenizer_dir, tokenizer.COMMAND, earlier=mine) as tmp:
+        for src, dst in ((src_model, dst_model), (src_dict, dst_dict)):
+            shutil.copyfile(src, tmp / dst.name)
+        write_json_atomic(tmp / "manifest.json", {
+            "step": tokenizer.ADOPTED_STEP,
+            "source": str(checkpoint_dir),
+            "outputs": {p.name: sha256_file(tmp / p.name) for p in (dst_model, dst_dict)},
+        })
     return True
 
 
 def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
          pretrain_minutes: float | None, jobs: int = 1) -> list[list[str]]:
-    """The commands, in order (``[["adopt-tokenizer"], ...]`` marks the in-process step)."""
+    """The commands, in order, each one a user can type (``finetune-lab STEP...``).
+
+    The pretraining corpus is prepared in every case: the data chapter's summary (the last
+    step) describes it, whether or not this reproduction pretrains."""
     steps: list[list[str]] = [["prepare-cls"]]
     pretrain = from_scratch or not have_checkpoint
-    steps.append(["train-tokenizer"] if pretrain else ["adopt-tokenizer"])
-    steps.append(["binarize-cls"])
+    steps.append([tokenizer.COMMAND] if pretrain else [tokenizer.ADOPT_COMMAND])
+    steps += [["binarize-cls"], ["prepare-pretrain"]]
     if pretrain:
         budget = ["--minutes", str(pretrain_minutes)] if pretrain_minutes else []
-        steps += [["prepare-pretrain"], ["pretrain", "--overwrite", *budget]]
+        steps.append(["pretrain", "--overwrite", *budget])
     steps.append(["finetune", "fairseq", "--init", "pretrained", "random", "--seeds", "0", "1", "2",
                   *(["--jobs", str(jobs)] if jobs > 1 else [])])
     hf_inits = ["pretrained", "random"] if gpu else ["pretrained"]
@@ -69,17 +74,12 @@ def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = No
               dry_run: bool = False, jobs: int = 1) -> int:
     import torch
 
-    ckpt = checkpoints.packaged_dir()
     steps = plan(from_scratch=from_scratch, gpu=torch.cuda.is_available(),
-                 have_checkpoint=(ckpt / checkpoints.MODEL_FILE).is_file(),
+                 have_checkpoint=(checkpoints.packaged_dir() / checkpoints.MODEL_FILE).is_file(),
                  pretrain_minutes=pretrain_minutes, jobs=jobs)
     for step in steps:
         print(f"reproduce: finetune-lab {' '.join(step)}", flush=True)
         if dry_run:
-            continue
-        if step == ["adopt-tokenizer"]:
-            copied = adopt_checkpoint_tokenizer(ckpt, tokenizer.default_output())
-            print(f"reproduce: tokenizer {'copied from' if copied else 'already that of'} {ckpt}")
             continue
         code = main(step)
         if code:
@@ -89,7 +89,24 @@ def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = No
     return 0
 
 
+def _cmd_adopt(args) -> int:
+    ckpt = args.checkpoint or checkpoints.packaged_dir()
+    out = args.out or tokenizer.default_output()
+    copied = adopt_checkpoint_tokenizer(ckpt, out)
+    print(f"{tokenizer.ADOPT_COMMAND}: {out} {'now holds' if copied else 'already holds'} the "
+          f"tokenizer of {ckpt}")
+    return 0
+
+
 def add_parser(sub) -> None:
+    a = sub.add_parser(tokenizer.ADOPT_COMMAND,
+                       help="make the work tokenizer the committed checkpoint's own (what every "
+                            "committed run read; train-tokenizer makes a new one)")
+    a.add_argument("--checkpoint", type=Path, default=None,
+                   help="packaged checkpoint folder (default: data/checkpoints/roberta-small-fr)")
+    a.add_argument("--out", type=Path, default=None,
+                   help="tokenizer folder (default: data/work/tokenizer)")
+    a.set_defaults(func=_cmd_adopt)
     p = sub.add_parser("reproduce", help="run every experiment of the book in order (resumable)")
     p.add_argument("--from-scratch", action="store_true",
                    help="retrain the tokenizer and pretrain again instead of using the checkpoint")

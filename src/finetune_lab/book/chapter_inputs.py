@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from finetune_lab._files import sha256_file
@@ -120,11 +121,26 @@ def import_closure(project: Path, names: Iterable[str]) -> list[str]:
     return sorted({p.relative_to(project).as_posix() for p in seen.values()})
 
 
+def package_data(project: Path) -> list[str]:
+    """Every file of the package that is not Python source (relative POSIX paths): the files
+    its modules read beside themselves (``runs/manifest.schema.json``, which decides which runs
+    are valid). The import closure cannot see which module reads which, so a chapter that runs
+    any of the package's code depends on all of them."""
+    root = project / "src" / PACKAGE
+    if not root.is_dir():
+        return []
+    return sorted(rel for p in root.rglob("*") if p.is_file() and p.suffix not in {".py", ".pyc"}
+                  and p.name != "py.typed"  # a marker for type checkers, read by none
+                  and not _is_ignored(Path(rel := p.relative_to(project).as_posix())))
+
+
 def chapter_inputs(project: Path, chapter: str) -> list[str] | None:
-    """What a chapter's output depends on: its declared ``inputs:`` (data, as globs) and the
-    import closure of its code. None when it has neither."""
+    """What a chapter's output depends on: its declared ``inputs:`` (data, as globs), the
+    import closure of its code, and the package's data files when it runs any of that code.
+    None when it has none of these."""
     declared = declared_inputs(project / chapter) or []
     code = import_closure(project, chapter_imports(project / chapter))
+    code += package_data(project) if code else []
     inputs = declared + [c for c in code if c not in declared]
     return inputs or None
 
@@ -151,32 +167,101 @@ def _is_ignored(path: Path) -> bool:
             or any(part.startswith(".") for part in path.parts))
 
 
+EMPTY_FOLDER = "EMPTY FOLDER"
+"""The hash recorded for a folder with no file below it: an empty run folder is listed by the
+registry (as a run without a manifest), so its arrival or removal changes a chapter."""
+BROKEN_LINK = "BROKEN LINK"
+"""The hash recorded for a symbolic link whose target is gone."""
+
+
+def _walk(folder: Path) -> Iterator[tuple[Path, bool]]:
+    """``(path, is_empty_folder)`` for every file below ``folder`` and every folder with no file
+    below it, following symbolic links as the registry does (a run folder may be a link), each
+    real folder once (a link loop ends there)."""
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        here = Path(dirpath)
+        for name in filenames:
+            yield here / name, False
+        if not filenames and not dirnames:
+            yield here, True
+
+
+def _glob_base(pattern: str) -> str:
+    """The leading folders of a glob that hold no wildcard: where its matches can be."""
+    parts = []
+    for part in Path(pattern).parts:
+        if _GLOB_CHARS & set(part):
+            break
+        parts.append(part)
+    return "/".join(parts) or "."
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """A glob as a regex on relative POSIX paths: ``**`` any folders (none included), ``*``
+    and ``?`` within a name, ``[...]`` a class; ``x/**`` everything below ``x``."""
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        elif pattern[i] == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1:end]
+            out, i = out + "[" + ("^" + body[1:] if body[:1] == "!" else body) + "]", end + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out)
+
+
+def _matches(project: Path, pattern: str) -> list[tuple[Path, bool]] | None:
+    """Files (and empty folders) a pattern names; None for a plain path that does not exist."""
+    if _GLOB_CHARS & set(pattern):
+        base = project / _glob_base(pattern)
+        regex = _glob_regex(pattern)
+        # an empty folder anywhere a glob looks is a change (a run folder without a manifest)
+        return [(p, empty) for p, empty in (_walk(base) if base.is_dir() else ())
+                if empty or regex.fullmatch(p.relative_to(project).as_posix())]
+    target = project / pattern
+    if target.is_dir():
+        return list(_walk(target))
+    if target.is_file() or target.is_symlink():
+        return [(target, False)]
+    return None
+
+
 def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
     """``{relative path: sha256}`` of every file the patterns name right now.
 
     A glob matches files (``**`` recurses); a plain path may be a file or a folder (all files
-    below it). A plain path that does not exist is recorded as ``MISSING`` so that its later
-    appearance counts as a change.
+    below it). Symbolic links are followed (a loop is read once); a folder with no file below
+    it is recorded as :data:`EMPTY_FOLDER` (``path/``), a link to nothing as
+    :data:`BROKEN_LINK`. A plain path that does not exist is recorded as ``MISSING`` so that
+    its later appearance counts as a change.
     """
     hashes: dict[str, str] = {}
     for pattern in patterns:
-        if _GLOB_CHARS & set(pattern):
-            matches = [p for p in project.glob(pattern) if p.is_file()]
-            if pattern.endswith("**"):  # pathlib's "x/**" yields folders only before 3.13
-                matches += [p for d in project.glob(pattern) if d.is_dir()
-                            for p in d.rglob("*") if p.is_file()]
-        else:
-            target = project / pattern
-            if target.is_dir():
-                matches = [p for p in target.rglob("*") if p.is_file()]
-            elif target.is_file():
-                matches = [target]
-            else:
-                hashes[pattern] = MISSING
+        matches = _matches(project, pattern)
+        if matches is None:
+            hashes[pattern] = MISSING
+            continue
+        for p, empty in matches:
+            rel = p.relative_to(project).as_posix()
+            if _is_ignored(Path(rel)) or rel in hashes or f"{rel}/" in hashes:
                 continue
-        for p in matches:
-            if not _is_ignored(p.relative_to(project)):
-                rel = p.relative_to(project).as_posix()
-                if rel not in hashes:
-                    hashes[rel] = sha256_file(p)
+            if empty:
+                hashes[f"{rel}/"] = EMPTY_FOLDER
+            elif not p.exists():
+                hashes[rel] = BROKEN_LINK
+            else:
+                hashes[rel] = sha256_file(p)
     return dict(sorted(hashes.items()))

@@ -38,12 +38,14 @@ EXAMPLES = (
 
 REGENERATE = (
     "finetune-lab prepare-cls",
-    "finetune-lab train-tokenizer",
+    "finetune-lab adopt-tokenizer",
     "finetune-lab binarize-cls",
     "finetune-lab prepare-pretrain",
     "finetune-lab data-summary",
 )
-"""The commands that rebuild the prepared data and this summary, in order."""
+"""The commands that rebuild the prepared data and this summary, in order: with the committed
+checkpoint's own tokenizer, as ``finetune-lab reproduce`` does (a new tokenizer would give the
+checkpoint's embedding rows other meanings)."""
 
 
 def work_folders(work: Path | None = None) -> dict[str, Path]:
@@ -95,7 +97,8 @@ def compute_summary(work: Path | None = None) -> dict[str, Any]:
     folders = work_folders(work)
     if not prepared_data_available(work):
         missing = [str(p) for p in folders.values() if not (p / "manifest.json").is_file()]
-        raise UserError(f"prepared data missing: {', '.join(missing)}. Run, in order: "
+        raise UserError(f"prepared data missing: {', '.join(missing)}. Run `finetune-lab "
+                        "reproduce` (it makes what is missing and skips the rest), or in order: "
                         + "; ".join(REGENERATE[:-1]))
     cls_manifest = _files.read_json(folders["cls"] / "manifest.json")
     trained = tokenizer_training(_files.read_json(folders["tokenizer"] / "manifest.json"))
@@ -175,8 +178,8 @@ def tokenizer_training(tok_manifest: dict[str, Any]) -> dict[str, Any]:
     path = summary_path()
     if not path.is_file():
         raise UserError(f"the tokenizer was adopted from the checkpoint and {path}, which "
-                        "records how it was trained, is missing: restore it from git, or train "
-                        "a tokenizer with `finetune-lab train-tokenizer`")
+                        "records how it was trained, is missing: restore it from git "
+                        "(`git checkout -- data/summaries/data.json`)")
     committed = _files.read_json(path)
     return {**committed["tokenizer"], "tool_versions": committed["tool_versions"]}
 

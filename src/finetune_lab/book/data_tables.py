@@ -54,6 +54,7 @@ def truncated_share(summary: dict[str, Any], split: str | None = None) -> float:
 
 def length_figure(summary: dict[str, Any]):
     """Histogram of review lengths in tokens (all splits), with the 256-token truncation line."""
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -73,7 +74,7 @@ def length_figure(summary: dict[str, Any]):
     ax.set_ylabel("reviews")
     ax.set_xlim(0, len(hist) * width)
     fig.tight_layout()
-    return fig
+    return check_legend(fig)
 
 
 def tokenization_table(summary: dict[str, Any]) -> pd.DataFrame:

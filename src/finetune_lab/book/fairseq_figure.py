@@ -23,6 +23,7 @@ def plot_curves(res: FairseqResults, p: Plan) -> plt.Figure:
     the schedule the recipe plans (fairseq's own scheduler, :func:`hf_compare.lr_schedules`).
     Without runs, only that planned schedule is drawn.
     """
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     planned = lr_schedules(p.n_train, p.recipe)
     if not res.ready:
         fig, ax = plt.subplots(figsize=(6, 3), layout="constrained")
@@ -31,7 +32,7 @@ def plot_curves(res: FairseqResults, p: Plan) -> plt.Figure:
         ax.set_xlabel("update")
         ax.set_ylabel("learning rate")
         ax.legend(frameon=False, fontsize="small")
-        return fig
+        return check_legend(fig)
     df = res.loaded.scalars
     fig, axes = plt.subplots(2, 2, figsize=(9, 6), layout="constrained", sharex=True)
     panels = [(axes[0, 0], seedstats.VALID_SUBSET, "accuracy", "validation accuracy (%)"),
@@ -47,4 +48,4 @@ def plot_curves(res: FairseqResults, p: Plan) -> plt.Figure:
     lr_ax.legend(frameon=False, fontsize="small")
     for ax in axes[0]:
         ax.tick_params(labelbottom=True)
-    return fig
+    return check_legend(fig)

@@ -22,7 +22,8 @@ from finetune_lab.book.fairseq_command import (
 from finetune_lab.book.report import project_path
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
-from finetune_lab.runs.registry import discover_runs, exclusions_markdown
+from finetune_lab.runs.registry import (discover_runs, exclusions_markdown, sound_runs,
+                                        valid_runs)
 from finetune_lab.runs.runspeed import layout_table, settings_sentence
 from finetune_lab.runs.runspeed import speed_table as run_speeds
 from finetune_lab.runs.tblogs import LoadedRuns, load_scalars
@@ -149,15 +150,16 @@ def speed_table(res: FairseqResults) -> pd.DataFrame:
 
 
 def layout_speeds(res: FairseqResults, runs_root: Path | None = None) -> pd.DataFrame:
-    """Every complete run of the lab's fairseq recipe (this grid and the candidates': the same
+    """Every valid run of the lab's fairseq recipe (this grid and the candidates': the same
     updates, other weights) by how it shared the machine (:func:`runspeed.layout_table`), from
-    the manifests of everything recorded."""
-    everything = discover_runs(runs_root or paths().runs, check_inputs=False)
-    updates = {(r.manifest or {}).get("hyperparameters", {}).get("total_updates")
-               for r in res.loaded.runs if r.manifest}
-    recipe = [r for r in everything if r.framework == "fairseq" and r.status == "complete"
-              and (r.manifest.get("hyperparameters") or {}).get("total_updates") in updates]
-    return layout_table(recipe, everything)
+    the manifests of everything recorded. Only the registry's valid runs count, and as
+    neighbours its sound ones (an unfinished run did share the machine): a rejected copy or a
+    damaged manifest changes no row."""
+    everything = discover_runs(runs_root or paths().runs)
+    updates = {r.manifest["hyperparameters"].get("total_updates") for r in res.loaded.used}
+    recipe = [r for r in valid_runs(everything) if r.framework == "fairseq"
+              and r.manifest["hyperparameters"].get("total_updates") in updates]
+    return layout_table(recipe, sound_runs(everything))
 
 
 # --- paragraphs that depend on what the run cache holds (Markdown, for `output: asis`) ------
@@ -167,7 +169,8 @@ def status_markdown(res: FairseqResults) -> str:
     """Which runs exist and, if some are missing, the command that makes them; then the list of
     excluded runs with their reasons (absent when none is)."""
     excluded = len(res.loaded.excluded)
-    tail = f" ({excluded} recorded run(s) are excluded, listed below)" if excluded else ""
+    tail = (f" ({excluded} recorded {'run is' if excluded == 1 else 'runs are'} excluded, "
+            "listed below)") if excluded else ""
     want = len(INITS) * len(SEEDS)
     have = {i: res.n(i) for i in INITS}
     need_ckpt = "" if default_checkpoint().is_file() else (
@@ -181,10 +184,11 @@ def status_markdown(res: FairseqResults) -> str:
                   f"their logs.{need_ckpt}")
     else:
         counts = " and ".join(f"{n} {i}" for i, n in have.items())
+        valid = "valid run" if sum(have.values()) == 1 else "valid runs"
         missing = "" if sum(have.values()) >= want else (
             f" The full grid has {want} runs; `{FINETUNE_COMMAND}` makes the missing ones."
             + (need_ckpt if res.n("pretrained") < len(SEEDS) else ""))
-        status = (f"The run cache holds {counts} valid run(s){tail}; every table and figure "
+        status = (f"The run cache holds {counts} {valid}{tail}; every table and figure "
                   f"below is computed from their logs.{missing}")
     excluded_list = exclusions_markdown(res.loaded.runs)
     return status + (f"\n\n{excluded_list}" if excluded_list else "")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,8 +42,10 @@ from typing import Any
 from finetune_lab import render_cache
 from finetune_lab._files import digest_of, utc_now, write_json_atomic
 from finetune_lab.book import prewarm
-from finetune_lab.book.chapter_inputs import MISSING, chapter_inputs, chapters, hash_inputs
+from finetune_lab.book.chapter_inputs import MISSING, chapter_inputs, chapters
+from finetune_lab.book.freeze_env import record_inputs
 from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.errors import UserError
 
 FREEZE_DIR = "_freeze"
 RECORDS_DIR = "finetune-lab"
@@ -61,6 +64,30 @@ def is_frozen(project: Path, chapter: str) -> bool:
     return results.is_dir() and any(results.glob("*.json"))
 
 
+def damaged_results(project: Path, chapter: str) -> str | None:
+    """What is wrong with a chapter's frozen results (None: each parses and is whole).
+
+    Quarto re-executes a chapter whose results it cannot read, which a publish job without
+    torch cannot do; so a truncated or hand-edited ``execute-results/*.json``, or a figure its
+    Markdown shows that is gone, makes the chapter stale here, before the render."""
+    entry = freeze_entry(project, chapter)
+    for path in sorted((entry / "execute-results").glob("*.json")):
+        shown = path.relative_to(project).as_posix()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return f"{shown} cannot be read ({exc})"
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(data.get("hash"), str) \
+                or not isinstance(result, dict) or not isinstance(result.get("markdown"), str):
+            return f"{shown} is not a Quarto freeze record (hash, result.markdown)"
+        files = f"{Path(chapter).stem}_files/"
+        for ref in sorted(set(re.findall(re.escape(files) + r"[\w./-]+", result["markdown"]))):
+            if not (entry / ref[len(files):]).is_file():
+                return f"{shown} shows {ref}, which is not in {entry.relative_to(project)}/"
+    return None
+
+
 def record_path(project: Path, chapter: str, pending: bool = False) -> Path:
     suffix = ".pending.json" if pending else ".json"
     return project / FREEZE_DIR / RECORDS_DIR / f"{chapter}{suffix}"
@@ -77,7 +104,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 
 
 def make_record(project: Path, chapter: str, patterns: list[str]) -> dict[str, Any]:
-    files = hash_inputs(project, patterns)
+    files = record_inputs(project, chapter, patterns)  # and its packages' locked versions
     return {"chapter": chapter, "inputs": patterns, "files": files, "digest": digest_of(files),
             "hashed_at": utc_now()}
 
@@ -145,10 +172,12 @@ def stale_chapter(project: Path, chapter: str,
     patterns = patterns if patterns is not None else chapter_inputs(project, chapter)
     if patterns is None:
         return None
+    if (damage := damaged_results(project, chapter)) is not None:
+        return StaleChapter(chapter, f"its frozen results are damaged: {damage}")
     record = read_record(record_path(project, chapter))
     if record is None:
         return StaleChapter(chapter, "frozen without a record of its inputs' hashes")
-    current = hash_inputs(project, patterns)
+    current = record_inputs(project, chapter, patterns)
     if record.get("inputs") != patterns:
         changed = diff_files(record["files"], current, project)
         return StaleChapter(chapter, "its inputs (declared, or imported) changed", changed)
@@ -252,7 +281,19 @@ def post_render(project: Path = PROJECT_ROOT, log=print) -> list[str]:
 
 
 def _project(args: argparse.Namespace) -> Path:
-    return Path(args.project).resolve() if args.project else PROJECT_ROOT
+    """The project named on the command line, which must be a folder holding a book: a typo
+    must not read as "nothing frozen" and pass."""
+    if not args.project:
+        return PROJECT_ROOT
+    project = Path(args.project).resolve()
+    if not project.is_dir():
+        what = "is a file, not a folder" if project.exists() else "does not exist"
+        raise UserError(f"project {args.project} {what}; name the folder that holds the book "
+                        "(_quarto.yml, the chapters' .qmd files)")
+    if not chapters(project):
+        raise UserError(f"project {args.project} holds no .qmd file: it is not the book's "
+                        "folder")
+    return project
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

@@ -164,6 +164,7 @@ def lr_schedules(n_train: int | None = None, recipe: FinetuneRecipe = LAB_RECIPE
 
 def plot_lr_schedules(df: pd.DataFrame):
     """Both schedules on one axis (they coincide when the recipe is matched)."""
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3), layout="constrained")
@@ -172,7 +173,7 @@ def plot_lr_schedules(df: pd.DataFrame):
     ax.set_xlabel("update")
     ax.set_ylabel("learning rate")
     ax.legend(frameon=False, fontsize="small")
-    return fig
+    return check_legend(fig)
 
 
 @per_render
@@ -220,7 +221,7 @@ def load_comparison(runs_root: Path | None = None) -> Comparison:
 
 
 PER_SEED_COLUMNS = ["framework", "init", "seed", "best epoch", "valid acc (%)", "test acc (%)",
-                    "wall time (min)", "device", "threads"]
+                    "wall time (min)"]
 
 
 def inits_without_transformers(comp: Comparison) -> list[str]:
@@ -234,28 +235,28 @@ def inits_without_transformers(comp: Comparison) -> list[str]:
 
 
 def per_seed_table(comp: Comparison) -> pd.DataFrame:
-    """One row per run: framework, init, seed, best epoch, valid and test accuracy, wall time,
-    device and CPU threads (from the manifests, :mod:`finetune_lab.runs.runspeed`)."""
+    """One row per run: framework, init, seed, best epoch, valid and test accuracy and wall
+    time (from the manifests; their devices and threads are in :func:`time_table`)."""
     if comp.best.empty:
         return pd.DataFrame(columns=PER_SEED_COLUMNS)
-    speed = comp.speed[["experiment", "run", "wall time (min)", "device", "threads"]]
+    speed = comp.speed[["experiment", "run", "wall time (min)"]]
     best = comp.best.merge(speed, on=["experiment", "run"], how="left")
-    return best[["framework", "init", "seed", "best_epoch", "valid", "test", "wall time (min)",
-                 "device", "threads"]].rename(columns={"best_epoch": "best epoch",
-                                                       "valid": "valid acc (%)",
-                                                       "test": "test acc (%)"})
+    return best[["framework", "init", "seed", "best_epoch", "valid", "test", "wall time (min)"]
+                ].rename(columns={"best_epoch": "best epoch", "valid": "valid acc (%)",
+                                  "test": "test acc (%)"})
 
 
 def time_table(comp: Comparison) -> pd.DataFrame:
     """Mean wall time per framework and init, with the settings (device, threads) it came from."""
-    columns = ["framework", "init", "runs", "mean wall time (min)", "settings"]
+    columns = ["framework", "init", "runs", "mean wall time (min)", "device and threads"]
     t = comp.speed
     if t.empty:
         return pd.DataFrame(columns=columns)
     return (t.groupby(["framework", "init"])
             .agg(runs=("seed", "count"), mean_min=("wall time (min)", "mean"),
                  settings=("setting", lambda d: "; ".join(sorted(set(d)))))
-            .reset_index().rename(columns={"mean_min": "mean wall time (min)"}))[columns]
+            .reset_index().rename(columns={"mean_min": "mean wall time (min)",
+                                           "settings": "device and threads"}))[columns]
 
 
 def same_device(comp: Comparison) -> bool:
@@ -301,6 +302,33 @@ def framework_gaps(comp: Comparison, column: str = "test") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class FrameworkAnswer:
+    """The chapter's answer for one initialisation: each framework's test accuracy (mean,
+    sample standard deviation, seeds) and the Welch gap Transformers − fairseq."""
+
+    gap: seedstats.InitGap
+    std_transformers: float
+    std_fairseq: float
+
+    @property
+    def within_seed_noise(self) -> bool:
+        """True when the 95 % interval of the difference contains 0."""
+        return bool(self.gap.ci_low <= 0 <= self.gap.ci_high)
+
+
+def framework_answer(comp: Comparison, init: str = "pretrained") -> FrameworkAnswer | None:
+    """Transformers against fairseq for ``init``; ``None`` unless both have two seeds or more."""
+    if comp.best.empty:
+        return None
+    sub = comp.best[comp.best["init"] == init].assign(init=lambda d: d["framework"])
+    if min((sub["init"] == f).sum() for f in ("transformers", "fairseq")) < 2:
+        return None
+    g = seedstats.init_gap(sub, a="transformers", b="fairseq", column="test")
+    std = sub.groupby("init")["test"].std(ddof=1)
+    return FrameworkAnswer(g, float(std["transformers"]), float(std["fairseq"]))
+
+
 def loss_in_nats(df: pd.DataFrame) -> pd.DataFrame:
     """End-of-epoch mean training loss of both frameworks in nats (fairseq logs bits)."""
     fs = df[(df["framework"] == "fairseq") & (df["subset"] == "train") & (df["tag"] == "loss")]
@@ -312,6 +340,7 @@ def loss_in_nats(df: pd.DataFrame) -> pd.DataFrame:
 
 def plot_framework_curves(comp: Comparison, init: str, what: str = "valid"):
     """Per-seed curves by epoch, fairseq vs Transformers, for one init."""
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     from finetune_lab.book.plots import plot_seed_curves  # heavy: matplotlib
 
     df = comp.loaded.scalars if comp.loaded is not None else pd.DataFrame()
@@ -322,7 +351,7 @@ def plot_framework_curves(comp: Comparison, init: str, what: str = "valid"):
         fig, ax = plt.subplots(figsize=(6, 2), layout="constrained")
         ax.text(0.5, 0.5, f"no valid {init} runs in the run cache yet", ha="center", va="center")
         ax.set_axis_off()
-        return fig
+        return check_legend(fig)
     if what == "loss":
         return plot_seed_curves(loss_in_nats(df), "train", "loss (nats)", hue="framework",
                                 ylabel="training loss (nats, epoch mean)")

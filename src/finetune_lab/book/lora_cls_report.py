@@ -3,9 +3,13 @@
 The runs are made by :mod:`finetune_lab.train.lora_cls` and read by
 :mod:`finetune_lab.book.lora_cls_runs`. This module gives the method table (peft's counts on a
 meta-device RoBERTa-small-fr next to the formula), the results table, each LoRA method's gap to
-full fine-tuning with its Welch interval, and the two state-dependent paragraphs the chapter
-prints: which runs are used (:func:`state_markdown`) and what the gaps say
-(:func:`gaps_markdown`).
+full fine-tuning with its Welch interval (:func:`gaps_to_full`, shown by :func:`gaps_table`),
+and the two state-dependent paragraphs the chapter prints: which runs are used
+(:func:`state_markdown`) and what the memory and times say (:func:`gaps_markdown`).
+
+The trainable share has one definition throughout: trainable parameters over all parameters
+of the wrapped model, as peft's ``print_trainable_parameters()`` reports it
+(:func:`trainable_share`).
 """
 
 from __future__ import annotations
@@ -62,6 +66,13 @@ def method_table(size: RobertaSize | None = None, methods: Iterable[str] = METHO
     return pd.DataFrame(rows)
 
 
+def trainable_share(method: str = "lora-qv") -> float:
+    """Trainable parameters over all parameters of the wrapped model (peft's
+    ``print_trainable_parameters()`` definition), as a fraction: the one share the book gives."""
+    row = method_table().set_index("method").loc[method]
+    return float(row["trainable (peft)"] / row["all params (peft)"])
+
+
 def results_table(loaded: LoadedRuns) -> pd.DataFrame:
     """The LoRA-vs-full table: one row per method, accuracy as ``mean ± std (n=…)``."""
     s = summary(loaded)
@@ -90,13 +101,16 @@ moments. What LoRA saves, per parameter it freezes."""
 
 
 def gaps_to_full(loaded: LoadedRuns) -> pd.DataFrame:
-    """Each LoRA method against full fine-tuning: test accuracy difference at the best-valid
-    epoch with its 95 % Welch interval, the ratios of trainable parameters, time per run and
-    peak memory, and the training state the frozen parameters no longer need beside the peak
-    memory actually saved. A method with fewer than two seeds (or no full row) gets no line."""
-    columns = ["method", "n", "n full", "test gap (points)", "ci_low", "ci_high",
-               "trainable / full", "time / full", "peak memory / full", "state saved (MiB)",
-               "peak saved (MiB)", "peak device", "lr", "lr full"]
+    """Each LoRA method against full fine-tuning: test accuracy (means and sample standard
+    deviations) and the difference LoRA − full at the best-valid epoch with its 95 % Welch
+    interval, the trainable share (:func:`trainable_share`'s definition), the ratios of time per
+    run and peak memory, and the training state the frozen parameters no longer need beside the
+    peak memory actually saved. A method with fewer than two seeds (or no full row) gets no
+    line."""
+    columns = ["method", "n", "n full", "test mean", "test std", "full mean", "full std",
+               "test gap (points)", "ci_low", "ci_high", "trainable share", "time / full",
+               "peak memory / full", "state saved (MiB)", "peak saved (MiB)", "peak device",
+               "lr", "lr full"]
     if not loaded.used:  # every recorded run excluded (made from an earlier checkpoint, say)
         return pd.DataFrame(columns=columns)
     runs = per_run_table(loaded)
@@ -112,9 +126,11 @@ def gaps_to_full(loaded: LoadedRuns) -> pd.DataFrame:
             continue
         g = init_gap(best, method, "full", "test")
         rows.append({
-            "method": method, "n": g.n_a, "n full": g.n_b, "test gap (points)": g.diff,
+            "method": method, "n": g.n_a, "n full": g.n_b, "test mean": m["test_mean"],
+            "test std": m["test_std"], "full mean": full["test_mean"],
+            "full std": full["test_std"], "test gap (points)": g.diff,
             "ci_low": g.ci_low, "ci_high": g.ci_high,
-            "trainable / full": m["trainable_max"] / full["trainable_max"],
+            "trainable share": m["trainable_max"] / m["total"],
             "time / full": m["time_s"] / full["time_s"],
             "peak memory / full": m["peak_bytes"] / full["peak_bytes"],
             "state saved (MiB)": (full["trainable_max"] - m["trainable_max"])
@@ -124,8 +140,36 @@ def gaps_to_full(loaded: LoadedRuns) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def verdict(ci_low: float, ci_high: float) -> str:
+    """What a 95 % interval of LoRA − full says, in words."""
+    if ci_low > 0:
+        return "LoRA better, by a margin the seeds show"
+    if ci_high < 0:
+        return "full fine-tuning better, by a margin the seeds show"
+    return "the seeds cannot tell them apart"
+
+
+def gaps_table(loaded: LoadedRuns | None) -> pd.DataFrame:
+    """:func:`gaps_to_full` for display: one row per method, every number rounded."""
+    columns = ["difference", "LoRA − full (points)", "95 % Welch CI", "verdict", "time / full",
+               "peak memory / full"]
+    gaps = gaps_to_full(loaded) if loaded is not None else pd.DataFrame()
+    if gaps.empty:
+        return pd.DataFrame(columns=columns)
+    return pd.DataFrame({
+        "difference": [f"{m} − full" for m in gaps["method"]],
+        "LoRA − full (points)": [f"{d:+.2f}" for d in gaps["test gap (points)"]],
+        "95 % Welch CI": [f"{lo:+.2f} to {hi:+.2f}" for lo, hi in
+                          zip(gaps["ci_low"], gaps["ci_high"])],
+        "verdict": [verdict(lo, hi) for lo, hi in zip(gaps["ci_low"], gaps["ci_high"])],
+        "time / full": [f"{x:.2f}" for x in gaps["time / full"]],
+        "peak memory / full": [f"{x:.2f}" for x in gaps["peak memory / full"]],
+    }, columns=columns)
+
+
 def gaps_markdown(loaded: LoadedRuns | None) -> str:
-    """What the LoRA-vs-full table says, one sentence per method, from :func:`gaps_to_full`."""
+    """What the measured memory and times say beside :func:`gaps_table`, and what the gaps
+    cannot separate (the method from its learning rate)."""
     if loaded is None or not loaded.used:
         return ""
     gaps = gaps_to_full(loaded)
@@ -133,20 +177,6 @@ def gaps_markdown(loaded: LoadedRuns | None) -> str:
         return ("The comparison with full fine-tuning needs at least two seeds of a LoRA method "
                 "and of the full row; the cache does not hold them yet.")
     out = []
-    for g in gaps.to_dict("records"):
-        lo, hi = g["ci_low"], g["ci_high"]
-        if lo > 0:
-            verdict = "better than full fine-tuning, by a margin the seeds show"
-        elif hi < 0:
-            verdict = "worse than full fine-tuning, by a margin the seeds show"
-        else:
-            verdict = "not distinguishable from full fine-tuning with these seeds"
-        out.append(
-            f"`{g['method']}` − `full`: {g['test gap (points)']:+.2f} points of test accuracy "
-            f"(95 % Welch CI {lo:.2f} to {hi:.2f}; n = {g['n']} and {g['n full']} seeds), "
-            f"{verdict}. It trains {100 * g['trainable / full']:.2f} % of full fine-tuning's "
-            f"parameters, and takes {g['time / full']:.2f}× its time per run and "
-            f"{g['peak memory / full']:.2f}× its peak memory.")
     measured = ", ".join(
         f"{'drops' if g['peak saved (MiB)'] >= 0 else 'rises'} by "
         f"{abs(g['peak saved (MiB)']):,.0f} MiB under `{g['method']}`"
@@ -233,10 +263,9 @@ def state_markdown(loaded: LoadedRuns | None) -> str:
         n = len(loaded.used)
         methods = summary(loaded)["method"].tolist()
         borrowed = [r for r in loaded.used if r.experiment == FULL_BASELINE]
-        text = (f"{n} valid run{'s' if n != 1 else ''} are used "
+        text = (f"{n} valid run{'s are' if n != 1 else ' is'} used "
                 f"({', '.join(f'`{m}`' for m in methods)}; each manifest holds the command "
-                f"that made it; `{RUN_COMMAND}` makes any LoRA run that is missing). "
-                f"Peak memory: {memory_note(loaded)}.")
+                f"that made it). Peak memory: {memory_note(loaded)}.")
         if borrowed:
             text += (f"\n\nThe `full` row is the {len(borrowed)} Transformers run"
                      f"{'s' if len(borrowed) != 1 else ''} from the pretrained checkpoint "

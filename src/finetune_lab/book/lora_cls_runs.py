@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from finetune_lab.config import paths
+from finetune_lab.errors import UserError
 from finetune_lab.runs.registry import (RunRecord, check_hyperparameters,
                                         differing_hyperparameters, discover_runs,
                                         read_experiment_config, valid_runs)
@@ -48,7 +49,10 @@ def baseline_full_runs(base: Path, experiment_dir: Path) -> list[RunRecord]:
     """
     if not (base / FULL_BASELINE).is_dir():
         return []
-    config = read_experiment_config(experiment_dir)
+    try:
+        config, damaged = read_experiment_config(experiment_dir), None
+    except UserError as exc:  # its own runs are rejected by the registry for the same reason
+        config, damaged = None, str(exc)
     full_lr = METHODS["full"].lr()
     out = []
     for rec in discover_runs(base, [FULL_BASELINE]):
@@ -57,7 +61,9 @@ def baseline_full_runs(base: Path, experiment_dir: Path) -> list[RunRecord]:
         hp = (rec.manifest or {}).get("hyperparameters") or {}
         extra = (rec.manifest or {}).get("extra") or {}
         missing = [k for k in MEASUREMENTS if k not in extra]
-        if missing:
+        if damaged:
+            rec.problems.append(f"as the full fine-tuning row: {damaged}")
+        elif missing:
             rec.problems.append(f"as the full fine-tuning row: manifest extra lacks {missing} "
                                 "(made before runs were measured; re-run it)")
         elif hp.get("lr") != full_lr:

@@ -21,6 +21,7 @@ from finetune_lab.runs.tblogs import LoadedRuns
 
 def plot_rank_sweep(ax: plt.Axes | None = None) -> plt.Axes:
     """Trainable parameters against r for the three target sets (formula lines, peft points)."""
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 3.8))
     shape = BloomShape.of()
@@ -35,11 +36,12 @@ def plot_rank_sweep(ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_xlabel("rank r")
     ax.set_ylabel("trainable parameters")
     ax.legend(fontsize=8)
-    return ax
+    return check_legend(ax)
 
 
 def plot_nf4(ax: plt.Axes | None = None) -> plt.Axes:
     """The 16 NF4 levels over the N(0, 1) density, next to the uniform 4-bit grid."""
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 2.8))
     df = nf4_table()
@@ -52,11 +54,12 @@ def plot_nf4(ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_yticks([])
     ax.set_xlabel("value / block absmax")
     ax.legend(fontsize=8, loc="upper right")
-    return ax
+    return check_legend(ax)
 
 
 def plot_qa_loss(loaded: LoadedRuns, ax: plt.Axes | None = None) -> plt.Axes:
     """Training loss per update of every valid ``lora-qa`` run."""
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 3.2))
     s = loaded.scalars
@@ -66,4 +69,4 @@ def plot_qa_loss(loaded: LoadedRuns, ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_xlabel("update")
     ax.set_ylabel("training loss")
     ax.legend(fontsize=8)
-    return ax
+    return check_legend(ax)

@@ -18,6 +18,7 @@ from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.runs.registry import exclusions_markdown
 from finetune_lab.runs.tblogs import LoadedRuns, load_experiments
+from finetune_lab.train.hf_defaults import ratio_warmup_steps
 from finetune_lab.train.lora_qa import EXPERIMENT, GENERATIONS_FILE, LAB_GENERATION, LAB_QA_ARGS
 
 
@@ -32,8 +33,19 @@ def cached_runs(root: Path | str | None = None) -> LoadedRuns | None:
 
 
 def recipe_table() -> pd.DataFrame:
-    """The lab's training and generation settings (what ``lora-qa`` uses by default)."""
-    rows = [{"setting": k, "value": str(v)} for k, v in asdict(LAB_QA_ARGS).items()]
+    """The lab's training and generation settings (what ``lora-qa`` uses by default).
+
+    The lab's ``warmup_ratio`` is shown as transformers 5 takes it: a float ``warmup_steps`` in
+    [0, 1), which the installed Trainer reads as a ratio and rounds up.
+    """
+    rows = []
+    for k, v in asdict(LAB_QA_ARGS).items():
+        if k == "warmup_ratio":
+            steps = ratio_warmup_steps(v, LAB_QA_ARGS.max_steps)
+            rows.append({"setting": "warmup_steps",
+                         "value": f"{v} (a ratio: {steps} of the {LAB_QA_ARGS.max_steps} updates)"})
+        else:
+            rows.append({"setting": k, "value": str(v)})
     rows += [{"setting": f"generation: {k}", "value": str(v)}
              for k, v in asdict(LAB_GENERATION).items()]
     return pd.DataFrame(rows)
@@ -70,8 +82,10 @@ def runs_markdown(loaded: LoadedRuns | None) -> str:
                 "this project, so this book shows no loss curve and no generations for the "
                 "lab's fine-tune.")
     else:
-        lines = [f"{len(loaded.used)} valid run(s) of `lora-qa` are recorded. A run with "
-                 "fallbacks is not the lab's recipe; each one says how it differs:", ""]
+        n = len(loaded.used)
+        lines = [f"{n} valid run{'s' if n != 1 else ''} of `lora-qa` "
+                 f"{'are' if n != 1 else 'is'} recorded. A run with fallbacks is not the lab's "
+                 "recipe; each one says how it differs:", ""]
         for rec in loaded.used:
             fallbacks = ((rec.manifest or {}).get("extra") or {}).get("fallbacks") or []
             kind = "random-weight model" if rec.init == "random" else "pretrained weights"

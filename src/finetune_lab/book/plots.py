@@ -2,6 +2,10 @@
 
 Showing the seeds themselves (not only a band) keeps a reader from mistaking a two-seed band for
 a confidence interval; :func:`seed_band_caption` says what the band is, with n.
+
+:func:`check_legend` is the book's rule for every figure: at most :data:`MAX_LEGEND_ENTRIES`
+entries in any legend (a legend of about 40 runs once squeezed a figure's plots into a strip).
+Every plotting function of the book calls it on its figure before returning it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,34 @@ import pandas as pd
 import seaborn as sns
 
 from finetune_lab.runs.seedstats import GROUP, _metric, epoch_summary
+
+MAX_LEGEND_ENTRIES = 12
+"""The most entries a legend may have; more runs are grouped, faceted or selected instead."""
+
+
+class LegendTooLongError(ValueError):
+    """A figure's legend has more entries than a reader can match to lines."""
+
+
+def check_legend(fig: plt.Figure | plt.Axes, limit: int = MAX_LEGEND_ENTRIES):
+    """Raise :class:`LegendTooLongError` if a legend of ``fig`` (an Axes' or the figure's own)
+    has more than ``limit`` entries; else return ``fig`` unchanged, so that a plotting function
+    can end with ``return check_legend(fig)``. An Axes is checked with its whole figure."""
+    figure = fig.figure if isinstance(fig, plt.Axes) else fig
+    legends = [(ax, ax.get_legend()) for ax in figure.axes]
+    legends += [(None, legend) for legend in figure.legends]
+    for ax, legend in legends:
+        if legend is None:
+            continue
+        entries = [t.get_text() for t in legend.get_texts()]
+        if len(entries) > limit:
+            where = "the figure's legend" if ax is None else (
+                f"the legend of the axes {ax.get_title() or ax.get_ylabel() or ax.get_label()!r}")
+            raise LegendTooLongError(
+                f"{where} has {len(entries)} entries, more than {limit}: group the series "
+                f"(one entry per kind of run), facet them, or select a few; the first entries: "
+                f"{entries[:5]}")
+    return fig
 
 
 def plot_seed_curves(
@@ -54,7 +86,7 @@ def plot_seed_curves(
     ax.set_ylabel(ylabel or f"{tag} ({subset if isinstance(subset, str) else 'valid'})")
     ax.legend(frameon=False, fontsize="small")
     sns.despine(ax=ax)
-    return fig
+    return check_legend(fig)
 
 
 def seed_band_caption(n_per_group: dict[str, int] | None = None, what: str = "") -> str:

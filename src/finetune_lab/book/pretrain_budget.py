@@ -21,9 +21,10 @@ from finetune_lab.book.report import project_path
 from finetune_lab.config import paths
 from finetune_lab.data.eltec import REVIEW_DOMAINS
 from finetune_lab.data.pretrain_corpus import default_output as default_corpus
-from finetune_lab.models.checkpoints import MANIFEST_FILE, package_manifest, packaged_dir
-from finetune_lab.runs.manifest import ManifestError, read_manifest, resolve_stored_path
+from finetune_lab.models.checkpoints import package_manifest, packaged_dir
+from finetune_lab.runs.manifest import resolve_stored_path, run_key
 from finetune_lab.runs.fairseq_logs import updates_per_epoch
+from finetune_lab.runs.registry import discover_runs, find_run, valid_runs
 from finetune_lab.runs.runspeed import device_name
 from finetune_lab.train.pretrain_lineage import sinusoids_in
 from finetune_lab.train.pretrain_recipe import EXPERIMENT as PRETRAIN
@@ -74,12 +75,21 @@ class PretrainBudget:
 
 def _corpus_record() -> dict[str, Any]:
     """The pretraining corpus's record (prepared data's manifest, else the committed summary)."""
-    prepared = default_corpus() / "manifest.json"
-    if prepared.is_file():
-        return json.loads(prepared.read_text(encoding="utf-8"))
-    if summary_path().is_file():
-        return json.loads(summary_path().read_text(encoding="utf-8")).get("pretrain") or {}
-    return {}
+    prepared = _json_object(default_corpus() / "manifest.json")
+    if prepared is not None:
+        return prepared
+    summary = _json_object(summary_path()) or {}
+    return summary.get("pretrain") if isinstance(summary.get("pretrain"), dict) else {}
+
+
+def _json_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, or None when it is absent or damaged (a damaged record of the
+    prepared data falls back to the committed summary; it never stops a chapter)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def corpus_counts() -> tuple[int | None, int | None]:
@@ -106,25 +116,23 @@ def corpus_description() -> str:
 
 def _pretrain_manifest(runs_root: Path | None = None, checkpoint_dir: Path | None = None
                        ) -> tuple[Path, dict[str, Any]] | None:
-    """The pretraining run behind the packaged checkpoint, else the last complete one, if any."""
+    """The valid pretraining run behind the packaged checkpoint, else the last valid one, if
+    any: read through the registry, so a rejected run never sets the budget."""
     root = Path(runs_root) if runs_root is not None else paths().runs
-    packaged = (Path(checkpoint_dir) if checkpoint_dir else packaged_dir()) / MANIFEST_FILE
-    if packaged.is_file():
-        run = json.loads(packaged.read_text(encoding="utf-8")).get("run")
-        if run and (resolve_stored_path(run) / "manifest.json").is_file():
-            return resolve_stored_path(run), read_manifest(resolve_stored_path(run))
-    found = []
-    for m in sorted((root / PRETRAIN).glob("*/manifest.json")):
-        try:
-            man = read_manifest(m.parent)
-        except ManifestError:  # an unreadable manifest is the pretraining chapter's business
-            continue
-        if man.get("status") == "complete":
-            found.append((man.get("end_time") or "", m.parent, man))
+    package = package_manifest(Path(checkpoint_dir) if checkpoint_dir else packaged_dir())
+    run = (package or {}).get("run")
+    if isinstance(run, str) and run:  # in the cache read, else where the package says it is
+        for base in dict.fromkeys([root, resolve_stored_path(run).parent.parent]):
+            rec = find_run(run_key(run), base)
+            if rec is not None:
+                return (rec.path, rec.manifest) if rec.valid else None
+    if not (root / PRETRAIN).is_dir():
+        return None
+    found = valid_runs(discover_runs(root, [PRETRAIN]))
     if not found:
         return None
-    _, path, man = max(found, key=lambda x: x[0])
-    return path, man
+    last = max(found, key=lambda r: r.manifest.get("end_time") or "")
+    return last.path, last.manifest
 
 
 def pretrain_budget(runs_root: Path | None = None,
@@ -164,14 +172,12 @@ def pretrain_budget(runs_root: Path | None = None,
 
 
 def _position_init(run: str) -> str | None:
-    """``hyperparameters.position_init`` of a lineage step's run (None when unrecorded)."""
-    if not (resolve_stored_path(run) / "manifest.json").is_file():
+    """``hyperparameters.position_init`` of a lineage step's run (None when unrecorded, or when
+    the registry rejects that run)."""
+    rec = find_run(run_key(run))
+    if rec is None or rec.manifest is None:
         return None
-    try:
-        return (read_manifest(resolve_stored_path(run)).get("hyperparameters") or {}).get(
-            "position_init")
-    except ManifestError:
-        return None
+    return rec.manifest["hyperparameters"].get("position_init")
 
 
 def checkpoint_tag(budget: PretrainBudget | None) -> str:
@@ -276,5 +282,6 @@ def budget_markdown(budget: PretrainBudget | None) -> str:
         text += (f"; its weights have seen {ceiling}{fmt(budget.tokens_all_runs)} tokens over "
                  f"{budget.runs_behind} runs")
     text += f", against the course's {course}."
-    caveat = checkpoint_caveat(budget)
-    return f"{text} {caveat}" if caveat else text
+    # the caveat itself is said once, in the stand-in chapter's callout
+    return text + (" @nte-standin says how else it differs." if checkpoint_caveat(budget)
+                   else "")

@@ -36,23 +36,6 @@ win by before they replace the packaged checkpoint: less would not show what pre
 when the course's checkpoint wins by about 12."""
 
 
-def finetuning_verdict(runs_root: Path | None = None) -> str:
-    """Whether fine-tuning from the checkpoint beats random initialisation, from the fairseq
-    grid's runs (the test the stand-in exists for), and what to do when it does not (Markdown:
-    which sentences apply depends on the grid's runs)."""
-    g = fr.gap(fr.load_results(runs_root))
-    text = fr.gap_verdict(g)
-    if g is not None and g.ci_low <= 0:
-        text += (" Until better weights replace it (weights past the masked-LM plateau, "
-                 "@sec-pretrain-plateau: on a GPU, `finetune-lab gpu-bundle --steps pretrain lab "
-                 "--then-finetune`, see the README; on a CPU, a long run of `finetune-lab "
-                 "pretrain --tokens N`, resumed over sessions; or weights whose `<s>` was "
-                 "trained to summarise, @sec-pretrain-summary; then the pretrained fine-tuning "
-                 "runs again), every pretrained-vs-random comparison in this book measures this "
-                 "weak checkpoint, not the value of pretraining.")
-    return text
-
-
 CANDIDATE = "candidate (not packaged)"
 CONTINUED = "continued by the packaged"
 """The ``weights`` of a candidate-table row: weights tried and not (or not yet) adopted, or
@@ -143,7 +126,7 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
     probe_records = [r for t in tried for r in t.loaded.runs]
     # a run still in progress is a candidate once weights it saved have been fine-tuned
     cands = candidates(runs, runs_root) + [
-        r for r in runs.runs if not r.valid and r.status in ("paused", "running")
+        r for r in runs.runs if r.unfinished and r.status in ("paused", "running")
         and _tuned_source(probe_records, r.key) is not None]
     if not cands or runs.latest is None:
         return pd.DataFrame()
@@ -246,30 +229,72 @@ def warmup_cost(row: pd.Series) -> str | None:
     return "not won back" if row["valid loss, novels (bits)"] > start else "won back"
 
 
-def candidate_display(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`candidate_table` formatted for the chapter (a note row when nothing was tried)."""
+VERDICT_LABELS = {
+    "package": "clears the bar", "continued": "continued by the packaged",
+    "not fine-tuned": "not fine-tuned", "below the bar": "beats random, under the bar",
+    "one seed": "one seed: no interval", "neither": "beats neither",
+    "beats the packaged": "beats the packaged, not random",
+}
+""":func:`candidate_verdict` in a table cell's words."""
+
+
+def _num(v: Any, spec: str) -> str:
+    return "–" if v is None or pd.isna(v) else format(v, spec)
+
+
+def _short_run(run: str) -> str:
+    """A table's run cell without the experiment (every row is a pretraining run)."""
+    return run.replace("`pretrain/", "`")
+
+
+def kind_of(row: pd.Series) -> str:
+    """What the weights' pretraining was, in the words of the decomposition: masked LM alone on
+    general text, with the task's texts, or with the `<s>` objective (either text)."""
+    task = str(row["task-adaptive"]).startswith("yes")
+    bag = float(row.get("bag weight") or 0) > 0
+    if bag:
+        return "`<s>` objective" + (", task texts" if task else ", no task texts")
+    return "masked LM" + (", task texts" if task else ", no task texts")
+
+
+def candidate_weights_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The weights of :func:`candidate_table`: what trained them and the held-out losses."""
+    if table.empty:
+        return pd.DataFrame({"state": ["no weights tried besides the packaged checkpoint"]})
+    return pd.DataFrame({
+        "run": [_short_run(r) for r in table["run"]],
+        "pretraining": [kind_of(r) for _, r in table.iterrows()],
+        "samples": table["samples"],
+        "tokens (M)": [_num(v, ".1f") for v in table["tokens (M, all runs)"]],
+        "novels (bits)": [_num(v, ".2f") for v in table["valid loss, novels (bits)"]],
+        "reviews (bits)": [_num(v, ".2f") for v in table["valid loss, reviews (bits)"]],
+    })
+
+
+def candidate_tuning_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The fine-tuning of :func:`candidate_table`'s weights: accuracy, each gap with its 95 %
+    Welch interval (one decimal), and the verdict."""
     if table.empty:
         return pd.DataFrame({"state": ["no weights tried besides the packaged checkpoint"]})
 
-    def num(v, fmt):
-        return "n/a" if v is None or pd.isna(v) else format(v, fmt)
+    def gap(d: Any, lo: Any, hi: Any) -> str:
+        return "–" if pd.isna(d) else f"{d:+.1f} ({lo:.1f} to {hi:.1f})"
 
-    out = table.drop(columns=["ci_low", "ci_high", "pk_low", "pk_high", "first valid",
-                              "started at", "own updates", "continued", "all task-adaptive", "dropout",
-                              "acc mean", "acc std", "samples", "bag weight",
-                              "tokens per update (measured)"],
-                     errors="ignore").copy()
-    for col, low, high in (("minus random (points)", "ci_low", "ci_high"),
-                           ("minus packaged (points)", "pk_low", "pk_high")):
-        out[col] = ["n/a" if pd.isna(d) else f"{d:+.2f} (CI {lo:.2f} to {hi:.2f})"
-                    for d, lo, hi in zip(table[col], table[low], table[high])]
-    for col in ("valid loss, novels (bits)", "valid loss, reviews (bits)"):
-        out[col] = [num(v, ".2f") for v in table[col]]
-    out["tokens (M, all runs)"] = [num(v, ".1f") for v in table["tokens (M, all runs)"]]
-    out["updates (all runs)"] = [f"{int(v):,}" for v in table["updates (all runs)"]]
-    out["test acc. (%)"] = [v if isinstance(v, str) else "not fine-tuned"
-                            for v in table["test acc. (%)"]]
-    return out
+    verdicts = [VERDICT_LABELS[candidate_verdict(r)] for _, r in table.iterrows()]
+    verdicts = ["packaged" if w == "packaged checkpoint" else v
+                for w, v in zip(table["weights"], verdicts)]
+    return pd.DataFrame({
+        "run": [_short_run(r) for r in table["run"]],
+        "test acc. (%)": [f"{m:.1f} ± {s:.1f} (n={n})" if n > 1 else
+                          (f"{m:.1f} (n=1)" if n == 1 else "–")
+                          for m, s, n in zip(table["acc mean"], table["acc std"],
+                                             table["n fine-tuned"])],
+        "− random (points, CI)": [gap(d, lo, hi) for d, lo, hi in zip(
+            table["minus random (points)"], table["ci_low"], table["ci_high"])],
+        "− packaged (points, CI)": [gap(d, lo, hi) for d, lo, hi in zip(
+            table["minus packaged (points)"], table["pk_low"], table["pk_high"])],
+        "verdict": verdicts,
+    })
 
 
 def random_accuracy(runs_root: Path | None = None) -> tuple[float, float, int] | None:
@@ -285,31 +310,38 @@ def random_accuracy(runs_root: Path | None = None) -> tuple[float, float, int] |
 def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int] | None):
     """Fine-tuned test accuracy of every set of weights tried, against the pretraining tokens
     behind them, beside random initialisation's band (mean ± std over its seeds)."""
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.4), layout="constrained")
+    from matplotlib.ticker import ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
     tuned = table[table["acc mean"].notna()] if not table.empty else table
     if tuned.empty:
         ax.text(0.5, 0.5, "no pretrained weights fine-tuned yet", ha="center", va="center")
         ax.set_axis_off()
-        return fig
+        return check_legend(fig)
     if random is not None:
         mean, std, n = random
         ax.axhspan(mean - std, mean + std, color="grey", alpha=0.25,
                    label=f"random initialisation, mean ± std (n={n})")
         ax.axhline(mean, color="grey", lw=1)
-    for role, part in tuned.groupby("weights", sort=False):
+    kinds = tuned.assign(kind=[("packaged: " if w == "packaged checkpoint" else "")
+                               + kind_of(r) for w, (_, r) in zip(tuned["weights"],
+                                                                 tuned.iterrows())])
+    markers = iter("o^sDvP*X")
+    for kind, part in kinds.groupby("kind", sort=True):
         ax.errorbar(part["tokens (M, all runs)"], part["acc mean"],
-                    yerr=part["acc std"].fillna(0), fmt="o", capsize=3, label=role)
-        for _, row in part.iterrows():
-            ax.annotate(row["run"].strip("`").split("/")[-1], (row["tokens (M, all runs)"],
-                        row["acc mean"]), textcoords="offset points", xytext=(4, 4),
-                        fontsize="x-small")
+                    yerr=part["acc std"].fillna(0), fmt=next(markers), capsize=3,
+                    ms=8 if kind.startswith("packaged") else 5, label=kind.replace("`", ""))
     ax.set_xscale("log")
+    ax.margins(x=0.08)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("pretraining tokens behind the weights (M, log scale)")
     ax.set_ylabel("test accuracy (%), best-valid epoch")
-    ax.legend(frameon=False, fontsize="x-small", loc="lower right")
-    return fig
+    fig.legend(frameon=False, fontsize="small", loc="outside lower center", ncol=2)
+    return check_legend(fig)
 
 
 def fine_tuned_sources(runs_root: Path | None = None) -> set[str]:
@@ -317,5 +349,5 @@ def fine_tuned_sources(runs_root: Path | None = None) -> set[str]:
     saved on its way) a candidate experiment fine-tuned, read from the fine-tuning manifests."""
     root = Path(runs_root) if runs_root is not None else paths().runs
     return {key for experiment in candidate_experiments(root)
-            for rec in discover_runs(root, [experiment], check_inputs=False)
-            if (key := _source_key(rec))}
+            for rec in discover_runs(root, [experiment])
+            if rec.valid and (key := _source_key(rec))}

@@ -7,6 +7,7 @@ The curves put a continued run after the updates of the runs behind it; the long
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -16,6 +17,7 @@ from finetune_lab.book.pretrain_report import VALID_SUBSETS, PretrainRuns, unigr
 from finetune_lab.models import params
 from finetune_lab.runs.registry import RunRecord
 from finetune_lab.runs.runspeed import device_name
+from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.pretrain_recipe import PretrainRecipe, tapt_start
 from finetune_lab.train.pretrain_throughput import model_flops_per_token
 
@@ -43,22 +45,33 @@ def curves(runs: PretrainRuns) -> pd.DataFrame:
 
 
 def plot_curves(runs: PretrainRuns):
-    """Loss (bits/token, with perplexity = 2^loss on the right axis) and learning rate."""
+    """Loss (bits/token, with perplexity = 2^loss on the right axis) and learning rate of the
+    runs behind the packaged checkpoint (every run, when nothing is packaged): one colour per
+    run, one line style per held-out set, so the legend stays short."""
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.lines import Line2D
 
     df = curves(runs)
-    fig, (ax, ax_lr) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+    lineage = {Path(step["run"]).name for step in (runs.checkpoint or {}).get("lineage") or []}
+    if lineage and not df.empty:
+        df = df[df["run"].isin(lineage)]
+    fig, (ax, ax_lr) = plt.subplots(1, 2, figsize=(9, 4), layout="constrained",
+                                    gridspec_kw={"width_ratios": [2, 1]})
     if df.empty:
         for a in (ax, ax_lr):
             a.text(0.5, 0.5, "no pretraining run recorded yet", ha="center", va="center")
             a.set_axis_off()
-        return fig
+        return check_legend(fig)
+    order = [Path(step["run"]).name for step in (runs.checkpoint or {}).get("lineage") or []]
+    names = sorted(df["run"].unique(), key=lambda r: order.index(r) if r in order else len(order))
+    colours = {run: f"C{i}" for i, run in enumerate(names)}
+    styles = {"train_inner": dict(lw=1, alpha=0.6), "valid": dict(marker="o", ms=3, lw=1.8),
+              "valid1": dict(marker="s", ms=3, lw=1.8, ls="--")}
     for (run, subset), part in df[df["tag"] == "loss"].groupby(["run", "subset"]):
         part = part.sort_values("step")
-        style = {"train_inner": dict(lw=1, alpha=0.8), "valid": dict(marker="o", lw=2),
-                 "valid1": dict(marker="s", lw=2, ls="--")}[subset]
-        ax.plot(part["update"], part["value"], label=f"{SUBSET_LABELS[subset]} [{run}]", **style)
+        ax.plot(part["update"], part["value"], color=colours[run], **styles[subset])
     ax.set_xlabel("update")
     ax.set_ylabel("MLM loss (bits / masked token)")
     unigram = unigram_bits()
@@ -66,16 +79,22 @@ def plot_curves(runs: PretrainRuns):
         ax.axhline(unigram, color="grey", ls=":", lw=1.2,
                    label=f"no context (unigram entropy, {unigram:.2f} bits)")
         ax.set_ylim(top=max(unigram + 2.0, ax.get_ylim()[0] + 1.0))  # the first updates start higher
-    ax.legend(frameon=False, fontsize="x-small")
+    handles = ([Line2D([], [], color=c, lw=2, label=run) for run, c in colours.items()]
+               + [Line2D([], [], color="black", label=SUBSET_LABELS[k], **v)
+                  for k, v in styles.items() if k in set(df["subset"])])
+    fig.legend(handles=handles + ax.get_legend_handles_labels()[0], frameon=False,
+               fontsize="small", loc="outside lower center", ncol=4)
     sec = ax.secondary_yaxis("right", functions=(lambda b: 2.0 ** b,
                                                  lambda p: np.log2(np.clip(p, 1e-12, None))))
+    sec.set_yticks([2.0 ** k for k in range(2, 14, 2)])  # 4 … 4096, one label per 2 bits
     sec.set_ylabel("perplexity")
     for run, part in df[df["tag"] == "lr"].groupby("run"):
         part = part.sort_values("step")
-        ax_lr.plot(part["update"], part["value"], label=run)
+        ax_lr.plot(part["update"], part["value"], color=colours[run])
     ax_lr.set_xlabel("update")
     ax_lr.set_ylabel("learning rate")
-    return fig
+    fig.get_layout_engine().set(wspace=0.08)
+    return check_legend(fig)
 
 
 def throughput_table(runs: PretrainRuns) -> pd.DataFrame:
@@ -144,6 +163,16 @@ class LongRun:
     unfinished on another machine cannot go on here."""
 
 
+def updates_done(rec: RunRecord) -> int:
+    """The updates a long run has done: its manifest's count, or for a launch that was killed
+    (and so never wrote it) the last update its event files logged."""
+    recorded = int(rec.manifest.get("updates_done") or 0)
+    segments = [int(s.get("updates_to") or s.get("updates_from") or 0)
+                for s in rec.manifest.get("segments") or []]
+    steps = event_scalars(rec.path)["step"] if rec.path.is_dir() else pd.Series(dtype=int)
+    return max([recorded, *segments, int(steps.max()) if len(steps) else 0])
+
+
 def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
     """:class:`LongRun` of every long run of the cache, in :func:`long_runs`' order."""
     out = []
@@ -159,10 +188,28 @@ def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
             tapt_tokens=(total - switch) * per if switch is not None else None,
             tokens_before=(sum(int(step.get("tokens") or 0) for step in lineage)
                            if lineage else None),
-            status=man.get("status"), tokens_done=int(man.get("updates_done") or 0) * per,
+            status=man.get("status"), tokens_done=updates_done(rec) * per,
             launches=len(man["segments"]),
             resumable=weights_state(rec) == "in progress"))
     return out
+
+
+def long_run_table(runs: PretrainRuns) -> pd.DataFrame:
+    """One row per long run: its budget, the task-adaptive part of it, the tokens behind the
+    weights it continues, and how far it got."""
+    rows = [{
+        "run": f"`{r.name.split('/')[-1]}`",
+        "budget (M tokens)": f"{r.budget_tokens / 1e6:.1f}",
+        "task-adaptive (M tokens)": "–" if r.tapt_tokens is None else f"{r.tapt_tokens / 1e6:.1f}",
+        "continues (M tokens)": "random weights" if r.tokens_before is None
+        else f"{r.tokens_before / 1e6:.1f}",
+        "done (M tokens)": f"{r.tokens_done / 1e6:.1f}",
+        "launches": r.launches,
+        "status": r.status if r.status == "complete" or r.resumable
+        else f"{r.status}, state lost",
+    } for r in long_run_facts(runs)]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(
+        {"state": ["no long run yet: `finetune-lab pretrain --tokens N`"]})
 
 
 def segments_table(rec: RunRecord | None) -> pd.DataFrame:

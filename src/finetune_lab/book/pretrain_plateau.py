@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from finetune_lab.models.checkpoints import MANIFEST_FILE, MODEL_FILE, packaged_dir
+from finetune_lab.models.checkpoints import MANIFEST_FILE, MODEL_FILE, package_manifest, packaged_dir
 from finetune_lab.models.position_init import (
     PADDING_IDX,
     POSITIONS_KEY,
@@ -64,7 +64,7 @@ def weights_state(rec: RunRecord) -> str:
 def all_pretraining_runs(runs_root=None) -> list[RunRecord]:
     """Every pretraining run folder, valid or not (a run the GPU call's deadline killed keeps its
     logs, though its weights are lost)."""
-    return discover_runs(runs_root, [EXPERIMENT, GPU_EXPERIMENT], check_inputs=False)
+    return discover_runs(runs_root, [EXPERIMENT, GPU_EXPERIMENT])
 
 
 def token_curves(records: list[RunRecord], subsets: tuple[str, ...] = ("valid",)) -> pd.DataFrame:
@@ -214,31 +214,48 @@ def plateau_facts(table: pd.DataFrame) -> PlateauFacts:
 
 
 def plot_plateau(records: list[RunRecord], unigram: float | None):
-    """Held-out novels' loss of every run against the tokens behind its weights (log scale);
-    runs whose weights were lost drawn dashed."""
+    """Held-out novels' loss of every run against the tokens behind its weights (log scale):
+    the runs behind the packaged weights in colour, the others grey by device (so the legend
+    stays short), runs whose weights were lost dashed."""
+    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     import matplotlib.pyplot as plt
 
     df = token_curves(records)
-    fig, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(8, 4.4), layout="constrained")
     if df.empty:
         ax.text(0.5, 0.5, "no pretraining run recorded yet", ha="center", va="center")
         ax.set_axis_off()
-        return fig
+        return check_legend(fig)
     gone = {f"{r.experiment}/{r.name}" for r in records
             if weights_state(r) in ("lost", STRANDED)}
+    package = package_manifest() or {}
+    lineage = [run_key(step["run"]) for step in package.get("lineage") or []]
+    shown = set()
     for run, part in df.groupby("run", sort=False):
         lost = run in gone
-        ax.plot(part["tokens"] / 1e6, part["bits"], marker="o", ms=2.5,
-                ls="--" if lost else "-", lw=1.2,
-                label=f"{run} ({part['device'].iloc[0]}{', weights lost' if lost else ''})")
+        ours = run in lineage
+        gpu = part["device"].iloc[0] == "GPU"
+        label = (run.split('/')[-1] if ours
+                 else "other GPU runs" if gpu else "other CPU runs")
+        ax.plot(part["tokens"] / 1e6, part["bits"], marker="o", ms=2.5 if ours else 1.5,
+                ls="--" if lost else "-", lw=1.8 if ours else 0.9,
+                color=f"C{lineage.index(run)}" if ours else ("0.35" if gpu else "0.7"),
+                label=None if label in shown else label, zorder=3 if ours else 2)
+        shown.add(label)
+    if gone:
+        ax.plot([], [], color="0.5", ls="--", lw=0.9, label="weights lost")
     if unigram is not None:
         ax.axhline(unigram, color="grey", ls=":", lw=1.2,
                    label=f"no context (unigram entropy, {unigram:.2f} bits)")
     ax.set_xscale("log")
     ax.set_xlabel("tokens behind the weights (millions, log scale)")
     ax.set_ylabel("held-out novels, MLM loss (bits)")
-    ax.legend(frameon=False, fontsize="x-small", loc="lower left")
-    return fig
+    fig.legend(frameon=False, fontsize="small", loc="outside lower center", ncol=4)
+    return check_legend(fig)
+
+
+DISPLAY_COLUMNS = ("run", "weights", "device", POSITIONS, "tokens per update",
+                   "tokens behind (M)", "novels (bits)", "reviews (bits)", LEFT)
 
 
 def plateau_display(table: pd.DataFrame) -> pd.DataFrame:
@@ -254,7 +271,8 @@ def plateau_display(table: pd.DataFrame) -> pd.DataFrame:
                      ("reviews (bits)", ".2f"), ("tokens per update", ",d"), ("lr", "g")):
         out[col] = out[col].map(num(fmt))
     out[LEFT] = out[LEFT].map(lambda v: "not yet" if v is None or pd.isna(v) else f"{v:.0f}")
-    return out
+    # a page's width: status, learning rate, loaders and speed are in the other tables
+    return out[[c for c in DISPLAY_COLUMNS if c in out.columns]]
 
 
 def position_init_runs(records: list[RunRecord]) -> list[RunRecord]:

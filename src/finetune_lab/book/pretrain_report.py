@@ -19,7 +19,6 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab.book.pretrain_budget import corpus_description
 from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import DICT_FILE, package_manifest, packaged_dir
 from finetune_lab.runs.fairseq_logs import mean_tokens_per_update, updates_per_epoch
@@ -175,54 +174,6 @@ def facts_of(runs: PretrainRuns, rec: RunRecord, lineage: list[dict[str, Any]]) 
         "all_task_adaptive": float(hp.get("tapt_fraction") or 0.0) >= 1.0,
         "tokens_per_update_measured": mean_tokens_per_update(log_text),
     }
-
-
-def comparison_table(runs: PretrainRuns, summary: dict[str, Any] | None) -> pd.DataFrame:
-    """The course model (external reference) next to the stand-in (from manifests)."""
-    facts = run_facts(runs)
-    counts = ((summary or {}).get("pretrain") or {}).get("counts") or {}
-    train = counts.get("train") or {}
-    ours_corpus = (
-        f"{corpus_description()}: {train.get('words', 0) / 1e6:.1f} M words, "
-        f"{train.get('tokens', 0) / 1e6:.1f} M tokens" if train else "not prepared"
-    )
-    tapt_only = bool(facts) and facts["all_task_adaptive"] and facts.get("corpus_blocks")
-    if (train and not tapt_only and not facts.get("whole_lines") and facts.get("corpus_blocks")
-            and facts["corpus_blocks"] != expected_blocks(train, facts["tokens_per_sample"])):
-        ours_corpus = (f"an earlier preparation of the corpus: {facts['corpus_blocks']:,} "
-                       f"samples of {facts['tokens_per_sample']} tokens (from the run's log); "
-                       f"the current one (@sec-data) is {ours_corpus}")
-    if tapt_only:
-        ours_corpus = (f"its last run: the task-adaptive corpus (@sec-pretrain-long; CLS-Books "
-                       f"training texts without labels, and dvd/music reviews), "
-                       f"{facts['corpus_blocks']:,} "
-                       + ("lines (from the run's log)" if facts["whole_lines"] else
-                          f"samples of {facts['tokens_per_sample']} tokens (from the run's log)")
-                       + "; the runs before it: the general corpus (@sec-data), as prepared "
-                       "when they ran")
-    if facts:
-        objective = (f"masked LM + `<s>` bag of words (weight {facts['bow_weight']:g}), on "
-                     "whole lines" if facts["bow_weight"] > 0 else
-                     "masked LM, on whole lines" if facts["whole_lines"] else "masked LM")
-        measured = facts["tokens_per_update_measured"]
-        ours_training = (f"{objective}, {facts['updates']:,} updates of "
-                         + (f"at most {facts['tokens_per_update']:,} tokens ({measured:,.0f} on "
-                            "average)" if facts["whole_lines"] and measured else
-                            f"{facts['tokens_per_update']:,} tokens")
-                         + (", at most" if facts["whole_lines"] else ",")
-                         + f" {facts['tokens_seen'] / 1e6:.1f} M tokens seen")
-        if len(facts["lineage"]) > 1:
-            ours_training += (f", continuing {len(facts['lineage']) - 1} earlier run(s): "
-                              f"{facts['tokens_total'] / 1e6:.1f} M tokens in all")
-        ours_hw = f"{facts['device']}, {facts['wall_time_min']:.0f} min"
-    else:
-        ours_training = ours_hw = "not run yet"
-    return pd.DataFrame({
-        "": ["corpus", "training", "hardware"],
-        "course RoBERTa_small_fr (reported)": [COURSE_MODEL["corpus"], COURSE_MODEL["training"],
-                                               COURSE_MODEL["hardware"]],
-        "this project's stand-in (measured)": [ours_corpus, ours_training, ours_hw],
-    })
 
 
 def recipe_table(runs: PretrainRuns) -> pd.DataFrame:

@@ -79,7 +79,8 @@ def _md_table(rows: list[dict[str, str]]) -> str:
 
 
 def compact_run_rows(runs: Iterable[RunRecord]) -> list[dict[str, str]]:
-    """The PDF's form of :func:`run_rows`: columns short enough for a page (the HTML has all)."""
+    """The PDF's form of :func:`run_rows` for the runs it lists (the excluded ones): columns short
+    enough for a page (the HTML has all)."""
     return [{"run": f"{r.experiment}/{r.name}",
              "status": "valid" if r.valid else "excluded",
              "manifest": _short(sha256_file(r.path / MANIFEST_NAME), 8)
@@ -144,8 +145,10 @@ def provenance_markdown(
         excluded = [r for r in runs if not r.valid]
         parts += ["", f"Runs: {len(used)} used, {len(excluded)} excluded."]
         full += ["", _md_table(run_rows(runs))]
-        compact += ["", "Devices, package versions, commits and output hashes of each run are in "
-                        "the HTML book and in its manifest.", "", _md_table(compact_run_rows(runs))]
+        compact += ["", "Each run's device, package versions, commit and hashes are in the HTML "
+                        "book and in its manifest."]
+        if excluded:  # the PDF names only the runs it did not use, so its pages stay few
+            compact += ["", _md_table(compact_run_rows(excluded))]
     if full:
         parts += _when("html", full) + _when("html", compact, unless=True)
     return "\n".join(parts) + "\n"

@@ -20,6 +20,8 @@ class LabTask:
     chapter: str
     section: str
     experiments: tuple[str, ...] = ()
+    unrun: str = ""
+    """Why the part has no run in this book, said when the run cache holds none."""
 
 
 LAB_TASKS: tuple[LabTask, ...] = (
@@ -33,8 +35,15 @@ LAB_TASKS: tuple[LabTask, ...] = (
             "chapters/fairseq.qmd", "sec-fairseq", ("fairseq",)),
     LabTask("Task 5", "Fine-tune with HuggingFace Transformers, same hyperparameters",
             "chapters/transformers.qmd", "sec-transformers", ("transformers",)),
-    LabTask("Tasks 6-8, Question 2", "LoRA and QLoRA: configs, counts, memory, a LoRA run",
-            "chapters/lora.qmd", "sec-lora", ("lora", "lora-qa")),
+    LabTask("Tasks 6-8, Question 2", "LoRA and 4-bit QLoRA of BLOOM-560m: configs, counts, memory",
+            "chapters/lora.qmd", "sec-lora",
+            unrun="computed from BLOOM-560m's configuration: no run needed"),
+    LabTask("Task 7", "Fine-tune BLOOM-560m with QLoRA on the e-commerce FAQ",
+            "chapters/lora.qmd", "sec-lora-qa", ("lora-qa",),
+            unrun="not run: BLOOM-560m's weights cannot be downloaded here, and 4-bit training "
+                  "needs a GPU"),
+    LabTask("(beside Task 7)", "LoRA and QLoRA against full fine-tuning of RoBERTa-small-fr on "
+            "CLS-Books", "chapters/lora.qmd", "sec-lora-cls", ("lora",)),
 )
 
 
@@ -51,9 +60,9 @@ def lab_status(root: Path = PROJECT_ROOT, runs_root: Path | None = None) -> pd.D
         mine = [r for r in records if r.experiment in task.experiments]
         valid = sum(r.valid for r in mine)
         if not task.experiments:
-            runs = "no training run needed"
+            runs = task.unrun or "no training run needed"
         elif not mine:
-            runs = "not run yet"
+            runs = task.unrun or "not run yet"
         else:
             runs = f"{valid} valid run{'s' if valid != 1 else ''}"
             if len(mine) > valid:

@@ -29,6 +29,7 @@ from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 
 OUTPUT_NAME = "cls-books-bin"
+COMMAND = "binarize-cls"
 
 
 def _preprocess_executable() -> list[str]:
@@ -114,6 +115,7 @@ def binarize_cls(
 
     Output: ``spm/{split}.spm.review`` (the encoded text), ``input0/`` and ``label/`` (fairseq's
     ``sentence_prediction`` data layout) and ``manifest.json``. Returns ``(out, ran)``.
+    An existing ``out`` is replaced only if ``binarize-cls`` made it, unless ``force``.
     """
     cls_dir = Path(cls_dir) if cls_dir is not None else cls_books.default_output()
     tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else tokenizer.default_output()
@@ -135,7 +137,7 @@ def binarize_cls(
     started = time.perf_counter()
     splits = {split: read_split(cls_dir, split) for split in SPLITS}
     sp = tokenizer.load_processor(tok_dir)
-    with _files.atomic_dir(out) as tmp:
+    with _files.atomic_dir(out, COMMAND, force=force) as tmp:
         (tmp / "spm").mkdir()
         counts: dict[str, dict[str, int]] = {}
         for split, (reviews, labels) in splits.items():
@@ -158,7 +160,7 @@ def binarize_cls(
         ]
         preprocess_s = [run_preprocess(cmd, cwd=tmp) for cmd in commands]
         manifest = {
-            "step": "binarize-cls",
+            "step": COMMAND,
             "inputs": inputs,
             "outputs": _files.sha256_tree(tmp, exclude=("manifest.json", "preprocess.log")),
             "parameters": parameters,
@@ -189,7 +191,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=resolved_path, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
     parser.add_argument("--workers", type=positive_int, default=2)
-    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--force", action="store_true",
+                        help="rebuild even if up to date, replacing --out even if "
+                             "binarize-cls did not make it")
     parser.set_defaults(func=_run)
 
 

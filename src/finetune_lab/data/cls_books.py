@@ -29,6 +29,8 @@ SPLITS = ("train", "valid", "test")
 DEFAULT_SEED = 1
 DEFAULT_VALID_FRACTION = 0.1
 OUTPUT_NAME = "cls.books"
+COMMAND = "prepare-cls"
+"""The command that writes (and alone may replace) the output folder."""
 
 _NEWLINES = re.compile(r"[ \t]*[\r\n]+[ \t]*")
 
@@ -48,13 +50,19 @@ class Review:
     """1-based position of the ``<item>`` in its XML file."""
 
 
+RATINGS = (1.0, 2.0, 4.0, 5.0)
+"""The star ratings CLS-Books holds (3, neither positive nor negative, was left out by its
+authors): any other value is a damaged file, never a label."""
+
+
 def label_for_rating(rating: float) -> int:
-    """1 when the rating is above 3, 0 below; 3 has no sentiment label in the course's scheme."""
-    if rating > 3:
-        return 1
-    if rating < 3:
-        return 0
-    raise ValueError("a rating of 3 is neither positive nor negative")
+    """1 when the rating is above 3, 0 below; 3 has no sentiment label in the course's scheme,
+    and a rating CLS-Books cannot hold (6, 0, 4.5) is an error, not a label."""
+    if rating not in RATINGS:
+        raise ValueError("is neither positive (> 3) nor negative (< 3)" if rating == 3 else
+                         "is not one of the ratings CLS-Books holds ("
+                         + ", ".join(f"{r:g}" for r in RATINGS) + ")")
+    return 1 if rating > 3 else 0
 
 
 def single_line(text: str) -> str:
@@ -79,7 +87,9 @@ def read_reviews(path: Path) -> list[Review]:
     """
     path = Path(path)
     if not path.is_file():
-        raise ClsDataError(f"{path} does not exist. Check the data root (FINETUNE_LAB_DATA_ROOT).")
+        what = ("is a folder, not a review file" if path.is_dir() else
+                "is not a regular file" if path.exists() else "does not exist")
+        raise ClsDataError(f"{path} {what}. Check the data root (FINETUNE_LAB_DATA_ROOT).")
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError as exc:
@@ -103,11 +113,8 @@ def read_reviews(path: Path) -> list[Review]:
             raise _item_error(path, position, asin, f"rating {rating_text!r} is not a number") from None
         try:
             label = label_for_rating(rating)
-        except ValueError:
-            raise _item_error(
-                path, position, asin, f"rating {rating_text.strip()} is neither positive (> 3) "
-                "nor negative (< 3)"
-            ) from None
+        except ValueError as exc:
+            raise _item_error(path, position, asin, f"rating {rating_text.strip()} {exc}") from None
         raw = item.findtext("text")
         if raw is None:
             raise _item_error(path, position, asin, "missing <text>")
@@ -189,24 +196,27 @@ def prepare_cls(
     out: Path | None = None,
     seed: int = DEFAULT_SEED,
     valid_fraction: float = DEFAULT_VALID_FRACTION,
+    force: bool = False,
 ) -> Path:
     """Build ``cls.books/`` atomically from the books XML and return its path.
 
     Reads and checks both XML files before writing anything, so a bad item leaves no output.
+    An existing ``out`` is replaced only if ``prepare-cls`` made it (``force``: whatever it is).
     """
     started = time.perf_counter()
     root = require_data_root(f"{BOOKS_DIR}/train.review", f"{BOOKS_DIR}/test.review", root=data_root)
     out = Path(out) if out is not None else default_output()
+    _files.check_replaceable(out, COMMAND, force=force)
     sources = {name: root / BOOKS_DIR / f"{name}.review" for name in ("train", "test")}
     train_all = read_reviews(sources["train"])
     test = read_reviews(sources["test"])
     train, valid = stratified_split(train_all, seed=seed, valid_fraction=valid_fraction)
     parts = {"train": train, "valid": valid, "test": test}
-    with _files.atomic_dir(out) as tmp:
+    with _files.atomic_dir(out, COMMAND, force=force) as tmp:
         for split, reviews in parts.items():
             write_split(tmp, split, reviews)
         manifest = {
-            "step": "prepare-cls",
+            "step": COMMAND,
             "inputs": {
                 f"{BOOKS_DIR}/{name}.review": _files.sha256_file(p) for name, p in sources.items()
             },
@@ -226,7 +236,7 @@ def prepare_cls(
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "prepare-cls",
+        COMMAND,
         help="build cls.books/{train,valid,test}.{review,label} from the Webis-CLS-10 books XML",
         description=prepare_cls.__doc__,
     )
@@ -236,11 +246,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
     parser.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
     parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)
+    parser.add_argument("--force", action="store_true",
+                        help="replace --out even if prepare-cls did not make it")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    out = prepare_cls(args.data_root, args.out, seed=args.seed, valid_fraction=args.valid_fraction)
+    out = prepare_cls(args.data_root, args.out, seed=args.seed, valid_fraction=args.valid_fraction,
+                      force=args.force)
     manifest = _files.read_json(out / "manifest.json")
     sizes = ", ".join(f"{s} {sum(manifest['counts'][s].values())}" for s in SPLITS)
     print(f"prepare-cls: wrote {out} ({sizes})")

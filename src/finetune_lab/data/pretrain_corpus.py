@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 from finetune_lab.argtypes import non_negative_int, positive_int, resolved_path
 from finetune_lab import _files
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.data import binarize, tokenizer
+from finetune_lab.data.cls_books import BOOKS_DIR
 from finetune_lab.errors import UserError
 from finetune_lab.data.eltec import (
     DEFAULT_REVIEW_REPEAT, DEFAULT_REVIEW_VALID, DEFAULT_SEED, DEFAULT_VALID_FRACTION, ELTEC_DIRS,
@@ -38,8 +40,11 @@ TAPT_OUTPUT_NAME = "pretrain-tapt-bin"
 TAPT_TASK_REPEAT = 3
 """The task-adaptive phase's corpus: the books training split 3 times beside the dvd/music
 reviews once (about as many tokens of each), and no novels."""
-
-
+DAPT_OUTPUT_NAME = "pretrain-dapt-bin"
+"""The domain-adaptive corpus: the dvd/music reviews once, no novels and no CLS-Books text, for
+a phase that must not read the task's texts (the tapt corpus without its books)."""
+KINDS = ("general", "dapt", "tapt")
+"""What a corpus's train side holds (:func:`corpus_kind`); a long run names its phases so."""
 
 
 def default_output() -> Path:
@@ -109,7 +114,7 @@ def prepare_pretrain(
 
     started = time.perf_counter()
     sp = tokenizer.load_processor(tok_dir)
-    with _files.atomic_dir(out) as tmp:
+    with _files.atomic_dir(out, "prepare-pretrain", force=force) as tmp:
         counts: dict[str, dict[str, int]] = {}
         encode_started = time.perf_counter()
         for split, split_docs in docs.items():
@@ -191,9 +196,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help=f"the task-adaptive phase's corpus: --task-repeat {TAPT_TASK_REPEAT} "
                              "--review-repeat 1 --no-train-novels, into "
                              f"<work dir>/{TAPT_OUTPUT_NAME}")
+    parser.add_argument("--dapt", action="store_true",
+                        help="the domain-adaptive corpus: --task-repeat 0 --review-repeat 1 "
+                             f"--no-train-novels (no CLS-Books text), into <work dir>/{DAPT_OUTPUT_NAME}")
     parser.add_argument("--workers", type=positive_int, default=2)
     parser.add_argument("--max-novels", type=int, default=None, help="use only the first N novels")
-    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--force", action="store_true",
+                        help="rebuild even if up to date, and replace --out even if this "
+                             "command did not make it")
     parser.set_defaults(func=_run)
 
 
@@ -201,10 +211,47 @@ def tapt_output() -> Path:
     return paths().work / TAPT_OUTPUT_NAME
 
 
+def dapt_output() -> Path:
+    return paths().work / DAPT_OUTPUT_NAME
+
+
+def corpus_kind(train_documents: list[str]) -> str:
+    """``tapt`` if any CLS-Books text is on the train side, ``general`` with novels, else
+    ``dapt`` (reviews of the other domains only): from the documents read, not the flags."""
+    if any(name.startswith(BOOKS_DIR + "/") for name in train_documents):
+        return "tapt"
+    if any(name.endswith(".txt.xz") for name in train_documents):
+        return "general"
+    return "dapt"
+
+
+def corpus_record(bin_dir: Path) -> dict[str, Any] | None:
+    """What a run reading the corpus ``bin_dir`` reads, from the corpus's own manifest: its kind
+    (:func:`corpus_kind`), the sources on its train side and the manifest's sha256; None for a
+    folder that ``prepare-pretrain`` did not write (a run then records its path alone)."""
+    folder = Path(bin_dir)
+    manifest = folder.parent / "manifest.json" if folder.name == "bin" else folder / "manifest.json"
+    if not manifest.is_file():
+        return None
+    params = _files.read_json(manifest).get("parameters") or {}
+    train = list((params.get("documents") or {}).get("train") or [])
+    sources = sorted({"eltec-fra" if n.endswith(".txt.xz") else n.rsplit("/", 1)[0]
+                      for n in train})
+    return {"kind": corpus_kind(train), "train_sources": sources,
+            "task_repeat": int(params.get("task_repeat") or 0),
+            "review_repeat": params.get("review_repeat"),
+            "manifest_sha256": _files.sha256_file(manifest)}
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.tapt:
         args.task_repeat, args.review_repeat, args.train_novels = TAPT_TASK_REPEAT, 1, False
         args.out = args.out or tapt_output()
+    if args.dapt:
+        if args.tapt or args.task_repeat:
+            raise UserError("--dapt reads no CLS-Books text: drop --tapt and --task-repeat")
+        args.task_repeat, args.review_repeat, args.train_novels = 0, 1, False
+        args.out = args.out or dapt_output()
     out, ran = prepare_pretrain(
         args.data_root, args.tokenizer, args.out, seed=args.seed,
         valid_fraction=args.valid_fraction, with_reviews=args.with_reviews,

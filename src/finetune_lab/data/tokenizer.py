@@ -43,6 +43,18 @@ DEFAULT_SAMPLE_SENTENCES = 0
 OUTPUT_NAME = "tokenizer"
 MODEL_FILE = "spm.model"
 DICT_FILE = "dict.txt"
+COMMAND = "train-tokenizer"
+ADOPT_COMMAND = "adopt-tokenizer"
+"""The command that makes the work tokenizer the committed checkpoint's own (what every
+committed run read): the fix to name when the tokenizer is missing."""
+MAKE_TOKENIZER = ("`finetune-lab adopt-tokenizer` (the committed checkpoint's own tokenizer, which "
+                  "every committed run used; `finetune-lab train-tokenizer` makes a new one, for "
+                  "pretraining from scratch only)")
+"""How a message says to make the work tokenizer: never a retraining that would undo the
+adopted one."""
+ADOPTED_STEP = "adopted from the packaged checkpoint"
+"""The manifest step of a tokenizer copied from the checkpoint (``reproduce``): a folder of this
+project that ``train-tokenizer`` may replace."""
 
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+(?=[«—–\"'(\[A-ZÀ-ÖØ-Þ])")
 
@@ -134,7 +146,7 @@ def require_tokenizer(tokenizer_dir: Path) -> tuple[Path, Path]:
     model_path, dict_path = Path(tokenizer_dir) / MODEL_FILE, Path(tokenizer_dir) / DICT_FILE
     for p in (model_path, dict_path):
         if not p.is_file():
-            raise UserError(f"{p} is missing. Run `finetune-lab train-tokenizer` first.")
+            raise UserError(f"{p} is missing. Run {MAKE_TOKENIZER} first.")
     return model_path, dict_path
 
 
@@ -197,15 +209,19 @@ def train_tokenizer(
     with_reviews: bool = True,
     max_novels: int | None = None,
     num_threads: int = 2,
+    force: bool = False,
 ) -> Path:
     """Train the BPE model on a seeded sample of the pretraining corpus's *train* side.
 
     The valid novels are left out so that held-out perplexity stays held out. Writes
-    ``spm.model``, ``spm.vocab``, ``dict.txt`` and ``manifest.json`` atomically.
+    ``spm.model``, ``spm.vocab``, ``dict.txt`` and ``manifest.json`` atomically, replacing only
+    a tokenizer folder of this project (trained or adopted) unless ``force``.
     """
     started = time.perf_counter()
     root = require_data_root(*eltec.ELTEC_DIRS, root=data_root)
     out = Path(out) if out is not None else default_output()
+    mine = _files.data_step_output(COMMAND, ADOPTED_STEP)
+    _files.check_replaceable(out, COMMAND, force=force, earlier=mine)  # before the slow part
     docs = eltec.corpus_documents(root, seed=seed, with_reviews=with_reviews, max_novels=max_novels)
     train_docs = docs["train"]
     read_started = time.perf_counter()
@@ -213,7 +229,7 @@ def train_tokenizer(
     sentences = [s for p in all_paragraphs for s in split_sentences(p)]
     sample = sample_sentences(sentences, sample_size, seed)
     read_s = time.perf_counter() - read_started
-    with _files.atomic_dir(out) as tmp:
+    with _files.atomic_dir(out, COMMAND, force=force, earlier=mine) as tmp:
         train_s = train_spm(sample, tmp / "spm", vocab_size=vocab_size, seed=seed, num_threads=num_threads)
         import sentencepiece as spm
 
@@ -223,7 +239,7 @@ def train_tokenizer(
         rows = write_fairseq_dict(sp, tmp / DICT_FILE, counts)
         count_s = time.perf_counter() - count_started
         manifest = {
-            "step": "train-tokenizer",
+            "step": COMMAND,
             "inputs": {d.name: _files.sha256_file(d.path) for d in train_docs},
             "outputs": _files.sha256_tree(tmp, exclude=("manifest.json",)),
             "seed": seed,
@@ -263,7 +279,7 @@ def train_tokenizer(
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "train-tokenizer",
+        COMMAND,
         help="train the 32k sentencepiece BPE model and fairseq dict.txt on the pretraining corpus",
         description=train_tokenizer.__doc__,
     )
@@ -279,6 +295,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="ELTeC only: leave out the dvd/music reviews")
     parser.add_argument("--max-novels", type=int, default=None)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--force", action="store_true",
+                        help="replace --out even if train-tokenizer did not make it")
     parser.set_defaults(func=_run)
 
 
@@ -286,7 +304,7 @@ def _run(args: argparse.Namespace) -> int:
     out = train_tokenizer(
         args.data_root, args.out, seed=args.seed, vocab_size=args.vocab_size,
         sample_size=args.sample_sentences, with_reviews=args.with_reviews,
-        max_novels=args.max_novels, num_threads=args.threads,
+        max_novels=args.max_novels, num_threads=args.threads, force=args.force,
     )
     manifest = _files.read_json(out / "manifest.json")
     print(f"train-tokenizer: wrote {out} ({manifest['parameters']['embedding_rows']} embedding rows, "

@@ -11,20 +11,26 @@ shipped its model: ``model.pt`` (weights only, fp16, no optimizer state), ``dict
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import sha256_file, utc_now, write_json_atomic
+from finetune_lab._files import (
+    atomic_dir,
+    check_replaceable,
+    sha256_file,
+    tree_entries,
+    utc_now,
+    write_json_atomic,
+)
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.models.fairseq_compat import preserved_root_logger
 from finetune_lab.models.trust import MANIFEST_FILE, load_trusted, trusting
 
 CHECKPOINT_NAME = "roberta-small-fr"
+COMMAND = "package-checkpoint"
 MODEL_FILE = "model.pt"
 DICT_FILE = "dict.txt"
 SPM_FILE = "sentencepiece.bpe.model"
@@ -32,6 +38,17 @@ SPM_FILE = "sentencepiece.bpe.model"
 
 def packaged_dir() -> Path:
     return paths().checkpoints / CHECKPOINT_NAME
+
+
+def packaged_output(folder: Path) -> bool:
+    """Whether ``folder`` is a packaged checkpoint, the only folder :func:`package_checkpoint`
+    replaces: its manifest lists its files, and it holds nothing else. Told by its exact files,
+    not a marker, so that the committed checkpoint stays these four files byte for byte."""
+    try:
+        listed = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(listed, dict) and tree_entries(folder) <= {*listed, MANIFEST_FILE}
 
 
 def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
@@ -95,22 +112,24 @@ def package_checkpoint(
     metadata: dict[str, Any] | None = None,
     manifests: Iterable[Path] | None = None,
     trust: bool = False,
+    force: bool = False,
 ) -> Path:
-    """Write ``dest/{model.pt,dict.txt,sentencepiece.bpe.model,manifest.json}`` atomically.
-    ``trust``: the user vouches for a ``source`` that no manifest lists (recorded as such)."""
+    """Write ``dest/{model.pt,dict.txt,sentencepiece.bpe.model,manifest.json}`` atomically: the
+    new folder is swapped in whole, so a crash leaves the old checkpoint or the new one. An
+    existing ``dest`` is replaced only if it is a packaged checkpoint (:func:`packaged_output`)
+    unless ``force``. ``trust``: the user vouches for a ``source`` that no manifest lists
+    (recorded as such)."""
     import torch
 
     dest = Path(dest) if dest is not None else packaged_dir()
+    check_replaceable(dest, COMMAND, force=force, earlier=packaged_output)  # before loading
     for f in (tokenizer_model, dictionary):
         if not Path(f).is_file():
             raise UserError(f"{f} is missing: run `finetune-lab train-tokenizer` first")
     state = load_trusted(source, manifests, trust=trust)
     if trust:
         metadata = {**(metadata or {}), "trusted_by": "the user (package-checkpoint --trust)"}
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes the folder private; this one is published
-    try:
+    with atomic_dir(dest, COMMAND, force=force, earlier=packaged_output, marker=False) as tmp:
         torch.save(weights_only_state(state), tmp / MODEL_FILE)
         shutil.copyfile(dictionary, tmp / DICT_FILE)
         shutil.copyfile(tokenizer_model, tmp / SPM_FILE)
@@ -125,12 +144,6 @@ def package_checkpoint(
             "files": files,
             **(metadata or {}),
         })
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 

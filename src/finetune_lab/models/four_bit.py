@@ -201,10 +201,12 @@ def memory_symbols(config=None) -> dict[str, int]:
 # --- NF4 -------------------------------------------------------------------------------------
 
 def nf4_codebook(offset: float = NF4_OFFSET) -> list[float]:
-    """The 16 NF4 levels from quantiles of N(0, 1), as QLoRA's appendix constructs them.
+    """The 16 NF4 levels from quantiles of N(0, 1), built as bitsandbytes' ``create_normal_map``
+    builds them (QLoRA's idealised formula, read literally, would put a level at −∞).
 
-    8 positive levels from quantiles evenly spaced between ``offset`` and 1/2, 7 negative ones
-    from ``offset`` to 1/2 in 8 steps (so that 0 is exact), then normalised to [-1, 1].
+    8 positive levels ``Φ⁻¹(p)`` for ``p`` evenly spaced from ``offset`` towards 1/2 in 8 steps,
+    7 negative ones ``−Φ⁻¹(p)`` from ``offset`` towards 1/2 in 7 steps, and an exact 0; all
+    divided by the largest, ``Φ⁻¹(offset)``, so they span [−1, 1].
     """
     import numpy as np
     from scipy.stats import norm

@@ -32,16 +32,27 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab._files import CONVERSION_RECORD, sha256_file, utc_now
+from finetune_lab._files import (CONVERSION_RECORD, atomic_dir, check_replaceable, sha256_file,
+                                 tree_entries, utc_now)
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
-from finetune_lab.models.hf_tokenizer import BOS, EOS, FairseqIdTokenizer, pad_batch
+from finetune_lab.models.hf_tokenizer import (BOS, CONFIG_FILE, DICT_FILE, EOS, SPM_FILE,
+                                              FairseqIdTokenizer, pad_batch)
 from finetune_lab.models.params import SMALL, RobertaSize, fairseq_model, hf_config
 from finetune_lab.models.trust import load_trusted
 
 TOLERANCE = 1e-4
 HEAD = "sentence_classification_head"
+COMMAND = "convert-hf"
+CONVERTED_FILES = frozenset({"config.json", "model.safetensors", "generation_config.json",
+                             SPM_FILE, DICT_FILE, CONFIG_FILE, CONVERSION_RECORD})
+
+
+def converted_output(folder: Path) -> bool:
+    """A conversion written before output markers: its record, and nothing a conversion does not
+    write (so a user's folder once converted into is never replaced)."""
+    return (folder / CONVERSION_RECORD).is_file() and tree_entries(folder) <= CONVERTED_FILES
 
 _LAYER = {
     "self_attn.q_proj": "attention.self.query",
@@ -313,12 +324,15 @@ def checkpoint_check(path: Path, seed: int = 0) -> pd.DataFrame:
                              sample_inputs(size.vocab, seed=seed, max_len=size.max_positions))
 
 
-def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None = None) -> Path:
+def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None = None,
+                       force: bool = False) -> Path:
     """Write a Transformers ``RobertaForMaskedLM`` folder + the fairseq-id tokenizer files.
 
     The folder holds ``config.json``, ``model.safetensors``, ``spm.model``, ``dict.txt``,
     ``fairseq_tokenizer.json`` and ``conversion.json`` (source sha256 and the numerical check).
+    It is written whole and swapped in, replacing only a conversion (``force``: anything).
     """
+    check_replaceable(Path(out), COMMAND, force=force, earlier=converted_output)
 
     checkpoint = Path(checkpoint)
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else checkpoint.parent
@@ -335,14 +349,15 @@ def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None =
         raise UserError(f"{tok.dict_path} gives {tok.vocab_size} ids but {checkpoint} has "
                         f"{size.vocab} embedding rows: pass the tokenizer the model was trained with")
     out = Path(out)
-    mlm.save_pretrained(out)
-    tok.save(out)
-    (out / CONVERSION_RECORD).write_text(json.dumps({
-        "source": {"path": str(checkpoint), "sha256": sha256_file(checkpoint)},
-        "created": utc_now(),
-        "size": size.__dict__,
-        "check": json.loads(check.to_json(orient="records")),
-    }, indent=2) + "\n", encoding="utf-8")
+    with atomic_dir(out, COMMAND, force=force, earlier=converted_output) as tmp:
+        mlm.save_pretrained(tmp)
+        tok.save(tmp)
+        (tmp / CONVERSION_RECORD).write_text(json.dumps({
+            "source": {"path": str(checkpoint), "sha256": sha256_file(checkpoint)},
+            "created": utc_now(),
+            "size": size.__dict__,
+            "check": json.loads(check.to_json(orient="records")),
+        }, indent=2) + "\n", encoding="utf-8")
     return out
 
 
@@ -362,6 +377,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="folder with the spm model and dict.txt (default: the checkpoint's folder)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: "
                    "<work dir>/hf/roberta-small-fr)")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if convert-hf did not make it")
     p.set_defaults(func=_run)
 
 
@@ -370,6 +387,6 @@ def _run(args: argparse.Namespace) -> int:
     ckpt = args.checkpoint or packaged_dir() / MODEL_FILE
     if not ckpt.is_file():
         raise UserError(f"{ckpt} does not exist: pretrain and package the model first (README)")
-    out = convert_checkpoint(ckpt, args.out or default_hf_dir(), args.tokenizer_dir)
+    out = convert_checkpoint(ckpt, args.out or default_hf_dir(), args.tokenizer_dir, args.force)
     print(f"convert-hf: wrote {out}")
     return 0

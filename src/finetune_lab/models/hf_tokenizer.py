@@ -54,7 +54,8 @@ def read_fairseq_dict(path: Path) -> dict[str, int]:
     """
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path} is missing. Run `finetune-lab train-tokenizer` first.")
+        raise UserError(f"{path} is missing. Run `finetune-lab adopt-tokenizer` first (the "
+                        "committed checkpoint's tokenizer).")
     indices = {s: i for i, s in enumerate(SPECIALS)}
     rows = len(indices)
     for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -65,13 +66,13 @@ def read_fairseq_dict(path: Path) -> dict[str, int]:
             symbol, rest = line.rsplit(" ", 1)
         except ValueError:
             raise UserError(f"{path}: line {number}: expected 'symbol count', got {raw!r}. "
-                            "Regenerate it with `finetune-lab train-tokenizer`.") from None
+                            "Restore it with `finetune-lab adopt-tokenizer`.") from None
         overwrite = rest == "#fairseq:overwrite"
         if overwrite:
             symbol, _count = symbol.rsplit(" ", 1)
         if symbol in indices and not overwrite:
             raise UserError(f"{path}: line {number}: duplicate symbol {symbol!r}; fairseq refuses "
-                            "this dictionary. Regenerate it with `finetune-lab train-tokenizer`.")
+                            "this dictionary. Restore it with `finetune-lab adopt-tokenizer`.")
         indices[symbol] = rows  # an overwritten symbol moves to a new row, as in fairseq
         rows += 1
     for symbol in TASK_SYMBOLS:
@@ -96,7 +97,7 @@ class FairseqIdTokenizer:
 
         self.spm_model, self.dict_path = Path(self.spm_model), Path(self.dict_path)
         if not self.spm_model.is_file():
-            raise UserError(f"{self.spm_model} is missing. Run `finetune-lab train-tokenizer` "
+            raise UserError(f"{self.spm_model} is missing. Run `finetune-lab adopt-tokenizer` "
                             "(or `finetune-lab convert-hf`, which copies it) first.")
         self.indices = read_fairseq_dict(self.dict_path)
         self._sp = spm.SentencePieceProcessor(model_file=str(self.spm_model))

@@ -48,6 +48,25 @@ DEMONSTRATED_FIELDS: tuple[str, ...] = (
 """The ``LoraConfig`` fields the lab sets plus those the chapter demonstrates, in that order."""
 
 
+FIELD_MEANING: dict[str, str] = {
+    "task_type": "which peft wrapper class holds the model (its forward and generate); the "
+                 "adapters are the same",
+    "r": "rank of the update BA (A is r × k, B is d × r): the adapter's size grows linearly in r",
+    "lora_alpha": "numerator of the scaling α / r that multiplies BAx",
+    "target_modules": "which linear layers get an adapter, matched as suffixes of module names",
+    "lora_dropout": "dropout on the adapter's input x, before A, in training only; the frozen "
+                    "path W₀x never sees it",
+    "bias": "which bias vectors are trained too: none, those of the adapted layers, or all",
+    "use_rslora": "scale by α / √r instead of α / r",
+    "modules_to_save": "whole modules trained in full, as a copy beside the frozen original",
+    "rank_pattern": "r for the modules a regular expression matches",
+    "alpha_pattern": "lora_alpha for the modules a regular expression matches",
+    "init_lora_weights": "how A and B start: by default A random and B = 0, so the adapter "
+                         "starts as a no-op",
+}
+"""What each field of :data:`DEMONSTRATED_FIELDS` does, in the book's words (one line each)."""
+
+
 def lora_config(**overrides: Any):
     """peft's ``LoraConfig`` with the lab's values, any of them overridden by keyword."""
     from peft import LoraConfig
@@ -127,6 +146,7 @@ def lora_field_table(fields: tuple[str, ...] | None = DEMONSTRATED_FIELDS) -> pd
             "field": name,
             "lab value": _show(LAB_LORA[name]) if name in LAB_LORA else "(default)",
             "peft default": _show(_field_default(field)),
+            "what it does": FIELD_MEANING.get(name, ""),
             "peft help": _clean_help(field.metadata.get("help", "")),
         })
     return pd.DataFrame(rows)
@@ -138,7 +158,7 @@ def other_lora_fields() -> pd.DataFrame:
     df = lora_field_table(None)
     df = df[~df["field"].isin(DEMONSTRATED_FIELDS)].copy()
     df["peft help"] = df["peft help"].map(first_sentence)
-    return df.drop(columns=["lab value"]).reset_index(drop=True)
+    return df.drop(columns=["lab value", "what it does"]).reset_index(drop=True)
 
 
 def _docstring_args(doc: str) -> dict[str, str]:
@@ -161,20 +181,37 @@ def _docstring_args(doc: str) -> dict[str, str]:
     return out
 
 
+def _dtype_name(value: Any) -> Any:
+    """``torch.float32`` as ``'float32'``, the string the lab's config passes; else unchanged."""
+    text = str(value)
+    return text.removeprefix("torch.") if text.startswith("torch.") else value
+
+
 @per_render
 def bnb_field_table() -> pd.DataFrame:
-    """The lab's ``BitsAndBytesConfig`` arguments: value, transformers' default and its doc."""
+    """The lab's ``BitsAndBytesConfig`` arguments: value, transformers' effective default and
+    its doc.
+
+    The default is what a ``BitsAndBytesConfig()`` holds after its constructor, which is not
+    always the signature's: ``bnb_4bit_compute_dtype=None`` becomes ``torch.float32``. Where
+    the two differ the cell says so.
+    """
     from transformers import BitsAndBytesConfig
 
     sig = inspect.signature(BitsAndBytesConfig.__init__).parameters
+    built = BitsAndBytesConfig()
     docs = _docstring_args(BitsAndBytesConfig.__doc__ or "")
     rows = []
     for name, value in LAB_BNB.items():
-        default = sig[name].default if name in sig else None
+        declared = sig[name].default if name in sig else None
+        effective = _dtype_name(getattr(built, name, declared))
+        default = _show(effective)
+        if _show(declared) != default:
+            default += f" ({_show(declared)} in the signature)"
         rows.append({
             "argument": name,
             "lab value": _show(value),
-            "transformers default": _show(default),
+            "transformers default": default,
             "transformers doc": _clean_help(docs.get(name, "")),
         })
     return pd.DataFrame(rows)

@@ -213,6 +213,56 @@ def scaling_check(cases: Sequence[tuple[int, int, bool]] = SCALING_CASES,
     return pd.DataFrame(rows)
 
 
+# --- lora_dropout, checked numerically --------------------------------------------------------
+
+@per_render
+def dropout_check(p: float = LAB_LORA["lora_dropout"], seed: int = 0) -> dict[str, float]:
+    """Where peft applies ``lora_dropout``, and that evaluation does not see it.
+
+    On a tiny random BLOOM (CPU), block 0's ``query_key_value`` with the lab's LoRA and a random
+    B (at initialisation B = 0 and dropout could change nothing). peft computes
+    ``W0 x + scaling * B(A(dropout(x)))``: the dropout acts on the adapter's input only. Returned:
+    the largest output difference between two training-mode passes on the same input; the
+    largest difference from that formula replayed with the same random mask; the share of the
+    adapter's input zeroed; and, in eval mode, the differences between two passes and from the
+    same weights with ``lora_dropout = 0``.
+    """
+    import torch
+    from transformers import BloomForCausalLM
+
+    def layer_of(dropout: float):
+        torch.manual_seed(seed)
+        model = peft_bloom(base=BloomForCausalLM(tiny_bloom_config()), lora_dropout=dropout)
+        return model, model.base_model.model.transformer.h[0].self_attention.query_key_value
+
+    model, layer = layer_of(p)
+    plain_model, plain = layer_of(0.0)
+    with torch.no_grad():
+        B = layer.lora_B["default"].weight
+        B.copy_(torch.randn_like(B) * 0.1)
+        plain.load_state_dict(layer.state_dict())
+        x = torch.randn(64, layer.in_features)
+        model.train()
+        h1, h2 = layer(x), layer(x)
+        torch.manual_seed(seed + 1)
+        h = layer(x)
+        torch.manual_seed(seed + 1)
+        dropped = layer.lora_dropout["default"](x)
+        replay = layer.base_layer(x) + layer.scaling["default"] * layer.lora_B["default"](
+            layer.lora_A["default"](dropped))
+        model.eval()
+        plain_model.eval()
+        e1, e2 = layer(x), layer(x)
+        return {
+            "p": float(layer.lora_dropout["default"].p),
+            "train: max |h1 − h2|": (h1 - h2).abs().max().item(),
+            "train: max |h − formula|": (h - replay).abs().max().item(),
+            "train: share of x zeroed": (dropped == 0).float().mean().item(),
+            "eval: max |h1 − h2|": (e1 - e2).abs().max().item(),
+            "eval: max |h − h(dropout 0)|": (e1 - plain(x)).abs().max().item(),
+        }
+
+
 # --- printing trainable parameters -----------------------------------------------------------
 
 def lab_print_trainable_parameters(model) -> str:

@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
+import re
+import zipfile
 from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,8 +47,12 @@ def manifest_hashes(manifest_paths: Iterable[Path]) -> set[str]:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
+        if not isinstance(data, dict):  # a damaged manifest lists nothing; it never raises
+            continue
         for key in ("files", "outputs", "checkpoints", "saved_checkpoints"):
-            section = data.get(key) or {}
+            section = data.get(key)
+            if not isinstance(section, dict):
+                continue
             for value in section.values():
                 sha = value.get("sha256") if isinstance(value, dict) else value
                 if isinstance(sha, str):
@@ -85,7 +92,10 @@ def check_trusted(path: Path | str, manifests: Iterable[Path] | None = None) -> 
         return sha
     listed = manifest_hashes(default_manifests() if manifests is None else manifests)
     own = path.parent / MANIFEST_FILE
-    recorded = (((_read_json(own) or {}).get("files") or {}).get(path.name) or {}).get("sha256")
+    files = (_read_json(own) or {}).get("files")
+    entry = files.get(path.name) if isinstance(files, dict) else None
+    recorded = entry.get("sha256") if isinstance(entry, dict) else None
+    recorded = recorded if isinstance(recorded, str) else None
     if sha not in listed and recorded and recorded != sha:
         raise UntrustedCheckpointError(
             f"refusing to load {path}: it no longer matches its own manifest {own} (sha256 "
@@ -121,12 +131,37 @@ def trusting(manifest: Path):
             os.environ[TRUSTED_MANIFESTS_ENV] = before
 
 @contextmanager
-def fairseq_safe_globals():
-    """torch's safe loader, plus ``argparse.Namespace`` (fairseq's model configuration)."""
+def fairseq_safe_globals(path: Path | str | None = None):
+    """torch's safe loader, plus ``argparse.Namespace`` (fairseq's model configuration); what
+    it refuses, or cannot read, of ``path`` becomes one sentence (:func:`unreadable`)."""
     import torch
 
     with torch.serialization.safe_globals(list(SAFE_EXTRA_GLOBALS)):
-        yield
+        try:
+            yield
+        except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile) as exc:
+            raise unreadable(path, exc) from None
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def unreadable(path: Path | str | None, exc: BaseException) -> UserError:
+    """Why a checkpoint could not be loaded, without torch's advice: it suggests turning
+    ``weights_only`` off, which would run whatever code a file holds."""
+    what = f"checkpoint {path}" if path is not None else "a checkpoint"
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError) and "Weights only load failed" in text:
+        found = _GLOBAL.search(text)
+        held = f" (it names {found.group(1)})" if found else ""
+        return UntrustedCheckpointError(
+            f"refusing to load {what}: it is a file holding code{held}, which loading would "
+            "run; this project loads tensors and fairseq's configuration only, never code. "
+            "Delete the file, or restore the checkpoint from where it was made.")
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return UserError(
+        f"{what} cannot be read: the file is damaged or cut short ({first[:160]}). Restore it "
+        "(`git checkout -- data/checkpoints/` for the committed one) or make it again.")
 
 
 def load_trusted(path: Path | str, manifests: Iterable[Path] | None = None, *,
@@ -139,7 +174,7 @@ def load_trusted(path: Path | str, manifests: Iterable[Path] | None = None, *,
         check_trusted(path, manifests)
     elif not Path(path).is_file():
         raise UserError(f"checkpoint {path} does not exist")
-    with fairseq_safe_globals():
+    with fairseq_safe_globals(path):
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -158,7 +193,7 @@ def install_fairseq_loader() -> None:
 
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         check_trusted(path)
-        with fairseq_safe_globals():
+        with fairseq_safe_globals(path):
             return original(path, arg_overrides, load_on_all_ranks)
 
     load_checkpoint_to_cpu._finetune_lab = True  # type: ignore[attr-defined]

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tarfile
 import tempfile
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from finetune_lab.config import PROJECT_ROOT
@@ -55,15 +56,81 @@ def pack(paths_in: Sequence[Path], out: Path, *, root: Path = PROJECT_ROOT,
     return result
 
 
+PRODUCT_ROOTS = ("data/runs", "data/checkpoints", "data/work/candidates", "data/work/gpu-lab-logs")
+"""Where a device call's products may go: one folder directly under one of these (an
+experiment, a packaged checkpoint, a candidate, a call's logs), as :func:`pack` makes them."""
+
+
+def read_result(meta_path: Path) -> dict[str, Any]:
+    """``gpu-lab.json``, checked for the fields :func:`unpack` reads: a damaged or foreign file
+    is one line naming it, never a traceback."""
+    fetch = "fetch the call's files again"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{meta_path} is not valid JSON ({exc.msg}, line {exc.lineno}): it was "
+                        f"cut short or damaged; {fetch}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{meta_path} cannot be read ({exc}); {fetch}") from None
+    shapes = {"pieces": list, "archive_sha256": str, "products": list}
+    wrong = [key for key, kind in shapes.items()
+             if not isinstance(meta, dict) or not isinstance(meta.get(key), kind)]
+    if wrong:
+        raise UserError(f"{meta_path} lacks {', '.join(repr(k) for k in wrong)} (or has the wrong "
+                        f"kind of value there): it is not what gpu-lab writes; {fetch}")
+    for piece in meta["pieces"]:
+        name = piece.get("file") if isinstance(piece, dict) else None
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") \
+                or not isinstance(piece.get("sha256"), str):
+            raise UserError(f"{meta_path} lists a piece {piece!r} that is not a file name with "
+                            f"its sha256; {fetch}")
+    for product in meta["products"]:
+        check_product_path(product, meta_path)
+    return meta
+
+
+def check_product_path(product: Any, meta_path: Path) -> str:
+    """A product path must name one folder directly under :data:`PRODUCT_ROOTS`, relative, with
+    no ``..``: so nothing a bundle lists lands outside the run cache and the candidates."""
+    parts = PurePosixPath(product).parts if isinstance(product, str) else ()
+    ok = (isinstance(product, str) and "\\" not in product and len(parts) >= 2
+          and PurePosixPath(product).as_posix() == product.rstrip("/")
+          and not PurePosixPath(product).is_absolute()
+          and not any(p in ("", ".", "..") for p in parts)
+          and "/".join(parts[:-1]) in PRODUCT_ROOTS)
+    if not ok:
+        raise UserError(f"{meta_path} lists the product {product!r}, which is not one folder "
+                        f"directly under {', '.join(r + '/' for r in PRODUCT_ROOTS)}: refused, "
+                        "nothing was unpacked")
+    return "/".join(parts)
+
+
+def _staged(stage: Path, product: str, meta_path: Path) -> Path:
+    """The product's folder in the extracted archive: there, a real folder (no link on the way),
+    and with no link inside (a link would point the move, or a later reader, elsewhere)."""
+    top = stage / product
+    if not top.is_dir() or top.resolve() != stage.resolve() / product:
+        raise UserError(f"{meta_path} lists {product}, which the archive does not hold as a "
+                        "folder: the files do not belong together; fetch the call's files again")
+    for folder, dirs, files in os.walk(top):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(folder, name)):
+                rel = Path(folder, name).relative_to(stage)
+                raise UserError(f"the archive's {rel} is a link: a device call's products hold "
+                                "none; refused, nothing was unpacked")
+    return top
+
+
 def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
     """Check each piece's sha256 and the whole's, then move every run folder and candidate it
-    holds into place. A destination that already exists is left alone and reported."""
+    holds into place. A destination that already exists is left alone and reported. Every
+    product is checked (:func:`check_product_path`, :func:`_staged`) before anything moves."""
     src = Path(src)
     meta_path = src / RESULT_FILE
     if not meta_path.is_file():
         raise UserError(f"{meta_path} does not exist: pass the folder the device call's files "
                         "came back in")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta = read_result(meta_path)
     digest = hashlib.sha256()
     (root / "data").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root / "data") as tmp:  # same disk: moves are renames
@@ -83,16 +150,21 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
             raise UserError(f"the pieces listed in {meta_path} do not reassemble to the archive "
                             "it names: fetch the call's files again")
         stage = Path(tmp) / "stage"
-        with tarfile.open(whole) as tar:
-            tar.extractall(stage, filter="data")
+        try:
+            with tarfile.open(whole) as tar:
+                tar.extractall(stage, filter="data")
+        except tarfile.TarError as exc:
+            raise UserError(f"the archive of {meta_path} cannot be unpacked safely ({exc}): "
+                            "refused, nothing was unpacked") from None
+        named = [check_product_path(p, meta_path) for p in meta["products"]]
+        products = {p: _staged(stage, p, meta_path) for p in named}
         placed = []
-        for product in meta["products"]:
-            top = stage / product
+        for product, top in products.items():
             children = sorted(p for p in top.iterdir() if not p.name.startswith(".")) \
                 if product.startswith("data/runs/") else [top]
             for item in children:
                 dest = root / item.relative_to(stage)
-                if dest.exists():
+                if dest.exists() or dest.is_symlink():
                     print(f"gpu-unpack: {dest.relative_to(root)} exists; left as it is")
                     continue
                 dest.parent.mkdir(parents=True, exist_ok=True)

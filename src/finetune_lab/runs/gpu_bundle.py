@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import atomic_dir
+from finetune_lab._files import atomic_dir, check_replaceable, tree_entries
 from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.data import cls_books, pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
@@ -48,6 +48,19 @@ TINY_SIZES = {"train": 16, "valid": 8, "test": 8}
 TINY_VALID_TOKENS = 4096
 SLICE_CHUNK = 1000
 """Consecutive paragraphs kept or dropped together by :func:`corpus_slice`."""
+COMMAND = "gpu-bundle"
+
+
+def bundle_output(folder: Path) -> bool:
+    """A bundle folder or corpus slice written before output markers: only what :func:`bundle`
+    writes there (so a user's folder given as ``--out`` is never taken for one)."""
+    if (folder / PLAN_FILE).is_file():
+        entries = tree_entries(folder)
+        return entries <= {PLAN_FILE, "data.tar.xz", "fairseq-src.tar.xz", "wheels/"} | {
+            e for e in entries if e.startswith("wheels/") and e.endswith(".whl")}
+    if not (folder / "bin" / "dict.txt").is_file():
+        return False
+    return all(e.startswith("bin/") for e in tree_entries(folder))
 
 
 def _pip(*args: str) -> None:
@@ -194,18 +207,22 @@ def tree_bytes(root: Path = PROJECT_ROOT) -> int:
 
 
 def bundle(out: Path | None = None, *, plan: Plan | None = None,
-           python: str = GPU_PYTHON, corpus: Path | None = None) -> dict[str, Any]:
+           python: str = GPU_PYTHON, corpus: Path | None = None,
+           force: bool = False) -> dict[str, Any]:
     """Fill ``out`` (default ``.gpu/``) with what one device call needs; refuse, naming the sizes,
-    when it would not fit the call's 64 MiB with the working tree."""
+    when it would not fit the call's 64 MiB with the working tree. ``out`` and the corpus slice
+    replace only a bundle's own folders unless ``force``."""
     plan = plan or Plan()
     out = Path(out) if out else PROJECT_ROOT / BUNDLE_DIR
     cls_dir, tok_dir = cls_books.default_output(), tokenizer.default_output()
     for what, path, fix in (("CLS-Books texts", cls_dir, "finetune-lab prepare-cls"),
-                            ("tokenizer", tok_dir, "finetune-lab train-tokenizer")):
+                            ("tokenizer", tok_dir, "finetune-lab adopt-tokenizer")):
         if not path.is_dir():
             raise UserError(f"{path} ({what}) does not exist: run `{fix}` first")
+    if "pretrain" in plan.steps:  # refused now, not after the downloads
+        check_replaceable(paths().work / GPU_CORPUS, COMMAND, force=force, earlier=bundle_output)
     tree = tree_bytes()  # before the bundle's half-made folder, which git does not ignore
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, COMMAND, force=force, earlier=bundle_output) as tmp:
         with tempfile.TemporaryDirectory() as dl:
             _pip("download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
                  "-d", dl, FAIRSEQ_SDIST)
@@ -228,7 +245,8 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                     if not (also / "train.idx").is_file():
                         raise UserError(f"{also} has no train.idx: run `finetune-lab "
                                         "prepare-pretrain --tapt` first, or drop --tapt")
-                with atomic_dir(paths().work / GPU_CORPUS) as sliced:
+                with atomic_dir(paths().work / GPU_CORPUS, COMMAND, force=force,
+                                earlier=bundle_output) as sliced:
                     plan.pretrain_tokens = corpus_slice(
                         src, sliced / "bin", plan.pretrain_tokens or 10**12,
                         valid_tokens=TINY_VALID_TOKENS if plan.tiny else None, also=also,

@@ -117,7 +117,8 @@ def lab_jobs(plan: Plan, logs: Path, python: str = sys.executable) -> list[Job]:
 
 def pretrain_deadline(plan: Plan, started: float) -> float:
     """When the pretraining job must have ended: the call's run deadline, less the fine-tuning
-    reserve when the same call fine-tunes its weights."""
+    reserve when the same call fine-tunes its weights (``started`` and the result are
+    ``time.monotonic()`` readings)."""
     reserve = plan.finetune_reserve_s if plan.then_finetune and "lab" in plan.steps else 0.0
     return started + plan.runs_until_s - reserve
 
@@ -129,7 +130,7 @@ def pretrain_budget(plan: Plan, started: float, now: float | None = None) -> flo
         return plan.pretrain_minutes
     if plan.tiny:  # 4 updates (pretrain_jobs), not a time budget: a slow machine still runs them
         return 1.0
-    left = pretrain_deadline(plan, started) - (time.time() if now is None else now) \
+    left = pretrain_deadline(plan, started) - (time.monotonic() if now is None else now) \
         - PRETRAIN_TAIL_S
     if left < 60:
         raise UserError(f"only {left:.0f} s are left for pretraining before the call's deadline: "

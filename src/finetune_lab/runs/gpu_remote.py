@@ -52,7 +52,7 @@ def build_fairseq(src: Path) -> None:
         "        include_dirs=[numpy.get_include()], language='c++',\n"
         "        extra_compile_args=['-std=c++11', '-O2']) for n in names]\n"
         "setup(name='fairseq-src', ext_modules=cythonize(exts, quiet=True),\n"
-        "      script_args=['build_ext', '--inplace', '-q'])\n"
+        "      script_args=['build_ext', '--inplace', '-q', '-j', '2'])\n"  # both at once
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True,
                           check=False)
@@ -81,7 +81,8 @@ def device_info() -> dict[str, Any]:
 
 def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[str, Any]:
     """Everything the device call does after ``scripts/gpu-lab.sh`` starts it."""
-    started = time.time()
+    started = time.monotonic()  # durations and deadlines; the log folder's name is a date
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     bundle_dir = Path(bundle_dir).resolve()
     plan = Plan(**json.loads((bundle_dir / PLAN_FILE).read_text(encoding="utf-8")))
     timings: dict[str, float] = {}
@@ -89,10 +90,10 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     site, src = work / "site", work / "fairseq-src"
 
     def step(name: str, t0: float) -> None:
-        timings[name] = round(time.time() - t0, 1)
+        timings[name] = round(time.monotonic() - t0, 1)
         print(f"gpu-lab: {name} done in {timings[name]:.0f} s", flush=True)
 
-    t0 = time.time()
+    t0 = time.monotonic()
     wheels = sorted(str(w) for w in (bundle_dir / "wheels").glob("*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                     "--no-compile", "--disable-pip-version-check", "--target", str(site),
@@ -101,7 +102,7 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
         tar.extractall(work, filter="data")
     build_fairseq(src)
     step("install", t0)
-    t0 = time.time()
+    t0 = time.monotonic()
     with tarfile.open(bundle_dir / "data.tar.xz") as tar:
         tar.extractall(PROJECT_ROOT, filter="data")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -120,7 +121,7 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     todo: list[jobs.Job] = []
     if "pretrain" in plan.steps:
         todo += pretrain_jobs(plan, logs, minutes=pretrain_budget(plan, started))
-    t0 = time.time()
+    t0 = time.monotonic()
     if plan.then_finetune and "lab" in plan.steps:  # pretraining first, then its weights
         results += run_jobs(todo, env=env, parallel=1, deadline=pretrain_deadline(plan, started))
         step("pretraining", t0)
@@ -144,14 +145,14 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     products = [runs / name for name in experiments if (runs / name).is_dir()]
     if "pretrain" in plan.steps:  # never a carried --checkpoint back
         products += [p for p in [paths().work / "candidates" / plan.pretrain_name] if p.is_dir()]
-    kept = paths().work / "gpu-lab-logs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+    kept = paths().work / "gpu-lab-logs" / stamp
     shutil.copytree(logs, kept, dirs_exist_ok=True)
     products.append(kept)
-    t0 = time.time()
+    t0 = time.monotonic()
     result = pack(products, out, extra={
         "plan": asdict(plan), "device": device_info(), "jobs": results, "timings_s": timings,
-        "wall_s": round(time.time() - started, 1),
+        "wall_s": round(time.monotonic() - started, 1),
         "products": [p.relative_to(PROJECT_ROOT).as_posix() for p in products]})
-    print(f"gpu-lab: packed {len(result['pieces'])} pieces in {time.time() - t0:.0f} s; "
-          f"whole call {time.time() - started:.0f} s", flush=True)
+    print(f"gpu-lab: packed {len(result['pieces'])} pieces in {time.monotonic() - t0:.0f} s; "
+          f"whole call {time.monotonic() - started:.0f} s", flush=True)
     return result

@@ -48,6 +48,14 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "finetune_lab.cli", *args]
 
 
+def cpu_threads() -> int:
+    """The CPUs this process may run on: its affinity (taskset, a container's cpuset, a batch
+    scheduler's allocation) where the platform tells it, else every CPU of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def gpu_count() -> int:
     """GPUs a job could be given (0 without CUDA); torch is imported only to count them."""
     import torch
@@ -74,7 +82,7 @@ def _stop(running: dict, done: list[JobResult]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        done.append(JobResult(job.name, None, round(time.time() - start, 1), job.log))
+        done.append(JobResult(job.name, None, round(time.monotonic() - start, 1), job.log))
     running.clear()
 
 
@@ -83,10 +91,11 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
                  deadline: float | None = None,
                  say: Callable[[str], None] = lambda s: print(s, flush=True)) -> list[JobResult]:
     """Run ``jobs``, at most ``parallel`` at once; return every job's result, in job order.
-    ``deadline`` (a ``time.time()``): then the running jobs are stopped and the waiting ones
-    never start (exit code None), so that what did finish can still be saved."""
+    ``deadline`` (a ``time.monotonic()``, immune to the clock being set): then the running jobs
+    are stopped and the waiting ones never start (exit code None), so that what did finish can
+    still be saved."""
     parallel = max(1, min(parallel, len(jobs) or 1))
-    threads = max(1, (os.cpu_count() or 1) // parallel)
+    threads = max(1, cpu_threads() // parallel)
     gpus = gpu_count() if gpus is None else gpus
     base = {**os.environ, **(env or {}), "OMP_NUM_THREADS": str(threads),
             "MKL_NUM_THREADS": str(threads)}
@@ -106,7 +115,7 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
     previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
     try:
         while pending or running:
-            if deadline is not None and time.time() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 say(f"{label}: time is up; stopping {len(running)} job(s), "
                     f"{len(pending)} not started")
                 _stop(running, done)
@@ -122,14 +131,15 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
                 with open(job.log, "w") as log:  # the child holds its own copy of the file
                     proc = subprocess.Popen(job.argv, cwd=cwd, env=child_env, stdout=log,
                                             stderr=subprocess.STDOUT)
-                running[job.name] = (job, proc, slot, time.time())
+                running[job.name] = (job, proc, slot, time.monotonic())
             time.sleep(0.2)
             for name, (job, proc, slot, start) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 del running[name]
                 free.append(slot)
-                res = JobResult(name, proc.returncode, round(time.time() - start, 1), job.log)
+                res = JobResult(name, proc.returncode, round(time.monotonic() - start, 1),
+                                job.log)
                 done.append(res)
                 state = "done" if res.ok else f"FAILED (exit {res.exit_code}; log {job.log})"
                 say(f"{label}: {name} {state} in {res.seconds / 60:.1f} min; {len(done)} done, "

@@ -8,24 +8,29 @@ crash mid-write leaves the previous manifest, never half a JSON file.
 from __future__ import annotations
 
 import json
-import os
-import platform
-import subprocess
+import math
+import re
 import sys
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import (
-    CONVERSION_RECORD,
+    CONVERSION_RECORD, OUTPUT_MARKER,
     sha256_file,
     sha256_tree,
     write_json_atomic,
 )
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
+from finetune_lab.runs.portable import TRACKED_PACKAGES as TRACKED_PACKAGES
+from finetune_lab.runs.portable import cpu_model as cpu_model
+from finetune_lab.runs.portable import device_info as device_info
+from finetune_lab.runs.portable import environment_info as environment_info
+from finetune_lab.runs.portable import git_commit as git_commit
+from finetune_lab.runs.portable import package_versions as package_versions
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
@@ -42,19 +47,6 @@ FRAMEWORKS = ("fairseq", "transformers")
 # The keys every manifest must carry, and their types: SCHEMA_FILE (manifest.schema.json).
 # Keys that must be filled once a run says it is complete.
 COMPLETE_KEYS = ("end_time", "wall_time_s", "exit_code", "outputs")
-
-# Packages whose versions decide what a run computes; recorded in every manifest.
-TRACKED_PACKAGES = (
-    "torch",
-    "fairseq-fixed",
-    "fairseq",
-    "transformers",
-    "peft",
-    "numpy",
-    "sentencepiece",
-    "tensorboard",
-    "finetune-lab",
-)
 
 EVENT_FILE_MARKER = "events.out.tfevents"
 
@@ -92,7 +84,7 @@ def run_key(stored: str | Path) -> str:
 BUILD_RECORD = "manifest.json"
 """A data folder's own record of how it was built (commands, counts, timings): provenance, not
 data. Run inputs leave it out, so rebuilding identical data does not invalidate the runs."""
-BUILD_RECORDS = frozenset({BUILD_RECORD, CONVERSION_RECORD})
+BUILD_RECORDS = frozenset({BUILD_RECORD, CONVERSION_RECORD, OUTPUT_MARKER})
 """Every such record at the top of an input folder."""
 BUILD_LOG = "preprocess.log"
 """``fairseq-preprocess``'s log, in every folder it writes: its options, the absolute path of
@@ -115,98 +107,18 @@ def input_record(path: Path | str) -> dict[str, Any]:
     return {"path": portable_path(path), "sha256": hashes}
 
 
-# --- environment capture -------------------------------------------------------------------
-
-
-def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str]:
-    """Installed versions of ``names`` (missing ones are left out, not guessed)."""
-    found: dict[str, str] = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
-
-
-def git_commit(repo: Path | str = PROJECT_ROOT) -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}``; tolerant of no git and no commits."""
-
-    def _git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", "-C", str(repo), *args],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
-
-
-def cpu_model() -> str:
-    """CPU model name from /proc/cpuinfo, else :func:`platform.processor`."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def device_info() -> dict[str, Any]:
-    """The device a run used: GPU name and count when CUDA is visible, else the CPU model.
-
-    ``threads`` is torch's intra-op thread count: on a shared CPU it says how many cores
-    a run had (two one-thread runs side by side each report 1), so speeds compare fairly.
-    """
-    info: dict[str, Any] = {"cpu": cpu_model(), "cpu_count": os.cpu_count()}
-    try:
-        import torch
-
-        info["threads"] = torch.get_num_threads()
-
-        if torch.cuda.is_available():
-            count = torch.cuda.device_count()
-            info.update(
-                type="cuda",
-                name=torch.cuda.get_device_name(0),
-                count=count,
-                names=[torch.cuda.get_device_name(i) for i in range(count)],
-            )
-            return info
-    except ImportError:
-        pass
-    info.update(type="cpu", name=info["cpu"], count=1)
-    return info
-
-
-def environment_info() -> dict[str, Any]:
-    """Python, platform, package versions and git state of the code that launched a run."""
-    return {
-        "python": platform.python_version(),
-        "executable": sys.executable,
-        "platform": platform.platform(),
-        "hostname": platform.node(),
-        "packages": package_versions(),
-        "git": git_commit(),
-    }
-
-
 # --- reading and writing ---------------------------------------------------------------------
 
 
 def write_manifest(run_dir: Path | str, manifest: Mapping[str, Any]) -> Path:
     """Atomically write ``run_dir/manifest.json``."""
     path = Path(run_dir) / MANIFEST_NAME
-    write_json_atomic(path, dict(manifest))
+    try:
+        write_json_atomic(path, dict(manifest))
+    except OSError as exc:  # a full disk names no file: say which one could not be written
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     return path
 
 
@@ -220,12 +132,44 @@ def read_manifest(run_dir: Path | str) -> dict[str, Any]:
             "(README, 'Re-running the experiments'), or delete the folder."
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        data = loads_strict(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, RecursionError) as exc:
+        raise ManifestError(f"{path} cannot be read ({exc}); re-run the run.") from exc
+    except ValueError as exc:  # JSONDecodeError, or a number no computation can use
         raise ManifestError(f"{path} is not valid JSON ({exc}); re-run the run.") from exc
     if not isinstance(data, dict):
         raise ManifestError(f"{path} does not hold a JSON object; re-run the run.")
     return data
+
+
+INT_LIMIT = 2 ** 63
+"""Integers a manifest may hold: what numpy and pandas compute with (int64)."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is out of range")
+    return value
+
+
+def _bounded(text: str) -> int:
+    value = int(text)
+    if not -INT_LIMIT <= value < INT_LIMIT:
+        raise ValueError(f"the integer {text[:24]}{'...' if len(text) > 24 else ''} is out of "
+                         "range")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` that refuses what Python's parser lets through but no table can use:
+    ``NaN``/``Infinity``, a float that overflows (``1e400``), an integer beyond int64."""
+    return json.loads(text, parse_float=_finite, parse_int=_bounded,
+                      parse_constant=_no_constant)
 
 
 SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")
@@ -251,7 +195,22 @@ def _schema_validator():
     import jsonschema
 
     schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator(schema)
+    formats = jsonschema.FormatChecker(formats=())
+    formats.checks("date-time", raises=ValueError)(_is_time)
+    return jsonschema.Draft202012Validator(schema, format_checker=formats)
+
+
+def _is_time(value: object) -> bool:
+    """A ``date-time`` as the recorder writes it (:func:`~finetune_lab._files.utc_now`): ISO
+    8601 with a date, a time and a UTC offset, which pandas and string order both read."""
+    if not isinstance(value, str):
+        return True  # the type is the schema's business
+    if not TIME_PATTERN.fullmatch(value):
+        return False
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).tzinfo is not None
+
+
+TIME_PATTERN = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
 
 
 def _where(path: Iterable[Any]) -> str:
@@ -287,7 +246,15 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
     problems = schema_problems(manifest)
     if any(p.startswith("manifest lacks key") for p in problems):
         return problems
-    status = manifest["status"]
+    return problems + ([note] if (note := status_problem(manifest)) else [])
+
+
+def status_problem(manifest: Mapping[str, Any]) -> str | None:
+    """What the manifest's status says against using the run (None: complete with every key a
+    complete run needs). A run whose only problem is this one did not finish: the book may
+    show it as such (in progress, lost), never as a result."""
+    status = manifest.get("status")
+    problems: list[str] = []
     if status == STATUS_RUNNING:
         problems.append(
             "status is 'running': the run never finished (killed mid-way, or still in progress)"
@@ -311,7 +278,7 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
             for k in COMPLETE_KEYS
             if manifest.get(k) is None
         ]
-    return problems
+    return "; ".join(problems) or None
 
 
 def input_shape_problems(inputs: Any) -> list[str]:

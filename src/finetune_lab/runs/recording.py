@@ -33,6 +33,7 @@ from finetune_lab._files import utc_now
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.runs import manifest as mf
+from finetune_lab.runs.portable import portable_command
 from finetune_lab.runs.runlock import run_lock
 from finetune_lab.runs.trainer_process import (
     RunInterrupted,
@@ -101,7 +102,7 @@ class RunHandle:
         killed and counted as done; the manifest says so (``exit_forced``).
         """
         command = [str(c) for c in command]
-        self.manifest["command"] = command
+        self.manifest["command"] = portable_command(command)  # launched as given, stored portable
         mf.write_manifest(self.run_dir, self.manifest)
         self.log_path = self.run_dir / TRAIN_LOG
         full_env = {**os.environ, **(env or {})}
@@ -193,7 +194,7 @@ def record_run(
             "init": init,
             "seed": int(seed),
             "hyperparameters": dict(hyperparameters),
-            "command": [str(c) for c in (command if command is not None else sys.argv)],
+            "command": portable_command(command if command is not None else sys.argv),
             "inputs": {
                 "data": [mf.input_record(p) for p in data],
                 "checkpoint": mf.input_record(checkpoint) if checkpoint is not None else None,
@@ -233,12 +234,14 @@ def record_run(
         try:
             with terminate_as_interrupt():
                 yield handle
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             _finish(mf.STATUS_FAILED, handle.exit_code,
                     f"interrupted (signal {int(signal.SIGINT)})")
+            exc.marked_run = run_dir  # type: ignore[attr-defined]  # the CLI's one line says so
             raise
         except RunInterrupted as exc:
             _finish(mf.STATUS_FAILED, handle.exit_code, str(exc))
+            exc.marked_run = run_dir  # type: ignore[attr-defined]
             raise
         except BaseException as exc:
             _finish(mf.STATUS_FAILED, handle.exit_code, f"{type(exc).__name__}: {exc}")
@@ -277,14 +280,16 @@ SUPERSEDED = ".superseded"
 def set_aside(run_dir: Path) -> Path | None:
     """Clear ``run_dir`` for a new run. A run that had completed (its inputs may have changed
     since, but its results are real) is moved to ``<runs root>/.superseded/<experiment>/
-    <run>-<time>/`` and the move is printed; an unfinished or failed one is deleted."""
+    <run>-<time>/`` and the move is printed; an unfinished or failed one is deleted. A folder
+    without a readable manifest was not written by a run of this project (or not as one): it is
+    moved aside too, never deleted."""
     status = None
     if (run_dir / mf.MANIFEST_NAME).is_file():
         try:
             status = mf.read_manifest(run_dir).get("status")
-        except UserError:
+        except (UserError, AttributeError):
             status = None
-    if status != mf.STATUS_COMPLETE:
+    if status is not None and status != mf.STATUS_COMPLETE:
         shutil.rmtree(run_dir)
         return None
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -295,7 +300,8 @@ def set_aside(run_dir: Path) -> Path | None:
         target = folder / f"{run_dir.name}-{stamp}-{n}"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.move(str(run_dir), str(target))
-    print(f"{run_dir} held a complete run, which this one replaces: it was moved to {target}",
+    what = "a complete run" if status == mf.STATUS_COMPLETE else "no run manifest"
+    print(f"{run_dir} held {what}, which this one replaces: it was moved to {target}",
           flush=True)
     return target
 

@@ -9,9 +9,7 @@ never silently dropped and never silently mixed into a table.
 from __future__ import annotations
 
 import argparse
-import json
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +19,11 @@ from finetune_lab.errors import UserError
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.eventfiles import EventFileError, strict_events
+from finetune_lab.runs.experiments import EXPERIMENT_CONFIG as EXPERIMENT_CONFIG
+from finetune_lab.runs.experiments import VARYING_KEYS as VARYING_KEYS
+from finetune_lab.runs.experiments import check_hyperparameters as check_hyperparameters
+from finetune_lab.runs.experiments import differing_hyperparameters as differing_hyperparameters
+from finetune_lab.runs.experiments import read_experiment_config as read_experiment_config
 from finetune_lab.runs.run_inputs import (
     cached_sha256,
     check_conversion_source,
@@ -31,8 +34,6 @@ from finetune_lab.runs.run_inputs import (
 if TYPE_CHECKING:  # pandas only for the table: the CLI's run checks start without it
     import pandas as pd
 
-EXPERIMENT_CONFIG = "experiment.json"
-VARYING_KEYS = frozenset({"seed", "init"})
 
 
 class InvalidRunError(UserError):
@@ -42,9 +43,18 @@ class InvalidRunError(UserError):
 # --- records --------------------------------------------------------------------------------
 
 
+UNFINISHED = (mf.STATUS_RUNNING, mf.STATUS_PAUSED, mf.STATUS_FAILED)
+
+
 @dataclass
 class RunRecord:
-    """One run folder, its manifest (if readable) and what is wrong with it."""
+    """One run folder, its manifest (if readable) and what is wrong with it.
+
+    The registry is the one gate between the run cache and the book: once a run is judged
+    (:func:`validate_run`, :func:`discover_runs`), ``manifest`` holds the manifest only for a
+    valid run or an :attr:`unfinished` one; a rejected run's manifest moves to ``rejected``, so
+    no table, figure or sentence can read a field of it by accident.
+    """
 
     path: Path
     experiment: str
@@ -55,10 +65,21 @@ class RunRecord:
     stale_checkpoint: str | None = None
     """The sha256 of the checkpoint the run started from, when that file has since been
     replaced (its only problem then: the run is sound but measures an earlier model)."""
+    status_note: str | None = None
+    """The problem the manifest's status alone makes (:func:`manifest.status_problem`)."""
+    rejected: dict[str, Any] | None = None
+    """The manifest of a rejected run, for the registry's own listing only."""
 
     @property
     def valid(self) -> bool:
         return not self.problems
+
+    @property
+    def unfinished(self) -> bool:
+        """A sound run that did not finish (running, paused or failed, and nothing else wrong):
+        a chapter may show it, labelled as such, never use it as a result."""
+        return (self.status_note is not None and self.problems == [self.status_note]
+                and (self.manifest or {}).get("status") in UNFINISHED)
 
     @property
     def key(self) -> str:
@@ -72,6 +93,12 @@ class RunRecord:
 
     def _get(self, key: str) -> Any:
         return (self.manifest or {}).get(key)
+
+    def described(self, key: str) -> str:
+        """A manifest field as text for the registry's listing, rejected runs included (a
+        damaged value shows as ``?``, never raises)."""
+        value = (self.manifest or self.rejected or {}).get(key)
+        return str(value) if isinstance(value, (str, int)) and len(str(value)) < 40 else "?"
 
     @property
     def framework(self) -> str | None:
@@ -87,7 +114,18 @@ class RunRecord:
 
     @property
     def status(self) -> str:
+        """The manifest's status; ``rejected`` for a rejected run (its status is not a fact
+        anything may build on), ``no manifest`` when none was read."""
+        if self.manifest is None:
+            return "rejected" if self.rejected is not None else "no manifest"
         return self._get("status") or "no manifest"
+
+
+def seal(rec: RunRecord) -> RunRecord:
+    """Close the gate on a judged run: a rejected run keeps its manifest only as ``rejected``."""
+    if rec.manifest is not None and not rec.valid and not rec.unfinished:
+        rec.rejected, rec.manifest = rec.manifest, None
+    return rec
 
 
 def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord:
@@ -98,8 +136,11 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
         rec.manifest = mf.read_manifest(path)
     except mf.ManifestError as exc:
         rec.problems.append(str(exc))
+    shape_ok = False
     if rec.manifest is not None:
         rec.problems += mf.manifest_problems(rec.manifest)
+        shape_ok = not rec.problems or rec.problems == [mf.status_problem(rec.manifest)]
+        rec.status_note = mf.status_problem(rec.manifest) if shape_ok else None
         for key, folder in (("experiment", rec.experiment), ("run", rec.name)):
             if key in rec.manifest and rec.manifest[key] != folder:
                 rec.problems.append(
@@ -111,12 +152,11 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
         rec.problems.append(f"no TensorBoard event files under {path} (empty log directory)")
     last_step = 0
     for f in files:
-        try:
-            last_step = max(last_step, max((e.step for e in strict_events(f)), default=0))
-        except EventFileError as exc:
-            rec.problems.append(str(exc))
+        step, problem = _checked_events(f)
+        last_step = max(last_step, step)
+        rec.problems += [problem] if problem else []
 
-    man = rec.manifest or {}
+    man = rec.manifest if shape_ok else {}  # a damaged manifest's fields are never read
     rec.problems += _forced_exit_problems(path, man, last_step)
     outputs = man.get("outputs")
     if man.get("status") == mf.STATUS_COMPLETE and isinstance(outputs, dict):
@@ -134,8 +174,7 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
                 f"event file {path / rel} is not in the manifest (written after the run ended?)"
             )
 
-    if check_inputs and rec.manifest is not None and not mf.input_shape_problems(
-            man.get("inputs")):
+    if check_inputs and shape_ok:
         checkpoint = man["inputs"].get("checkpoint")
         in_checkpoint = recorded_files(checkpoint) if checkpoint else frozenset()
         for item in man["inputs"].get("data") or []:
@@ -143,7 +182,25 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
         if checkpoint:
             check_input("checkpoint", checkpoint, rec)
             check_conversion_source(rec)
-    return rec
+    return seal(rec)
+
+
+_EVENTS_CHECKED: dict[tuple[int, int, int, int], int] = {}
+
+
+def _checked_events(path: Path) -> tuple[int, str | None]:
+    """An event file's last step and its problem (None when it parses to the last byte). A
+    sound file is checked once per process for a given file (inode), size and modification
+    time: a chapter asks the registry about one experiment several times, and every record's
+    CRC is costly. A damaged one is read again, so its problem names the path asked for."""
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _EVENTS_CHECKED:
+        try:
+            _EVENTS_CHECKED[key] = max((e.step for e in strict_events(path)), default=0)
+        except EventFileError as exc:
+            return 0, str(exc)
+    return _EVENTS_CHECKED[key], None
 
 
 def _forced_exit_problems(path: Path, man: dict[str, Any], last_step: int) -> list[str]:
@@ -156,93 +213,6 @@ def _forced_exit_problems(path: Path, man: dict[str, Any], last_step: int) -> li
         return []
     return [f"{path} was killed as done ({man['exit_forced']}), but its event files stop at "
             f"update {last_step:,} of {int(total):,}: the run did not finish; run it again"]
-
-
-def _canon(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
-
-
-def read_experiment_config(experiment_dir: Path) -> dict[str, Any] | None:
-    """``<experiment>/experiment.json`` (``{"hyperparameters": {...}}``) if the experiment has one."""
-    path = experiment_dir / EXPERIMENT_CONFIG
-    if not path.is_file():
-        return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}); fix or delete it") from exc
-    if not isinstance(config, dict) or not isinstance(config.get("hyperparameters"), dict):
-        raise UserError(f'{path} must be a JSON object with a "hyperparameters" mapping')
-    return config
-
-
-def differing_hyperparameters(config: dict[str, Any], hp: dict[str, Any]) -> list[str]:
-    """The keys in which ``hp`` departs from an ``experiment.json`` ``config`` (what it lists as
-    varying, the seed and the init aside): missing, extra, or of another value."""
-    ignore = VARYING_KEYS | set(config.get("varying", []))
-    expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
-    got = {k: v for k, v in hp.items() if k not in ignore}
-    return sorted(k for k in set(expected) | set(got)
-                  if k not in expected or k not in got or _canon(got[k]) != _canon(expected[k]))
-
-
-def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] | None) -> None:
-    """Flag runs whose hyperparameters differ from their experiment's (seed and init aside).
-
-    With an ``experiment.json`` its values are the expected ones. Without one, a value shared by
-    a strict majority of the experiment's runs (per framework) is expected; if there is no
-    majority, every run involved in the disagreement is flagged, since nothing says which is
-    right.
-    """
-    ignore = VARYING_KEYS | set((config or {}).get("varying", []))
-    by_framework: dict[str, list[RunRecord]] = defaultdict(list)
-    for rec in records:
-        if rec.valid and rec.manifest is not None:
-            by_framework[rec.framework or ""].append(rec)
-    for group in by_framework.values():
-        hps = [{k: v for k, v in r.manifest["hyperparameters"].items() if k not in ignore}
-               for r in group]
-        if config is not None:
-            expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
-            for rec, hp in zip(group, hps):
-                for key in differing_hyperparameters(config, hp):
-                    if key not in hp:
-                        rec.problems.append(
-                            f"hyperparameter '{key}' missing; experiment.json expects "
-                            f"{_canon(expected[key])}"
-                        )
-                    elif key not in expected:
-                        rec.problems.append(
-                            f"hyperparameter '{key}' = {_canon(hp[key])} is not in experiment.json"
-                        )
-                    else:
-                        rec.problems.append(
-                            f"hyperparameter '{key}' = {_canon(hp[key])} differs from "
-                            f"experiment.json ({_canon(expected[key])})"
-                        )
-            continue
-        n = len(group)
-        for key in sorted({k for hp in hps for k in hp}):
-            values = [_canon(hp[key]) if key in hp else "<absent>" for hp in hps]
-            counts = Counter(values)
-            if len(counts) == 1:
-                continue
-            top, top_n = counts.most_common(1)[0]
-            if top_n * 2 > n:
-                for rec, value in zip(group, values):
-                    if value != top:
-                        rec.problems.append(
-                            f"hyperparameter '{key}' = {value} differs from the other runs of "
-                            f"experiment '{rec.experiment}' ({top} in {top_n} of {n} runs)"
-                        )
-            else:
-                listing = ", ".join(f"{v} ×{c}" for v, c in sorted(counts.items()))
-                for rec, value in zip(group, values):
-                    rec.problems.append(
-                        f"hyperparameter '{key}' = {value} disagrees across the runs of "
-                        f"experiment '{rec.experiment}' ({listing}) and no {EXPERIMENT_CONFIG} "
-                        "says which is expected"
-                    )
 
 
 @per_render
@@ -272,8 +242,12 @@ def discover_runs(
             for run_dir in sorted(p for p in exp_dir.iterdir() if p.is_dir())
             if run_dir.name[0] not in "._"
         ]
-        check_hyperparameters(exp_records, read_experiment_config(exp_dir))
-        records += exp_records
+        try:
+            check_hyperparameters(exp_records, read_experiment_config(exp_dir))
+        except UserError as exc:  # a damaged experiment.json rejects its own experiment only
+            for rec in exp_records:
+                rec.problems.append(f"its experiment cannot be checked: {exc}")
+        records += [seal(rec) for rec in exp_records]
     if wanted:
         missing = wanted - {r.experiment for r in records}
         if missing:
@@ -281,9 +255,26 @@ def discover_runs(
     return records
 
 
+def find_run(key: str, root: Path | str | None = None) -> RunRecord | None:
+    """The judged record of run ``experiment/name`` under ``root`` (None when no such folder):
+    how a chapter reads one named run (the packaged checkpoint's, a lineage step) through the
+    same gate as every other."""
+    base = Path(root) if root is not None else paths().runs
+    experiment, _, name = key.partition("/")
+    if not experiment or not name or not (base / experiment / name).is_dir():
+        return None
+    return next((r for r in discover_runs(base, [experiment]) if r.name == name), None)
+
+
 def valid_runs(records: Iterable[RunRecord]) -> list[RunRecord]:
     """Only the usable runs (use :func:`excluded_runs` to show the others with their reasons)."""
     return [r for r in records if r.valid]
+
+
+def sound_runs(records: Iterable[RunRecord]) -> list[RunRecord]:
+    """The valid runs and the unfinished ones (:attr:`RunRecord.unfinished`): every run whose
+    manifest the registry vouches for, e.g. what else was running on the machine at a time."""
+    return [r for r in records if r.valid or r.unfinished]
 
 
 def excluded_runs(records: Iterable[RunRecord]) -> list[RunRecord]:
@@ -298,10 +289,10 @@ def runs_table(records: Iterable[RunRecord]) -> pd.DataFrame:
         {
             "experiment": r.experiment,
             "run": r.name,
-            "framework": r.framework,
-            "init": r.init,
-            "seed": r.seed,
-            "status": r.status,
+            "framework": r.described("framework"),
+            "init": r.described("init"),
+            "seed": r.described("seed"),
+            "status": r.described("status"),
             "valid": r.valid,
             "reason": r.reason,
             "warnings": "; ".join(r.warnings),
@@ -333,15 +324,29 @@ def exclusions_markdown(records: Iterable[RunRecord]) -> str:
 # --- CLI ------------------------------------------------------------------------------------
 
 
+def check_runs_root(root: Path) -> None:
+    """A runs root named on the command line must be a folder: a typo must not read as "no
+    runs" and exit 0."""
+    if root.is_dir():
+        return
+    what = "is a file, not a folder" if root.exists() else "does not exist"
+    raise UserError(f"runs root {root} {what}; name the folder that holds "
+                    "<experiment>/<run>/manifest.json (default: data/runs)")
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
-    records = discover_runs(args.root, args.experiment or None, check_inputs=not args.no_inputs)
+    root = args.root if args.root is not None else paths().runs
+    if args.root is not None or root.exists():  # the default root may not exist yet
+        check_runs_root(root)
+    records = discover_runs(root, args.experiment or None, check_inputs=not args.no_inputs)
     if not records:
-        print(f"no runs under {args.root or paths().runs}")
-        return 0
+        print(f"no runs under {root}")
+        return 1 if args.strict else 0
     for r in records:
         mark = "ok " if r.valid else "BAD"
-        print(f"{mark} {r.experiment}/{r.name} [{r.framework} init={r.init} seed={r.seed} "
-              f"status={r.status}]")
+        print(f"{mark} {r.experiment}/{r.name} [{r.described('framework')} "
+              f"init={r.described('init')} seed={r.described('seed')} "
+              f"status={r.described('status')}]")
         for p in r.problems:
             print(f"      problem: {p}")
         for w in r.warnings:

@@ -113,7 +113,7 @@ def input_differences(label: str, record: dict[str, Any], rec: Findings,
         now = {rel for f in root.rglob("*") if f.is_file()
                if not mf.is_build_record(rel := f.relative_to(root).as_posix())}
         for extra in sorted(now - set(recorded)):
-            found.append(f"{label} folder {root} has a new file {extra} the run never saw")
+            found.append(f"{label} folder {stored} has a new file {extra} the run never saw")
     return found
 
 

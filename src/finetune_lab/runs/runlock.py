@@ -7,12 +7,42 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from finetune_lab.errors import UserError
 
 
 class RunLockedError(UserError):
     """Another process is writing this run right now."""
+
+
+def _lock_at(path: Path, run_dir: Path) -> IO[str]:
+    """An open, exclusively locked handle on the file that is at ``path`` now.
+
+    A lock taken on a file that a releasing holder has just unlinked locks nothing anyone else
+    will open: so after ``flock`` the handle's inode is compared with the path's, and on a
+    mismatch (or a vanished path) the lock is tried again on the file now there.
+    """
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not _same_file(path, handle):  # its holder is letting go of it: try the path
+                handle.close()
+                continue
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise RunLockedError(
+                f"{run_dir} is being written by {holder} right now; wait for it to end (or stop "
+                "it) before launching this run again") from None
+        except BaseException:
+            handle.close()
+            raise
+        if _same_file(path, handle):
+            return handle
+        handle.close()  # the lock of a file no longer at the path: worth nothing
 
 
 @contextmanager
@@ -22,21 +52,15 @@ def run_lock(run_dir: Path) -> Iterator[None]:
     Two launches of one run would mix their event files into one folder, and a second one
     with ``overwrite`` would delete the folder under the first. The lock lies beside the run
     folder, so deleting the folder does not drop it, and the kernel releases it when its holder
-    dies, so a killed launch never blocks the next one.
+    dies, so a killed launch never blocks the next one. The holder deletes the file while it
+    still holds the lock, and a launcher keeps a lock only on the file still at the path
+    (:func:`_lock_at`), so one that opened the file before the delete cannot hold a lock beside
+    a third launcher's: one writer per run, and no lock file left beside the committed runs.
     """
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     path = run_dir.parent / f".{run_dir.name}.lock"
-    handle = open(path, "a+")
-    locked = False
+    handle = _lock_at(path, run_dir)
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise RunLockedError(
-                f"{run_dir} is being written by {holder} right now; wait for it to end (or stop "
-                "it) before launching this run again") from None
         handle.seek(0)
         stale = handle.read().strip()
         if stale:  # its holder died without removing it (the kernel freed the lock itself)
@@ -46,9 +70,18 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         handle.truncate()
         handle.write(f"pid {os.getpid()} on {os.uname().nodename}")
         handle.flush()
-        locked = True
         yield
     finally:
-        if locked:  # no lock file is left beside the committed runs
+        if _same_file(path, handle):  # still locked, so no one else holds this file
             path.unlink(missing_ok=True)
         handle.close()
+
+
+def _same_file(path: Path, handle: IO[str]) -> bool:
+    """Whether ``path`` is still the file ``handle`` has open (a hand-deleted lock file may have
+    been made anew by another launcher, whose lock must not be deleted)."""
+    try:
+        now, held = os.stat(path), os.fstat(handle.fileno())
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)

@@ -40,7 +40,9 @@ def setting(manifest: dict[str, Any]) -> str:
     name, threads = device_name(manifest), device_threads(manifest)
     if (manifest.get("device") or {}).get("type") == "cuda":
         return name
-    return f"{name}, {'threads not recorded' if np.isnan(threads) else f'{int(threads)} thread(s)'}"
+    if np.isnan(threads):
+        return f"{name}, threads not recorded"
+    return f"{name}, {int(threads)} thread{'s' if threads != 1 else ''}"
 
 
 def speed_table(records: Iterable) -> pd.DataFrame:

@@ -8,14 +8,19 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 
-class RunInterrupted(BaseException):
+from finetune_lab.errors import Interrupted
+
+
+class RunInterrupted(Interrupted):
     """SIGTERM reached the launcher: raised so that the trainer is stopped (``subprocess.run``
     kills its child on any exception) and the manifest says so."""
 
@@ -29,8 +34,8 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def handler(signum, _frame):
-        raise RunInterrupted(f"interrupted (signal {signum})")
+    def handler(signum: int, _frame: object) -> None:
+        raise RunInterrupted(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
@@ -39,13 +44,34 @@ def terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option: the signal the kernel sends a process when its parent dies (Linux)."""
+
+
+def _resolve_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up once, here in the launcher: after ``fork`` only one thread
+    is left in the child, and loading a library there can wait forever on a lock another
+    thread (the launcher's progress thread) held at the fork, as the ``subprocess`` docs warn."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes, prctl.restype = [ctypes.c_int, ctypes.c_ulong], ctypes.c_int
+    return prctl
+
+
+_PRCTL = _resolve_prctl()
+_DEATH_SIGNAL = int(signal.SIGTERM)
+
+
 def die_with_parent() -> None:  # pragma: no cover (runs in the child, between fork and exec)
     """Linux: have the kernel send SIGTERM to the trainer when its launcher dies, so that a
-    killed ``finetune``/``pretrain`` leaves no trainer writing into the run folder."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    killed ``finetune``/``pretrain`` leaves no trainer writing into the run folder. One system
+    call through the function resolved at import, nothing loaded or looked up here."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, _DEATH_SIGNAL)
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
@@ -87,21 +113,16 @@ def wait_or_end_after(proc: subprocess.Popen, log_fd: int, start: int,
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and its descendants (read from /proc; elsewhere ``pid`` alone)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    """SIGKILL ``pid`` and its descendants (data-loading workers), found by psutil on every
+    platform it supports, not only where /proc can be read. All are listed first, so a child
+    the parent's death hands to init is still killed; the parent dies first and starts no more."""
+    try:
+        parent = psutil.Process(pid)
+        family = [parent, *parent.children(recursive=True)]
+    except psutil.Error:
+        return
+    for proc in family:
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    todo, found = [pid], []
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo += children.get(p, [])
-    for p in found:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
+            proc.kill()
+        except psutil.Error:
             pass

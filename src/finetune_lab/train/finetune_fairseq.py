@@ -71,8 +71,9 @@ def require_cls_bin(bin_dir: Path) -> Path:
     if missing:
         raise UserError(
             f"{bin_dir} lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}: run "
-            "`finetune-lab prepare-cls`, `finetune-lab train-tokenizer` and "
-            "`finetune-lab binarize-cls` first"
+            "`finetune-lab prepare-cls`, `finetune-lab adopt-tokenizer` and "
+            "`finetune-lab binarize-cls` first (or `finetune-lab reproduce`, which runs what is "
+            "missing)"
         )
     return bin_dir
 

@@ -47,6 +47,16 @@ def _fairseq_defaults() -> dict[str, Any]:
             "dropout": arch.dropout, "attention_dropout": arch.attention_dropout}
 
 
+def ratio_warmup_steps(ratio: float, total: int) -> int:
+    """The warm-up the installed Trainer gives a ratio: transformers 5 has no ``warmup_ratio``
+    argument; a float ``warmup_steps`` in [0, 1) is the ratio, rounded up (``math.ceil``)."""
+    from transformers import TrainingArguments
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = TrainingArguments(output_dir=tmp, warmup_steps=ratio, report_to=[])
+        return int(args.get_warmup_steps(total))
+
+
 def _value(option: Any) -> str:
     """An enum option of ``TrainingArguments`` as the string a user types."""
     return str(getattr(option, "value", option))
@@ -93,15 +103,15 @@ def hf_vs_fairseq_defaults(recipe: FinetuneRecipe = LAB_RECIPE, n_train: int | N
          "linear warm-up from 0, linear decay to 0 (per-update values compared below)"),
         ("warm-up updates", d["warmup_steps"], 0, warm, ours.get_warmup_steps(total),
          ours.get_warmup_steps(total) == warm,
-         f"int({recipe.warmup_ratio} × {total}); warmup_ratio would give "
-         f"{math.ceil(recipe.warmup_ratio * total)} (the Trainer rounds up)"),
-        ("total updates", "epochs × ⌈n / batch⌉", "(--total-num-update)", total,
+         f"int({recipe.warmup_ratio} × {total}); warmup_steps={recipe.warmup_ratio} (a ratio) "
+         f"would give {ratio_warmup_steps(recipe.warmup_ratio, total)} (rounded up)"),
+        ("total updates", "epochs × ⌈n / batch⌉", "(`--total-num-update`)", total,
          math.ceil(n_train / ours.per_device_train_batch_size) * int(ours.num_train_epochs),
          math.ceil(n_train / ours.per_device_train_batch_size) * int(ours.num_train_epochs) == total,
          f"n = {n_train} training reviews"),
         ("batch size", d["per_device_train_batch_size"], "(required)", recipe.batch_size,
          ours.per_device_train_batch_size, ours.per_device_train_batch_size == recipe.batch_size, ""),
-        ("epochs", d["num_train_epochs"], "(--max-epoch)", recipe.epochs, ours.num_train_epochs,
+        ("epochs", d["num_train_epochs"], "(`--max-epoch`)", recipe.epochs, ours.num_train_epochs,
          ours.num_train_epochs == recipe.epochs, ""),
         ("dropout", rc.hidden_dropout_prob, fs["dropout"], recipe.dropout, recipe.dropout, True, ""),
         ("attention dropout", rc.attention_probs_dropout_prob, fs["attention_dropout"],
@@ -111,14 +121,14 @@ def hf_vs_fairseq_defaults(recipe: FinetuneRecipe = LAB_RECIPE, n_train: int | N
          fs["pooler_dropout"], fs["pooler_dropout"], 0.0, fs["pooler_dropout"] == 0.0, ""),
         ("activation dropout", "(none)", fs["activation_dropout"], fs["activation_dropout"],
          "(none)", fs["activation_dropout"] == 0.0, "no dropout after the FFN activation in either"),
-        ("max length (tokens)", "128 (run_glue.py --max_seq_length)", "(--max-positions)",
+        ("max length (tokens)", "128 (run_glue.py `--max_seq_length`)", "(`--max-positions`)",
          recipe.max_positions, recipe.max_positions, True,
-         "<s> pieces </s>, first 256 kept (fairseq --shorten-method truncate)"),
+         "<s> pieces </s>, first 256 kept (fairseq `--shorten-method truncate`)"),
         ("evaluation", f"eval_strategy={d['eval_strategy']}", "every epoch (valid subsets)",
          "valid and test, every epoch", f"{_value(ours.eval_strategy)}: valid and test",
          _value(ours.eval_strategy) == "epoch", ""),
         ("checkpoint selection", f"save_strategy={d['save_strategy']}",
-         "(--best-checkpoint-metric)", f"best valid {recipe.best_checkpoint_metric}",
+         "(`--best-checkpoint-metric`)", f"best valid {recipe.best_checkpoint_metric}",
          "no checkpoints; best valid epoch from the logs", True, ""),
     ]
     df = pd.DataFrame(rows, columns=["setting", "Trainer default", "fairseq default",

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import atomic_dir, sha256_file
+from finetune_lab._files import sha256_file
 from finetune_lab.argtypes import non_negative_int, positive_int
 from finetune_lab.data.cls_books import SPLITS, read_split
 from finetune_lab.data.cls_books import default_output as default_cls
@@ -247,10 +247,7 @@ def ensure_converted() -> Path:
         return out
     if out.exists():
         print(f"{out} was converted from other weights than {ckpt}: converting it again")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_dir(out) as tmp:
-        convert_checkpoint(ckpt, tmp, tokenizer_dir=ckpt.parent)
-    return out
+    return convert_checkpoint(ckpt, out, tokenizer_dir=ckpt.parent)  # swapped in once complete
 
 
 def finetune_transformers(

@@ -30,6 +30,7 @@ from finetune_lab.runs.recording import record_run, run_fairseq_train
 from finetune_lab.runs.registry import EXPERIMENT_CONFIG
 from finetune_lab.train.pretrain_fairseq import (
     calibrate,
+    corpus_entry,
     echoing,
     fairseq_args,
     fairseq_progress,
@@ -136,7 +137,7 @@ def pretrain(
     env = {trust.TRUSTED_DIRS_ENV: str(save_dir)}
     root = Path(runs_root) if runs_root is not None else paths().runs
     write_json_atomic(root / experiment / EXPERIMENT_CONFIG, experiment_config(recipe))
-    extra: dict[str, Any] = {"calibration": calibration}
+    extra: dict[str, Any] = {"calibration": calibration, "corpora": [corpus_entry(bin_dir)]}
     if parent is not None:
         extra["continued_from"] = {k: parent[k] for k in ("sha256", "run", "lineage")}
     with record_run(experiment, run, framework="fairseq",

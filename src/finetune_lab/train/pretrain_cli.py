@@ -51,10 +51,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "per sample against one masked token (default 0: masked LM alone); "
                         "needs --sample-break-mode eos")
     p.add_argument("--position-init", choices=position_init.CHOICES, default="keep",
-                   help="with --tokens and --continue-from: keep the weights' position table "
-                        "(default), or write sinusoids into it before the first update, scaled "
-                        "to the word embeddings (the table stays learned; see the pretraining "
-                        "chapter's Positions section)")
+                   help="with --tokens: keep the starting weights' position table (default), "
+                        "or write sinusoids into it before the first update, scaled to the word "
+                        "embeddings (the table stays learned; see the pretraining chapter's "
+                        "Positions section); without --continue-from, into the random "
+                        "initialisation, drawn to a file first")
     p.add_argument("--stop-minutes", type=float,
                    help="with --max-update: also stop (and save) when this much time has passed")
     p.add_argument("--seed", type=non_negative_int,
@@ -99,6 +100,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="package a trusted fairseq checkpoint as model.pt + dict + spm")
     pk.add_argument("source", type=Path)
     pk.add_argument("--dest", type=Path)
+    pk.add_argument("--force", action="store_true",
+                    help="replace --dest even if it is not a packaged checkpoint")
     pk.add_argument("--trust", action="store_true",
                     help="package a SOURCE that no manifest of this project lists (one you made "
                          "or trust); the package's manifest says so")
@@ -117,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
                     node_rank=args.node_rank, master_addr=args.master_addr,
                     master_port=args.master_port)
     if args.position_init != "keep" and args.tokens is None:
-        raise UserError("--position-init needs a long run (--tokens N --continue-from DIR)")
+        raise UserError("--position-init needs a long run (--tokens N)")
     if args.tokens is not None:
         run_dir = pretrain_long(run=args.run or f"{d['device']}-long", tokens=int(args.tokens),
                                 continue_from=args.continue_from, seed=args.seed,
@@ -144,6 +147,7 @@ def _run_package(args: argparse.Namespace) -> int:
     manifests = trust.default_manifests()
     dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest,
                                           manifests=manifests, trust=args.trust,
+                                          force=args.force,
                                           metadata=checkpoint_metadata(args.source, manifests,
                                                                        trust=args.trust))
     print(f"package-checkpoint: wrote {dest}")

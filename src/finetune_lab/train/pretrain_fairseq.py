@@ -14,10 +14,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from finetune_lab.config import paths
+from finetune_lab.data import pretrain_corpus
 from finetune_lab.errors import UserError
 from finetune_lab.runs.fairseq_logs import log_rates
+from finetune_lab.runs.manifest import portable_path
 from finetune_lab.train.pretrain_recipe import PretrainRecipe
 
 
@@ -32,6 +35,15 @@ def require_corpus(data_dir: Path) -> Path:
             "`finetune-lab prepare-pretrain` first (or pass --data)"
         )
     return bin_dir
+
+
+def corpus_entry(bin_dir: Path, phase: str | None = None) -> dict[str, Any]:
+    """One corpus a run read, as its manifest's ``extra.corpora`` keeps it: path, kind and
+    train-side sources (:func:`~finetune_lab.data.pretrain_corpus.corpus_record`; kind None
+    for a folder ``prepare-pretrain`` did not write), so a lineage can be checked for the
+    task's texts (:func:`~finetune_lab.train.pretrain_lineage.reads_task_texts`)."""
+    record = pretrain_corpus.corpus_record(bin_dir) or {"kind": None}
+    return {**({"phase": phase} if phase else {}), "path": portable_path(bin_dir), **record}
 
 
 def valid_subsets(bin_dir: Path) -> list[str]:

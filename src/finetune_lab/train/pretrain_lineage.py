@@ -1,6 +1,7 @@
 """Where a pretraining run's weights come from: the packaged checkpoint a run continues, the
-runs behind the weights (their lineage, so that the tokens seen add up across continued runs)
-and what the packaged checkpoint's manifest records of its origin."""
+runs behind the weights (their lineage, so that the tokens seen add up across continued runs),
+whether any of them read the task's own texts, and what the packaged checkpoint's manifest
+records of its origin."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from typing import Any
 
 from finetune_lab._files import sha256_file
 from finetune_lab.config import paths
+from finetune_lab.data.pretrain_corpus import TAPT_OUTPUT_NAME
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
 from finetune_lab.models.trust import check_trusted, load_trusted
-from finetune_lab.runs.manifest import portable_path, run_key
+from finetune_lab.runs.manifest import portable_path, resolve_stored_path, run_key
 from finetune_lab.train.pretrain_recipe import state_dir
 
 
@@ -83,6 +85,62 @@ def sinusoids_in(lineage: list[dict[str, Any]],
                  if step.get("run") and position_init(str(step["run"])) == "sinusoidal"), None)
 
 
+def step_reads_task_texts(manifest: dict[str, Any]) -> tuple[bool, str]:
+    """Whether one pretraining run read CLS-Books texts (task-adaptive), and the evidence.
+
+    A run records the corpora it read (``extra.corpora``, each with its kind, from the corpus's
+    own manifest); runs from before that record are judged by their phases and corpus paths:
+    the task's texts only ever entered through ``prepare-pretrain --tapt``'s corpus.
+    """
+    corpora = (manifest.get("extra") or {}).get("corpora") or []
+    if corpora and all(c.get("kind") for c in corpora):
+        tapt = [c["path"] for c in corpora if c["kind"] == "tapt"]
+        return bool(tapt), (f"read {', '.join(tapt)} (task-adaptive)" if tapt else
+                            "its corpora: " + ", ".join(f"{c['path']} ({c['kind']})"
+                                                        for c in corpora))
+    phases = (manifest.get("hyperparameters") or {}).get("phases") or []
+    if any(p.get("name") == "tapt" for p in phases):
+        return True, "a tapt phase"
+    data = [str(d.get("path")) for d in (manifest.get("inputs") or {}).get("data") or []]
+    tapt = [d for d in data if TAPT_OUTPUT_NAME in Path(d).parts]
+    if tapt:
+        return True, f"read {', '.join(tapt)}"
+    return False, "read " + (", ".join(data) or "no recorded corpus")
+
+
+def _stored_manifest(run: str) -> dict[str, Any] | None:
+    path = resolve_stored_path(run) / "manifest.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def task_text_steps(lineage: list[dict[str, Any]],
+                    manifest_of: Callable[[str], dict[str, Any] | None] = _stored_manifest,
+                    ) -> list[dict[str, Any]]:
+    """Every run behind some weights with ``task_texts`` (True, False, or None when its
+    manifest is not at hand) and the evidence: the check that a lineage is clean."""
+    out = []
+    for step in lineage:
+        run = str(step.get("run") or "")
+        manifest = manifest_of(run) if run else None
+        if manifest is None:
+            out.append({"run": run or None, "task_texts": None, "evidence": "no manifest"})
+            continue
+        read, evidence = step_reads_task_texts(manifest)
+        out.append({"run": run, "task_texts": read, "evidence": evidence})
+    return out
+
+
+def reads_task_texts(lineage: list[dict[str, Any]],
+                     manifest_of: Callable[[str], dict[str, Any] | None] = _stored_manifest,
+                     ) -> bool | None:
+    """True if any run behind the weights read CLS-Books texts; None if that cannot be told
+    (a step's manifest is missing and none of the others did); False: a clean lineage."""
+    steps = task_text_steps(lineage, manifest_of)
+    if any(s["task_texts"] for s in steps):
+        return True
+    return None if any(s["task_texts"] is None for s in steps) or not steps else False
+
+
 def checkpoint_metadata(source: Path, manifests: list[Path], *,
                         trust: bool = False) -> dict[str, Any]:
     """What the packaged checkpoint's manifest says of its origin: run, the lineage of its
@@ -100,7 +158,9 @@ def checkpoint_metadata(source: Path, manifests: list[Path], *,
     if run is None:  # a checkpoint a run saved on its way (a long run, paused or going on)
         run, lineage = _saved_on_the_way(Path(source), manifests, state)
     loss = (state.get("extra_state") or {}).get("best")
-    return {"run": run, "lineage": lineage, "valid_loss_bits": loss,
+    return {"run": run, "lineage": lineage,
+            "reads_task_texts": reads_task_texts(lineage) if lineage else None,
+            "valid_loss_bits": loss,
             "valid_perplexity": 2 ** loss if loss is not None else None}
 
 

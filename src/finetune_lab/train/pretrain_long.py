@@ -6,7 +6,9 @@ budget, and each launch (a *segment*: a session on a CPU, a call on a GPU) resum
 fairseq's own ``checkpoint_last.pt`` (weights, optimizer, scheduler and data position), so a
 run interrupted anywhere goes on as if it had not been. The budget may end with a
 task-adaptive phase [Gururangan et al. 2020] on a second corpus (``prepare-pretrain --tapt``):
-same schedule, same validation sets, only the training samples change.
+same schedule, same validation sets, only the training samples change. Each phase is named by
+what its corpus's train side holds (:func:`~finetune_lab.data.pretrain_corpus.corpus_kind`), and
+the manifest records every corpus read, so a lineage can be checked for the task's texts.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from finetune_lab.runs.manifest import device_info, portable_path, read_manifest
 from finetune_lab.runs.recording import record_run, run_fairseq_train
 from finetune_lab.runs.registry import EXPERIMENT_CONFIG
 from finetune_lab.train.pretrain_fairseq import (
+    corpus_entry,
     echoing,
     fairseq_args,
     fairseq_progress,
     require_corpus,
 )
+from finetune_lab.train.pretrain_init import write_random_init
 from finetune_lab.train.pretrain_lineage import checkpoint_metadata, continuation_source
 from finetune_lab.train.pretrain_recipe import (
     EXPERIMENT,
@@ -63,27 +67,30 @@ class Phase:
 
 
 def plan_phases(total_updates: int, general: Path, tapt: Path | None,
-                tapt_fraction: float) -> list[Phase]:
-    """The general phase, then (if any) the task-adaptive one over the last ``tapt_fraction``.
+                tapt_fraction: float, general_kind: str = "general") -> list[Phase]:
+    """The first phase, then (if any) the task-adaptive one over the last ``tapt_fraction``.
 
     A fraction of 1 is a run that is all task-adaptive: continued weights (``--continue-from``)
-    adapted to the task's texts, as Gururangan et al. continue RoBERTa.
+    adapted to the task's texts, as Gururangan et al. continue RoBERTa. ``general_kind`` names
+    the first phase by what its corpus holds (``--data`` may be a dapt or tapt corpus).
     """
     if total_updates < 1:
         raise UserError("the token budget is less than one update: raise --tokens")
     if not 0 <= tapt_fraction <= 1:
         raise UserError(f"--tapt-fraction must be in [0, 1] (got {tapt_fraction})")
     if tapt is None or tapt_fraction == 0:
-        return [Phase("general", general, 0, total_updates)]
+        return [Phase(general_kind, general, 0, total_updates)]
     if tapt_fraction == 1:
         return [Phase("tapt", tapt, 0, total_updates)]
     switch = max(1, round(total_updates * (1 - tapt_fraction)))
-    return [Phase("general", general, 0, switch), Phase("tapt", tapt, switch, total_updates)]
+    return [Phase(general_kind, general, 0, switch), Phase("tapt", tapt, switch, total_updates)]
 
 
 def phase_records(phases: list[Phase]) -> list[dict[str, Any]]:
     """The phases as the manifest keeps them (read back by ``pretrain_recipe.tapt_start``)."""
     return [{"name": p.name, "until_update": p.until} for p in phases]
+
+
 
 def resume_point(save_dir: Path) -> dict[str, Any] | None:
     """Updates done and fairseq's cumulative training time in ``checkpoint_last.pt`` (None: none).
@@ -165,14 +172,13 @@ def pretrain_long(
     tokens_per_update = recipe.tokens_per_sample * recipe.batch_size * recipe.update_freq
     total = math.ceil(tokens / tokens_per_update)
     recipe = replace(recipe, max_update=total)
-    phases = plan_phases(total, general, tapt, tapt_fraction)
+    first = pretrain_corpus.corpus_record(general)
+    phases = plan_phases(total, general, tapt, tapt_fraction,
+                         general_kind=first["kind"] if first else "general")
     parent = continuation_source(Path(continue_from), general) if continue_from else None
     if position_init not in position_inits.CHOICES:
         raise UserError(f"--position-init must be one of {', '.join(position_inits.CHOICES)} "
                         f"(got {position_init!r})")
-    if position_init != "keep" and parent is None:
-        raise UserError("--position-init sinusoidal rewrites the weights a run continues: "
-                        "give them with --continue-from DIR")
     if seed is None:  # as `pretrain`: never replay the samples the weights were trained on
         seed = 1 + (len(parent["lineage"]) if parent is not None else 0)
 
@@ -201,9 +207,17 @@ def pretrain_long(
     write_json_atomic(root / EXPERIMENT / EXPERIMENT_CONFIG, experiment_config(recipe))
 
     init_copy = save_dir / "init_model.pt"
-    extra: dict[str, Any] = {"calibration": None}
-    if parent is not None and point is None:
-        shutil.copyfile(parent["path"], init_copy)
+    # from scratch with sinusoids: the random weights fairseq would draw, in a file to rewrite
+    starts_from_file = parent is not None or position_init != "keep"
+    extra: dict[str, Any] = {"calibration": None,
+                             "corpora": [corpus_entry(p.data, p.name) for p in phases]}
+    if starts_from_file and point is None:
+        if parent is not None:
+            shutil.copyfile(parent["path"], init_copy)
+        else:
+            extra["random_init"] = write_random_init(
+                fairseq_args(phases[0].data, save_dir, per_process, seed=seed, device=device,
+                             precision=precision), init_copy)
         if position_init == "sinusoidal":
             extra["position_init"] = position_inits.write_sinusoidal_positions(init_copy)
     if parent is not None:
@@ -238,7 +252,8 @@ def pretrain_long(
                 until = min(until, first + segment_updates)
             args = fairseq_args(phase.data, save_dir, per_process, seed=seed, device=device,
                                 precision=precision, stop_minutes=stop_minutes,
-                                init_from=init_copy if point is None and parent else None,
+                                init_from=init_copy if point is None and starts_from_file
+                                else None,
                                 stop_update=until) + launch.fairseq_flags(device)
             if point is not None and done == phase.start and phase.start > 0:
                 args.append("--reset-dataloader")  # the phase's corpus, from its start

@@ -1,0 +1,133 @@
+"""The lab's answers, one fact each, for the front page and the chapters' opening callouts.
+
+Each field is a plain value read through the same functions the chapters use (the registry's
+valid runs only), so that a page states an answer with inline values and guards its wording with
+an assertion: a render whose runs no longer support a sentence fails, naming the claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from finetune_lab.book import fairseq_report, hf_compare
+from finetune_lab.book.course_reference import COURSE_TEST_ACCURACY
+from finetune_lab.book.decomposition import decomposition_table
+from finetune_lab.book.lora_cls_report import gaps_to_full
+from finetune_lab.book.lora_cls_runs import cached_runs as lora_cached_runs
+from finetune_lab.book.pretrain_candidates import candidate_table
+from finetune_lab.book.pretrain_report import load_pretrain_runs
+from finetune_lab.book.report import fmt_int
+from finetune_lab.models import params
+from finetune_lab.models.checkpoints import package_manifest
+from finetune_lab.runs.manifest import run_key
+from finetune_lab.runs.registry import find_run
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A difference of mean test accuracies (points) with its 95 % Welch interval."""
+
+    diff: float
+    low: float
+    high: float
+
+    @property
+    def clear(self) -> bool:
+        """Whether the seeds tell the two apart (the interval excludes 0)."""
+        return self.low > 0 or self.high < 0
+
+    def text(self, digits: int = 1) -> str:
+        return (f"{self.diff:+.{digits}f} points (95 % CI {self.low:+.{digits}f} to "
+                f"{self.high:+.{digits}f})")
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Test accuracy at the best-validation epoch over seeds."""
+
+    mean: float
+    std: float
+    n: int
+
+    def text(self, digits: int = 1) -> str:
+        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} % (n = {self.n})"
+
+
+def q1_counts() -> dict[str, int]:
+    """Question 1 under the lab's convention, and the two other totals writeups give."""
+    conv = params.convention_table()
+    lab, encoder, omission = (int(x) for x in conv["total"][:3])
+    return {"lab": lab, "encoder": encoder, "omission": omission}
+
+
+def fairseq_accuracies() -> tuple[Accuracy, Accuracy, Gap] | None:
+    """fairseq pretrained and random (test at the best-validation epoch) and their gap."""
+    res = fairseq_report.load_results()
+    g = fairseq_report.gap(res)
+    if g is None:
+        return None
+    best = res.best.assign(test=res.best["test"].astype(float))
+    std = best.groupby("init")["test"].std(ddof=1)
+    return (Accuracy(g.mean_a, float(std["pretrained"]), g.n_a),
+            Accuracy(g.mean_b, float(std["random"]), g.n_b),
+            Gap(g.diff, g.ci_low, g.ci_high))
+
+
+def transformers_result() -> tuple[Accuracy, Gap] | None:
+    """Transformers pretrained (test at the best-validation epoch) and Transformers − fairseq."""
+    comp = hf_compare.load_comparison()
+    fw = hf_compare.framework_gaps(comp)
+    row = fw[(fw["init"] == "pretrained") & fw["difference"].notna()]
+    best = comp.best
+    mine = (best.loc[(best["framework"] == "transformers") & (best["init"] == "pretrained"),
+                     "test"].astype(float) if not best.empty else pd.Series(dtype=float))
+    if row.empty or len(mine) < 2:
+        return None
+    r = row.iloc[0]
+    return (Accuracy(float(mine.mean()), float(mine.std(ddof=1)), len(mine)),
+            Gap(float(r["difference"]), float(r["ci_low"]), float(r["ci_high"])))
+
+
+def lora_results() -> pd.DataFrame:
+    """Per LoRA method on RoBERTa: LoRA − full with its interval (empty without runs)."""
+    loaded = lora_cached_runs()
+    return gaps_to_full(loaded) if loaded is not None else pd.DataFrame()
+
+
+def standin_cost() -> dict[str, Any] | None:
+    """Tokens and recorded hours behind the packaged checkpoint, over every run of its lineage
+    (read through the registry), and the device they ran on."""
+    package = package_manifest()
+    if not package:
+        return None
+    lineage = package.get("lineage") or [{"run": package.get("run")}]
+    seconds, tokens, devices = 0.0, 0, set()
+    for step in lineage:
+        rec = find_run(run_key(step["run"]))
+        if rec is None or not rec.valid:
+            return None
+        man = rec.manifest
+        seconds += float(man.get("wall_time_s") or 0)
+        hp = man["hyperparameters"]
+        tokens += int(step.get("tokens") or int(man.get("updates_done") or hp["max_update"])
+                      * int(hp["tokens_per_update"]))
+        devices.add(man.get("device", {}).get("type", "cpu"))
+    return {"hours": seconds / 3600, "tokens_m": tokens / 1e6, "runs": len(lineage),
+            "devices": sorted(devices)}
+
+
+def decomposition() -> pd.DataFrame:
+    """The appendix's decomposition of the stand-in's gain over random, step by step."""
+    return decomposition_table(candidate_table(load_pretrain_runs()))
+
+
+def course_range(init: str) -> str:
+    """The course writeups' test accuracy for an initialisation (an external reference)."""
+    return COURSE_TEST_ACCURACY[init].text()
+
+
+__all__ = ["Accuracy", "Gap", "course_range", "decomposition", "fairseq_accuracies", "fmt_int", "lora_results",
+           "q1_counts", "standin_cost", "transformers_result"]

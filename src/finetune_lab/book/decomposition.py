@@ -1,0 +1,68 @@
+"""How much of the stand-in's gain over random initialisation is the task's own texts: one row
+per pretraining step (general masked LM; + the `<s>` objective on other reviews; + the CLS-Books
+training texts), each fine-tuned with the lab's recipe and set against random initialisation.
+
+Rows are read from :func:`~finetune_lab.book.pretrain_candidates.candidate_table`, so every run
+passed the registry; a step whose weights were fine-tuned several times takes the weights with
+the most seeds within the packaged checkpoint's token budget (the comparison is at equal tokens
+or fewer), and says which run answers it.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from finetune_lab.book.pretrain_candidates import kind_of
+
+PACKAGED = "packaged checkpoint"
+STEPS: tuple[tuple[str, str | None], ...] = (
+    ("general masked LM (novels + dvd/music reviews)", "masked LM, no task texts"),
+    ("then the `<s>` objective on dvd/music reviews (domain-adaptive)",
+     "`<s>` objective, no task texts"),
+    ("then the CLS-Books training texts too (task-adaptive): the packaged checkpoint", None),
+)
+"""Each step of the decomposition and the :func:`kind_of` of the weights that answer it (None:
+the packaged checkpoint)."""
+
+
+def pick(cand: pd.DataFrame, kind: str | None) -> pd.Series | None:
+    """The weights that answer one step: the packaged checkpoint, or among the other weights of
+    that kind within the packaged budget, the one fine-tuned with the most seeds (then the most
+    tokens)."""
+    if cand.empty:
+        return None
+    packaged = cand[cand["weights"] == PACKAGED]
+    if kind is None:
+        return packaged.iloc[0] if len(packaged) else None
+    budget = float(packaged["tokens (M, all runs)"].iloc[0]) if len(packaged) else float("inf")
+    others = cand[(cand["weights"] != PACKAGED)
+                  & (cand["tokens (M, all runs)"] <= budget + 1e-9)]
+    mine = others[[kind_of(r) == kind for _, r in others.iterrows()]]
+    if mine.empty:
+        return None
+    return mine.sort_values(["n fine-tuned", "tokens (M, all runs)"]).iloc[-1]
+
+
+def decomposition_table(cand: pd.DataFrame) -> pd.DataFrame:
+    """One row per step: the weights that answer it, their tokens, seeds, test accuracy and the
+    difference to random initialisation with its 95 % Welch interval (– where it has none)."""
+    rows = []
+    for step, kind in STEPS:
+        row = pick(cand, kind)
+        if row is None:
+            rows.append({"step": step, "weights": "not run", "tokens (M)": "–", "n": 0,
+                         "test acc. (%)": "–", "− random (points, CI)": "–"})
+            continue
+        n = int(row["n fine-tuned"])
+        rows.append({
+            "step": step,
+            "weights": row["run"].replace("`pretrain/", "`"),
+            "tokens (M)": f"{row['tokens (M, all runs)']:.1f}",
+            "n": n,
+            "test acc. (%)": (f"{row['acc mean']:.1f} ± {row['acc std']:.1f}" if n > 1
+                              else f"{row['acc mean']:.1f}" if n == 1 else "–"),
+            "− random (points, CI)": ("–" if pd.isna(row["ci_low"]) else
+                                      f"{row['minus random (points)']:+.1f} "
+                                      f"({row['ci_low']:.1f} to {row['ci_high']:.1f})"),
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,111 @@
+"""The environment as a freeze input: the locked versions of the packages a chapter runs.
+
+A chapter's output depends on pandas, Transformers or fairseq as much as on its own code: a new
+pandas can change a table. The versions are pinned in the lock files (``requirements/lock.txt``,
+``requirements/fairseq.txt``; torch in ``pyproject.toml``, see ``scripts/lock.sh``), so each
+chapter's freeze record also holds ``{"package NAME": VERSION}`` for every distribution its code
+imports (its cells and the package modules of its import closure, imports inside functions
+included) and every distribution those require, as the lock's ``# via`` annotations tell.
+Changing a locked version then makes ``finetune-lab check-freeze`` name the package for the
+chapters that use it, and only those. Read from the files alone: no package is imported, so the
+check still runs with PyYAML only.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from finetune_lab.book.chapter_inputs import hash_inputs
+from finetune_lab.book.qmd import code_cells
+
+LOCK_FILES = ("requirements/lock.txt", "requirements/fairseq.txt")
+KEY = "package "
+"""Prefix of an environment entry in a freeze record (``package pandas``): no file has it."""
+IMPORT_NAMES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "IPython": "ipython",
+                "PIL": "pillow", "fairseq": "fairseq-fixed", "fairseq_cli": "fairseq-fixed",
+                "google": "protobuf", "dateutil": "python-dateutil", "mpl_toolkits": "matplotlib",
+                "Cython": "cython", "pkg_resources": "setuptools"}
+"""Import names whose distribution is named otherwise (the rest: lower case, ``_`` → ``-``)."""
+_ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def locked(project: Path) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """``({distribution: version}, {distribution: distributions it requires})`` from the lock
+    files and ``pyproject.toml``'s torch pin; empty where the project has no lock."""
+    versions: dict[str, str] = {}
+    requires: dict[str, set[str]] = {}
+    for rel in LOCK_FILES:
+        path = project / rel
+        if not path.is_file():
+            continue
+        current, in_via = None, False
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if m := _ENTRY.match(line):
+                current, in_via = normalize(m.group(1)), False
+                versions[current] = m.group(2)
+                continue
+            text = line.strip().lstrip("#").strip()
+            if current is None or not line.lstrip().startswith("#"):
+                continue
+            if text.startswith("via"):
+                in_via, text = True, text[3:].strip()
+            if in_via and text:
+                # `-r requirements/fairseq-deps.txt` is fairseq-fixed's own list
+                parent = "fairseq-fixed" if "fairseq-deps" in text else normalize(text.split()[0])
+                if not text.startswith(("-r", "-c")) or parent == "fairseq-fixed":
+                    requires.setdefault(parent, set()).add(current)
+    pyproject = project / "pyproject.toml"
+    if versions and pyproject.is_file() and (
+            m := re.search(r'"torch==([^"]+)"', pyproject.read_text(encoding="utf-8"))):
+        versions["torch"] = m.group(1)
+    return versions, requires
+
+
+def _imported_roots(source: str) -> set[str]:
+    """Top-level names of the absolute imports in ``source``, at any depth."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython syntax in a cell: its import lines alone
+        tree = ast.parse("\n".join(ln.strip() for ln in source.splitlines()
+                                   if ln.strip().startswith(("import ", "from "))) or "pass")
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def chapter_packages(project: Path, chapter: str, patterns: Iterable[str]) -> dict[str, str]:
+    """``{"package NAME": locked version}`` for what ``chapter`` runs: the distributions its
+    cells and the package's Python files among ``patterns`` import, and what they require."""
+    versions, requires = locked(project)
+    if not versions:
+        return {}
+    sources = code_cells((project / chapter).read_text(encoding="utf-8"))
+    sources += [(project / p).read_text(encoding="utf-8") for p in patterns
+                if p.startswith("src/") and p.endswith(".py") and (project / p).is_file()]
+    roots = set().union(*map(_imported_roots, sources)) - set(sys.stdlib_module_names)
+    todo = [d for r in roots if (d := IMPORT_NAMES.get(r, normalize(r))) in versions]
+    seen: set[str] = set()
+    while todo:
+        dist = todo.pop()
+        if dist not in seen:
+            seen.add(dist)
+            todo += [d for d in requires.get(dist, ()) if d in versions]
+    return {f"{KEY}{d}": versions[d] for d in sorted(seen)}
+
+
+def record_inputs(project: Path, chapter: str, patterns: list[str]) -> dict[str, str]:
+    """What a chapter's freeze record holds: its input files' hashes and its packages'
+    locked versions."""
+    return {**hash_inputs(project, patterns), **chapter_packages(project, chapter, patterns)}

@@ -1,0 +1,88 @@
+"""The stand-in chapter's facts: how the packaged checkpoint was made, run by run, and how it
+compares with the course's model. The build log (every other run) is the appendix's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from finetune_lab.book.course_reference import COURSE_PRETRAINING
+from finetune_lab.book.pretrain_report import COURSE_MODEL, VALID_SUBSETS, loss_curve
+from finetune_lab.models.checkpoints import package_manifest
+from finetune_lab.runs.manifest import run_key
+from finetune_lab.runs.registry import RunRecord, find_run
+from finetune_lab.runs.tblogs import event_scalars
+from finetune_lab.train.pretrain_lineage import step_reads_task_texts
+
+def lineage_records() -> list[tuple[dict[str, Any], RunRecord]]:
+    """Each run behind the packaged checkpoint, oldest first, with its lineage step, read
+    through the registry (a step whose run is not valid is left out, and the table says less)."""
+    package = package_manifest() or {}
+    steps = package.get("lineage") or ([{"run": package["run"]}] if package.get("run") else [])
+    found = []
+    for step in steps:
+        rec = find_run(run_key(step["run"]))
+        if rec is not None and rec.valid:
+            found.append((step, rec))
+    return found
+
+
+def reads_task_texts(rec: RunRecord) -> bool:
+    """Whether the run read the CLS-Books training texts (a task-adaptive corpus)."""
+    return step_reads_task_texts(rec.manifest)[0]
+
+
+def _last_loss(rec: RunRecord, subset: str) -> float | None:
+    curve = loss_curve(event_scalars(rec.path), subset)
+    return float(curve["value"].iloc[-1]) if len(curve) else None
+
+
+def lineage_table() -> pd.DataFrame:
+    """One row per run behind the packaged checkpoint: what it read, how, for how long, and the
+    held-out losses it ended at."""
+    rows = []
+    for step, rec in lineage_records():
+        hp = rec.manifest["hyperparameters"]
+        updates = int(rec.manifest.get("updates_done") or hp["max_update"])
+        tokens = step.get("tokens") or updates * int(hp["tokens_per_update"])
+        novels, reviews = (_last_loss(rec, s) for s in VALID_SUBSETS)
+        objective = "masked LM" + (" + `<s>` bag of words" if hp.get("bow_weight") else "")
+        rows.append({
+            "run": f"`{rec.name}`",
+            "starts from": "random weights" if rec.manifest.get("init") == "random"
+            else "the run above" + (", sinusoids written into the position table"
+                                    if hp.get("position_init") == "sinusoidal" else ""),
+            "texts": "CLS-Books training texts + dvd/music reviews" if reads_task_texts(rec)
+            else "novels + dvd/music reviews",
+            "samples": "whole lines" if hp.get("sample_break_mode", "none") != "none"
+            else "256-token stretches",
+            "objective": objective,
+            "tokens (M)": f"{tokens / 1e6:.1f}",
+            "hours": f"{(rec.manifest.get('wall_time_s') or 0) / 3600:.1f}",
+            "held-out novels (bits)": "–" if novels is None else f"{novels:.2f}",
+            "held-out reviews (bits)": "–" if reviews is None else f"{reviews:.2f}",
+        })
+    return pd.DataFrame(rows)
+
+
+def task_adaptive_steps() -> list[str]:
+    """Names of the runs behind the packaged checkpoint that read the CLS-Books training texts."""
+    return [rec.name for _, rec in lineage_records() if reads_task_texts(rec)]
+
+
+def course_comparison(tokens_m: float, hours: float, device: str) -> pd.DataFrame:
+    """The course's model as its writeups describe it, beside the stand-in (measured)."""
+    return pd.DataFrame([
+        {"": "text", "course's RoBERTa_small_fr (reported)":
+            f"{COURSE_PRETRAINING['corpus']}, {COURSE_PRETRAINING['corpus_gb']:g} GB",
+         "this project's stand-in (measured)": "French novels (ELTeC) and dvd/music reviews; "
+                                               "in its last phases, also the CLS-Books "
+                                               "training texts" if task_adaptive_steps() else
+                                               "French novels (ELTeC) and dvd/music reviews"},
+        {"": "training", "course's RoBERTa_small_fr (reported)":
+            f"masked LM, {COURSE_PRETRAINING['epochs']} epochs",
+         "this project's stand-in (measured)": f"{tokens_m:.1f} M tokens"},
+        {"": "hardware", "course's RoBERTa_small_fr (reported)": COURSE_MODEL["hardware"],
+         "this project's stand-in (measured)": f"{device}, {hours:.1f} h"},
+    ])

@@ -1,0 +1,127 @@
+"""An experiment's runs against each other: ``experiment.json`` and the hyperparameters every
+run of an experiment must share (the seed and the init aside). A damaged ``experiment.json``
+is an error naming the file, which the registry turns into a problem of that experiment's runs
+only (:func:`~finetune_lab.runs.registry.discover_runs`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from finetune_lab.errors import UserError
+from finetune_lab.runs import manifest as mf
+
+
+class RunRecord(Protocol):
+    """What these checks read and fill in: the registry's record (which imports this module)."""
+
+    experiment: str
+    manifest: dict[str, Any] | None
+    problems: list[str]
+
+    @property
+    def valid(self) -> bool: ...
+
+    @property
+    def framework(self) -> str | None: ...
+
+EXPERIMENT_CONFIG = "experiment.json"
+VARYING_KEYS = frozenset({"seed", "init"})
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def read_experiment_config(experiment_dir: Path) -> dict[str, Any] | None:
+    """``<experiment>/experiment.json`` (``{"hyperparameters": {...}}``) if the experiment has one."""
+    path = experiment_dir / EXPERIMENT_CONFIG
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        config = mf.loads_strict(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, RecursionError) as exc:
+        raise UserError(f"{path} cannot be read ({exc}); restore or delete it") from exc
+    except ValueError as exc:
+        raise UserError(f"{path} is not valid JSON ({exc}); restore or delete it") from exc
+    varying = config.get("varying", []) if isinstance(config, dict) else None
+    if not isinstance(config, dict) or not isinstance(config.get("hyperparameters"), dict) \
+            or not isinstance(varying, list) or not all(isinstance(v, str) for v in varying):
+        raise UserError(f'{path} must be a JSON object with a "hyperparameters" mapping (and '
+                        'optionally a "varying" list of names); restore or delete it')
+    return config
+
+
+def differing_hyperparameters(config: dict[str, Any], hp: dict[str, Any]) -> list[str]:
+    """The keys in which ``hp`` departs from an ``experiment.json`` ``config`` (what it lists as
+    varying, the seed and the init aside): missing, extra, or of another value."""
+    ignore = VARYING_KEYS | set(config.get("varying", []))
+    expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
+    got = {k: v for k, v in hp.items() if k not in ignore}
+    return sorted(k for k in set(expected) | set(got)
+                  if k not in expected or k not in got or _canon(got[k]) != _canon(expected[k]))
+
+
+def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] | None) -> None:
+    """Flag runs whose hyperparameters differ from their experiment's (seed and init aside).
+
+    With an ``experiment.json`` its values are the expected ones. Without one, a value shared by
+    a strict majority of the experiment's runs (per framework) is expected; if there is no
+    majority, every run involved in the disagreement is flagged, since nothing says which is
+    right.
+    """
+    ignore = VARYING_KEYS | set((config or {}).get("varying", []))
+    by_framework: dict[str, list[RunRecord]] = defaultdict(list)
+    for rec in records:
+        if rec.valid and rec.manifest is not None:
+            by_framework[rec.framework or ""].append(rec)
+    for group in by_framework.values():
+        hps = [{k: v for k, v in r.manifest["hyperparameters"].items() if k not in ignore}
+               for r in group]
+        if config is not None:
+            expected = {k: v for k, v in config["hyperparameters"].items() if k not in ignore}
+            for rec, hp in zip(group, hps):
+                for key in differing_hyperparameters(config, hp):
+                    if key not in hp:
+                        rec.problems.append(
+                            f"hyperparameter '{key}' missing; experiment.json expects "
+                            f"{_canon(expected[key])}"
+                        )
+                    elif key not in expected:
+                        rec.problems.append(
+                            f"hyperparameter '{key}' = {_canon(hp[key])} is not in experiment.json"
+                        )
+                    else:
+                        rec.problems.append(
+                            f"hyperparameter '{key}' = {_canon(hp[key])} differs from "
+                            f"experiment.json ({_canon(expected[key])})"
+                        )
+            continue
+        n = len(group)
+        for key in sorted({k for hp in hps for k in hp}):
+            values = [_canon(hp[key]) if key in hp else "<absent>" for hp in hps]
+            counts = Counter(values)
+            if len(counts) == 1:
+                continue
+            top, top_n = counts.most_common(1)[0]
+            if top_n * 2 > n:
+                for rec, value in zip(group, values):
+                    if value != top:
+                        rec.problems.append(
+                            f"hyperparameter '{key}' = {value} differs from the other runs of "
+                            f"experiment '{rec.experiment}' ({top} in {top_n} of {n} runs)"
+                        )
+            else:
+                listing = ", ".join(f"{v} ×{c}" for v, c in sorted(counts.items()))
+                for rec, value in zip(group, values):
+                    rec.problems.append(
+                        f"hyperparameter '{key}' = {value} disagrees across the runs of "
+                        f"experiment '{rec.experiment}' ({listing}) and no {EXPERIMENT_CONFIG} "
+                        "says which is expected"
+                    )
+
+

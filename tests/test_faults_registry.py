@@ -1,0 +1,463 @@
+"""The registry is the one gate between the run cache and the book (issue 35, items 2, 6-10).
+
+A run the registry rejects (a copy in another experiment, deleted event folders, a manifest of
+the wrong shape, a damaged ``experiment.json``) must change no table, figure or sentence, and a
+damaged file makes its own run (or experiment) invalid with a reason, never an exception
+elsewhere. The book functions the chapters call are run on a temporary copy of the committed
+run cache, before and after the damage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from finetune_lab.book import fairseq_report as fr
+from finetune_lab.book import hf_compare
+from finetune_lab.book import lora_cls_report, lora_cls_runs
+from finetune_lab.book import pretrain_plateau as pp
+from finetune_lab.book import pretrain_candidates as pc
+from finetune_lab.book.pretrain_budget import pretrain_budget
+from finetune_lab.config import PROJECT_ROOT, RUNS_DIR_ENV
+from finetune_lab.models import trust
+from finetune_lab.runs.registry import discover_runs
+
+COMMITTED = PROJECT_ROOT / "data" / "runs"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of the committed run cache, which the book reads (the env variable)."""
+    root = tmp_path / "runs"
+    shutil.copytree(COMMITTED, root, copy_function=_link_events)
+    monkeypatch.setenv(RUNS_DIR_ENV, str(root))
+    return root
+
+
+def _link_events(src: str, dst: str) -> None:
+    """Event files hard-linked (never written by these tests; the registry checks a file once
+    per process), everything else copied."""
+    if "tfevents" in Path(src).name:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
+
+
+def _frames(root: Path, values: dict[str, Any]) -> dict[str, str]:
+    """Every output as text (the runs root's own path left out), so that two runs of the book
+    compare exactly."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, pd.DataFrame):
+            with pd.option_context("display.max_rows", None, "display.max_columns", None,
+                                   "display.width", 10_000, "display.max_colwidth", None):
+                value = value.to_string()
+        out[key] = str(value).replace(str(root), "<runs>")
+    return out
+
+
+def fairseq_chapter(root: Path) -> dict[str, str]:
+    """What the fairseq chapter shows from the runs (the exclusion list aside)."""
+    res = fr.load_results(root)
+    return _frames(root, {
+        "best": fr.best_epoch_table(res), "seeds": fr.seed_table(res),
+        "comparison": fr.comparison_table(res), "by epoch": fr.test_by_epoch_table(res),
+        "speed": fr.speed_table(res), "layout": fr.layout_speeds(res, root),
+        "gap": fr.gap_markdown(res), "results": fr.results_markdown(res),
+        "speed text": fr.speed_markdown(res), "budget": pretrain_budget(root)})
+
+
+def transformers_chapter(root: Path) -> dict[str, str]:
+    comp = hf_compare.load_comparison(root)
+    return _frames(root, {"per seed": hf_compare.per_seed_table(comp),
+                    "seeds": hf_compare.seed_table(comp), "time": hf_compare.time_table(comp),
+                    "gaps": hf_compare.framework_gaps(comp),
+                    "present": comp.present})
+
+
+def pretraining_chapter(root: Path) -> dict[str, str]:
+    """The pretraining chapter's inputs from the runs: the budget and lineage read from the
+    packaged checkpoint's run, the runs whose fields its tables may read (valid or unfinished:
+    the plateau and long-run tables), the candidates' fine-tuned sources."""
+    records = pp.all_pretraining_runs(root)
+    return _frames(root, {"budget": pretrain_budget(root),
+                          "readable": sorted(r.key for r in records if r.manifest is not None),
+                          "used": sorted(r.key for r in records if r.valid),
+                          "tuned": sorted(pc.fine_tuned_sources(root))})
+
+
+def lora_chapter(root: Path) -> dict[str, str]:
+    loaded = lora_cls_runs.cached_runs(root)
+    return _frames(root, {"results": lora_cls_report.results_table(loaded),
+                    "used": sorted(r.key for r in loaded.used)})
+
+
+CHAPTERS: dict[str, Callable[[Path], dict[str, str]]] = {
+    "fairseq": fairseq_chapter, "transformers": transformers_chapter,
+    "pretraining": pretraining_chapter, "lora": lora_chapter}
+
+
+def plant_copies(root: Path) -> list[str]:
+    """Copy a run of another experiment into every experiment (fairseq/random-seed0, or into
+    fairseq itself a candidate's run): each copy is rejected (its manifest names another
+    folder), so nothing may change."""
+    planted = []
+    for exp in sorted(p for p in root.iterdir() if p.is_dir()):
+        source = root / ("fairseq-candidate/pretrained-seed0" if exp.name == "fairseq"
+                         else "fairseq/random-seed0")
+        dest = exp / (f"copy-{source.name}" if (exp / source.name).exists() else source.name)
+        shutil.copytree(source, dest)
+        planted.append(f"{exp.name}/{dest.name}")
+    return planted
+
+
+@pytest.mark.parametrize("chapter", sorted(CHAPTERS))
+def test_a_rejected_copy_changes_nothing(cache: Path, chapter: str) -> None:
+    """Issue 35 item 2: `cp -r fairseq/random-seed0 transformers/random-seed0` moved the
+    fairseq chapter's machine-layout table (Intel 2x1 went from 2 runs to 4)."""
+    before = CHAPTERS[chapter](cache)
+    planted = plant_copies(cache)
+    bad = {r.key: r for r in discover_runs(cache) if not r.valid}
+    assert set(planted) <= set(bad), "every planted copy must be rejected by the registry"
+    assert CHAPTERS[chapter](cache) == before
+
+
+def test_a_damaged_run_counts_as_absent(cache: Path, tmp_path: Path) -> None:
+    """Issue 35 item 2: random-seed1 with its event folders deleted and wall_time_s = 60000
+    moved the 1x1 median from 31.9 to 38.2 min. A rejected run must weigh exactly as much as
+    a run that is not there."""
+    run = cache / "fairseq" / "random-seed1"
+    gone = tmp_path / "gone"
+    shutil.copytree(cache, gone, copy_function=_link_events)
+    shutil.rmtree(gone / "fairseq" / "random-seed1")
+    for sub in [p for p in run.iterdir() if p.is_dir()]:
+        shutil.rmtree(sub)
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "wall_time_s": 60000.0}))
+    assert fairseq_chapter(cache) == fairseq_chapter(gone)
+
+
+# --- one bad file: its own run (or experiment) invalid, with a reason; nothing raises -------
+
+
+def _edit(field: str, value: Any) -> Callable[[dict], Any]:
+    return lambda m: {**m, field: value}
+
+
+def _device(m: dict) -> dict:
+    return {**m, "device": "H100"}
+
+
+DAMAGES: dict[str, tuple[Callable[[dict], Any] | str, str]] = {
+    # name: (how the manifest changes, or its raw text; what the reason names)
+    "outputs a list": (_edit("outputs", ["train/events"]), "outputs"),
+    "outputs empty list": (_edit("outputs", []), "outputs"),
+    "manifest a list": (lambda m: [], "JSON object"),
+    "time in words": (_edit("start_time", "sometime last tuesday"), "start_time"),
+    "end time in words": (_edit("end_time", "2026-13-45T99:00:00+00:00"), "end_time"),
+    "huge seed": (_edit("seed", 10 ** 40), "out of range"),
+    "negative seed": (_edit("seed", -1), "seed"),
+    "device a name": (_device, "device"),
+    "unknown device type": (_edit("device", {"type": "tpu", "name": "x"}), "device.type"),
+    "threads zero": (_edit("device", {"type": "cpu", "name": "x", "threads": 0}),
+                     "device.threads"),
+    "wall time negative": (_edit("wall_time_s", -5.0), "wall_time_s"),
+    "wall time NaN": ('"wall_time_s": NaN', "NaN"),
+    "wall time overflow": ('"wall_time_s": 1e400', "out of range"),
+    "unknown framework": (_edit("framework", "jax"), "framework"),
+    "updates a text": (lambda m: {**m, "hyperparameters": {**m["hyperparameters"],
+                                                           "total_updates": "many"}},
+                       "total_updates"),
+    "throughput a text": (_edit("throughput", {"updates_per_s": "fast"}), "throughput"),
+}
+
+
+def damage(run: Path, how: Callable[[dict], Any] | str) -> None:
+    path = run / "manifest.json"
+    text = path.read_text()
+    if isinstance(how, str):  # raw JSON that Python's parser accepts but no number is
+        key = how.split(":")[0]
+        start = text.index(key)
+        end = text.index("\n", start)
+        text = text[:start] + how + ("," if text[end - 1] == "," else "") + text[end:]
+    else:
+        text = json.dumps(how(json.loads(text)))
+    path.write_text(text)
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGES))
+def test_a_damaged_manifest_rejects_its_run_only(cache: Path, name: str) -> None:
+    """Issue 35 items 6, 8, 9, 10: outputs as a list crashed trust.manifest_hashes; a start
+    time in words (DateParseError) and a seed of 10**40 (OverflowError) passed the schema and
+    crashed the fairseq chapter; device "H100" was BAD yet read by runspeed.device_threads."""
+    how, named = DAMAGES[name]
+    run = cache / "fairseq" / "random-seed0"
+    damage(run, how)
+    records = {r.key: r for r in discover_runs(cache)}
+    rec = records["fairseq/random-seed0"]
+    assert not rec.valid and named in rec.reason, rec.reason
+    assert rec.manifest is None, "a rejected run's fields must not be readable by the book"
+    assert all(r.valid or r.unfinished for k, r in records.items() if k != rec.key)
+    res = fr.load_results(cache)
+    assert "fairseq/random-seed0" not in {r.key for r in res.loaded.used}
+    fairseq_chapter(cache)  # nothing raises
+    trust.manifest_hashes([run / "manifest.json"])  # nor the trust list
+
+
+def test_a_damaged_experiment_config_rejects_its_experiment_only(
+        cache: Path, capsys: pytest.CaptureFixture) -> None:
+    """Issue 35 item 7: a truncated lora/experiment.json made `runs` exit 2 listing nothing and
+    broke the unrelated fairseq chapter."""
+    from finetune_lab.cli import main
+
+    before = fairseq_chapter(cache)
+    (cache / "lora" / "experiment.json").write_text('{"hyperparameters": {')
+    records = discover_runs(cache)
+    lora = [r for r in records if r.experiment == "lora"]
+    assert lora and all(not r.valid and "experiment.json" in r.reason for r in lora)
+    assert all(r.valid or r.unfinished for r in records if r.experiment == "fairseq")
+    assert fairseq_chapter(cache) == before
+    loaded = lora_cls_runs.cached_runs(cache)
+    assert loaded is not None and not [r for r in loaded.used if r.experiment == "lora"]
+    assert "experiment.json" in lora_cls_report.state_markdown(loaded)
+    lora_cls_report.gaps_table(loaded)
+    assert main(["runs", "--root", str(cache), "--no-inputs"]) == 0
+    out = capsys.readouterr().out
+    assert "BAD lora/lora-qv-seed0" in out and "ok  fairseq/random-seed0" in out
+
+
+# --- issue 35 item 5: no machine's paths in what is committed --------------------------------
+
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(work|home|tmp|root|opt|Users|var|mnt|srv|scratch)/")
+"""An absolute path of some machine (``/work/main/.venv/bin/python``, ``/tmp/x``)."""
+
+
+def _committed(*patterns: str) -> list[Path]:
+    """Files git tracks under the patterns (those on disk when this is no git checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(PROJECT_ROOT), "ls-files", "-z", "--", *patterns],
+                             capture_output=True, check=True).stdout.decode()
+        files = [PROJECT_ROOT / f for f in out.split("\0") if f]
+    except (OSError, subprocess.CalledProcessError):
+        files = [p for pat in patterns for p in PROJECT_ROOT.glob(pat)]
+    return [f for f in files if f.is_file()]
+
+
+def _machine_paths(files: list[Path]) -> list[str]:
+    found = []
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # a figure as PNG: no text to show a path
+        found += [f"{f.relative_to(PROJECT_ROOT)}: ...{text[max(0, m.start() - 30):m.end() + 30]!r}"
+                  for m in list(MACHINE_PATH.finditer(text))[:1]]
+    return found
+
+
+def test_committed_manifests_record_no_machine_path() -> None:
+    """All 60 committed manifests recorded /work/main/.venv/bin/python and
+    /work/main/data/work/... in `command` and `environment.executable`."""
+    files = _committed("data/runs/**/manifest.json", "data/runs/*/experiment.json",
+                       "data/checkpoints/**/manifest.json", "data/summaries/**/*.json")
+    assert len(files) >= 60
+    assert _machine_paths(files) == []
+
+
+def test_the_frozen_book_shows_no_machine_path() -> None:
+    """The published data chapter printed the checkout's absolute path. (Fails until _freeze/
+    is rendered again from manifests and chapters that record none.)"""
+    assert _machine_paths(_committed("_freeze/**")) == []
+
+
+def test_a_recorded_run_stores_its_command_relative_to_the_project(tmp_path: Path) -> None:
+    """New manifests name the interpreter `python` (its version beside it) and every path in
+    the checkout relative to its root; the process still runs with the real paths."""
+    from finetune_lab.runs.portable import portable_command
+    from finetune_lab.runs.recording import record_run
+
+    data = PROJECT_ROOT / "data" / "work" / "cls-books-bin"
+    script = Path(sys.executable).parent / "finetune-lab"
+    assert portable_command([sys.executable, "-m", "x", data, f"--dir={data}", script, "rel"]) \
+        == ["python", "-m", "x", "data/work/cls-books-bin", "--dir=data/work/cls-books-bin",
+            "finetune-lab", "rel"]
+    with record_run("exp", "r", framework="fairseq", init="random", seed=0,
+                    hyperparameters={}, runs_root=tmp_path,
+                    command=[sys.executable, "-m", "x", str(data)]) as handle:
+        handle.run([sys.executable, "-c", "pass", str(PROJECT_ROOT / "data")])
+    manifest = json.loads((tmp_path / "exp" / "r" / "manifest.json").read_text())
+    assert manifest["command"] == ["python", "-c", "pass", "data"]
+    assert manifest["environment"]["executable"] == "python"
+    assert manifest["environment"]["python"] == platform.python_version()
+
+
+def test_migrating_an_old_manifest_keeps_it_valid(tmp_path: Path, monkeypatch) -> None:
+    """The committed manifests were rewritten by `python -m finetune_lab.runs.portable`: another
+    machine's checkout root (read off the paths themselves) is dropped, nothing the registry
+    checks changes."""
+    from finetune_lab.runs.portable import migrate
+
+    root = tmp_path / "runs"
+    shutil.copytree(COMMITTED / "fairseq" / "random-seed0", root / "fairseq" / "random-seed0",
+                    copy_function=_link_events)
+    path = root / "fairseq" / "random-seed0" / "manifest.json"
+    old = json.loads(path.read_text())
+    old["command"] = ["/srv/ck/.venv/bin/python", "-m", "fairseq_cli.train",
+                      "/srv/ck/data/work/cls-books-bin", "--tensorboard-logdir",
+                      "/srv/ck/data/runs/fairseq/random-seed0"]
+    old["environment"]["executable"] = "/srv/ck/.venv/bin/python3.11"
+    path.write_text(json.dumps(old))
+    assert migrate([path]) == [path]
+    new = json.loads(path.read_text())
+    assert new["command"] == ["python", "-m", "fairseq_cli.train", "data/work/cls-books-bin",
+                              "--tensorboard-logdir", "data/runs/fairseq/random-seed0"]
+    assert new["environment"]["executable"] == "python"
+    assert {k: v for k, v in new.items() if k not in ("command", "environment")} == \
+        {k: v for k, v in old.items() if k not in ("command", "environment")}
+    (rec,) = discover_runs(root, check_inputs=False)
+    assert rec.valid, rec.reason
+
+
+# --- issue 35 items 12-13: a damaged or hostile checkpoint, in one line ----------------------
+
+
+def test_a_truncated_checkpoint_listed_by_its_manifest_is_one_line(tmp_path: Path, capsys
+                                                                   ) -> None:
+    """A model.pt cut short, whose manifest hash was updated to match: fill-mask raised
+    torch's RuntimeError (PytorchStreamReader failed ...) as a traceback."""
+    from finetune_lab._files import sha256_file
+    from finetune_lab.cli import main
+
+    committed = PROJECT_ROOT / "data" / "checkpoints" / "roberta-small-fr"
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    for name in ("dict.txt", "sentencepiece.bpe.model"):
+        shutil.copyfile(committed / name, folder / name)
+    with open(committed / "model.pt", "rb") as src:
+        (folder / "model.pt").write_bytes(src.read(1 << 20))
+    files = {n: {"sha256": sha256_file(folder / n)} for n in ("model.pt", "dict.txt")}
+    (folder / "manifest.json").write_text(json.dumps({"files": files}))
+    assert main(["fill-mask", "--checkpoint", str(folder), "--name", "cut"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "model.pt cannot be read: the file is damaged or cut short" in err
+
+
+class _RunsCode:
+    """What a hostile pickle holds: a call made while it is loaded."""
+
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+def test_a_checkpoint_holding_code_is_refused_without_torch_advice(tmp_path: Path) -> None:
+    """torch's refusal advised "Re-running torch.load with weights_only set to False will
+    likely succeed": the one thing a user must not do with a file that runs code."""
+    import torch
+
+    from finetune_lab.errors import UserError
+    from finetune_lab.models.trust import load_trusted
+
+    path = tmp_path / "model.pt"
+    torch.save({"model": {}, "hook": _RunsCode()}, path)
+    with pytest.raises(UserError) as info:
+        load_trusted(path, trust=True)
+    text = str(info.value)
+    assert "holding code" in text and "getpid" in text
+    assert "weights_only" not in text and "False" not in text
+
+
+def test_an_infinite_token_budget_is_one_line(capsys) -> None:
+    """`pretrain --tokens 1e400 --run x` reached the trainer as an OverflowError."""
+    from finetune_lab.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["pretrain", "--tokens", "1e400", "--run", "x"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--tokens: must be a finite number, not 1e400" in err
+
+
+# --- issue 35 item 14: messages and exit codes that mislead ----------------------------------
+
+
+@pytest.mark.parametrize("strict", [[], ["--strict"]])
+@pytest.mark.parametrize("what", ["missing", "a file"])
+def test_runs_under_a_root_that_is_not_there_fails(tmp_path: Path, capsys, strict, what) -> None:
+    """`runs --root <missing folder>` (even --strict) said "no runs" and exited 0."""
+    from finetune_lab.cli import main
+
+    root = tmp_path / "nope"
+    if what == "a file":
+        root.write_text("")
+    assert main(["runs", "--root", str(root), *strict]) == 2
+    err = capsys.readouterr().err
+    assert f"runs root {root}" in err and ("does not exist" in err or "is a file" in err)
+
+
+def test_a_full_disk_names_the_file(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A full disk said "cannot write a file: No space left on device", with no path."""
+    import errno
+
+    from finetune_lab.cli import main
+    from finetune_lab.runs import manifest as mf
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mf, "write_json_atomic", full)
+    with pytest.raises(OSError) as info:
+        mf.write_manifest(tmp_path / "run", {"status": "running"})
+    assert info.value.filename == str(tmp_path / "run" / "manifest.json")
+
+    def fails(_args):
+        raise info.value
+
+    monkeypatch.setattr("finetune_lab.runs.registry._cmd_runs", fails)
+    monkeypatch.setattr("finetune_lab.runs.registry.add_parser", _runs_parser(fails))
+    assert main(["runs"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {tmp_path / 'run' / 'manifest.json'}: No space left" in err
+
+
+def _runs_parser(func):
+    def add_parser(sub):
+        sub.add_parser("runs").set_defaults(func=func)
+    return add_parser
+
+
+def test_a_read_only_checkout_is_not_told_to_move_the_work_dir(tmp_path: Path, monkeypatch,
+                                                              capsys) -> None:
+    """`freeze pre-render` in a read-only checkout failed on .quarto/ and advised setting
+    FINETUNE_LAB_WORK_DIR, which would not help."""
+    import errno
+
+    from finetune_lab import render_cache
+    from finetune_lab.cli import fault_advice, main
+
+    (tmp_path / "index.qmd").write_text("---\ntitle: Home\n---\n")
+    cache = render_cache.cache_dir(tmp_path)
+
+    def read_only(project=None):
+        raise PermissionError(errno.EROFS, "Read-only file system", str(cache))
+
+    monkeypatch.setattr(render_cache, "open_cache", read_only)
+    assert main(["freeze", "pre-render", "--project", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(cache) in err and "FINETUNE_LAB_WORK_DIR" not in err and "writable copy" in err
+    work = PROJECT_ROOT / "data" / "work" / "x"
+    assert "FINETUNE_LAB_WORK_DIR" in fault_advice(errno.EROFS, str(work))
