@@ -57,14 +57,15 @@ def test_results_at_a_glance_give_accuracies_and_signed_named_gaps():
     gap = hf_compare.framework_gaps(hf_compare.load_comparison()).set_index("init")
     g = gap.loc["pretrained"]
     assert rows.loc["Transformers − fairseq (pretrained, same recipe)", PROJECT] == (
-        f"{g['difference']:+.1f} points (95 % CI {g['ci_low']:+.1f} to {g['ci_high']:+.1f})")
+        f"{g['difference']:+.1f}\u00a0points (95\u00a0% CI {g['ci_low']:+.1f} to "
+        f"{g['ci_high']:+.1f})")
     pre = rows.loc["fairseq, pretrained stand-in: test accuracy"]
-    assert re.fullmatch(r"\d+\.\d ± \d+\.\d % \(n = \d+\)", pre[PROJECT])
+    assert re.fullmatch(r"\d+\.\d\s±\s\d+\.\d\s%\s\(n\s=\s\d+\)", pre[PROJECT])
     assert pre[COURSE] == COURSE_TEST_ACCURACY["pretrained"].text()
-    assert re.search(r"^[+-]\d+\.\d points \(95 % CI [+-]\d+\.\d to [+-]\d+\.\d\)$",
+    assert re.search(r"^[+-]\d+\.\d\spoints \(95\s% CI [+-]\d+\.\d to [+-]\d+\.\d\)$",
                      rows.loc["fairseq: pretrained − random", PROJECT])
     lora = [r for r in rows.index if "− full fine-tuning" in r]
-    assert lora and all(re.fullmatch(r"[+-]\d+\.\d points \(95 % CI [+-]\d+\.\d to "
+    assert lora and all(re.fullmatch(r"[+-]\d+\.\d\spoints \(95\s% CI [+-]\d+\.\d to "
                                      r"[+-]\d+\.\d\)", rows.loc[r, PROJECT]) for r in lora)
 
 

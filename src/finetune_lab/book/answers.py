@@ -40,7 +40,8 @@ class Gap:
         return self.low > 0 or self.high < 0
 
     def text(self, digits: int = 1) -> str:
-        return (f"{self.diff:+.{digits}f} points (95 % CI {self.low:+.{digits}f} to "
+        # no-break spaces keep a number with its unit on one line (and size a PDF column)
+        return (f"{self.diff:+.{digits}f}\u00a0points (95\u00a0% CI {self.low:+.{digits}f} to "
                 f"{self.high:+.{digits}f})")
 
 
@@ -53,7 +54,8 @@ class Accuracy:
     n: int
 
     def text(self, digits: int = 1) -> str:
-        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} % (n = {self.n})"
+        return (f"{self.mean:.{digits}f}\u00a0±\u00a0{self.std:.{digits}f}\u00a0% "
+                f"(n\u00a0=\u00a0{self.n})")
 
 
 def q1_counts() -> dict[str, int]:

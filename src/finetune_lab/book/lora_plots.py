@@ -53,7 +53,9 @@ def plot_nf4(ax: plt.Axes | None = None) -> plt.Axes:
               label="uniform 4-bit levels")
     ax.set_yticks([])
     ax.set_xlabel("value / block absmax")
-    ax.legend(fontsize=8, loc="upper right")
+    # below the axes: inside, it covered the tops of the outer levels and the density
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, frameon=False)
+    ax.figure.tight_layout()
     return check_legend(ax)
 
 
