@@ -321,7 +321,8 @@ def test_checkpoint_metadata_loads_an_unlisted_checkpoint_only_when_trusted(tmp_
     with pytest.raises(trust.UntrustedCheckpointError, match="in no manifest"):
         checkpoint_metadata(ckpt, [])
     meta = checkpoint_metadata(ckpt, [], trust=True)
-    assert meta == {"run": None, "lineage": None, "valid_loss_bits": 3.0, "valid_perplexity": 8.0}
+    assert meta == {"run": None, "lineage": None, "valid_loss_bits": 3.0, "valid_perplexity": 8.0,
+                    "reads_task_texts": None}  # no lineage: not known
 
 
 def test_a_checkpoint_saved_on_the_way_is_packaged_with_its_own_lineage(tmp_path, monkeypatch):
