@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab.book import fairseq_report, hf_compare
+from finetune_lab.book import fairseq_report, hf_compare, standin
 from finetune_lab.book.course_reference import COURSE_TEST_ACCURACY
 from finetune_lab.book.decomposition import decomposition_table
 from finetune_lab.book.lora_cls_report import gaps_to_full
@@ -21,9 +21,6 @@ from finetune_lab.book.pretrain_candidates import candidate_table
 from finetune_lab.book.pretrain_report import load_pretrain_runs
 from finetune_lab.book.report import fmt_int
 from finetune_lab.models import params
-from finetune_lab.models.checkpoints import package_manifest
-from finetune_lab.runs.manifest import run_key
-from finetune_lab.runs.registry import find_run
 
 
 @dataclass(frozen=True)
@@ -101,24 +98,14 @@ def lora_results() -> pd.DataFrame:
 
 def standin_cost() -> dict[str, Any] | None:
     """Tokens and recorded hours behind the packaged checkpoint, over every run of its lineage
-    (read through the registry), and the device they ran on."""
-    package = package_manifest()
-    if not package:
+    (read through the registry; None when a step's run is not valid), and their devices."""
+    steps, found = standin.lineage_steps(), standin.lineage_records()
+    if not steps or len(found) < len(steps):
         return None
-    lineage = package.get("lineage") or [{"run": package.get("run")}]
-    seconds, tokens, devices = 0.0, 0, set()
-    for step in lineage:
-        rec = find_run(run_key(step["run"]))
-        if rec is None or not rec.valid:
-            return None
-        man = rec.manifest
-        seconds += float(man.get("wall_time_s") or 0)
-        hp = man["hyperparameters"]
-        tokens += int(step.get("tokens") or int(man.get("updates_done") or hp["max_update"])
-                      * int(hp["tokens_per_update"]))
-        devices.add(man.get("device", {}).get("type", "cpu"))
-    return {"hours": seconds / 3600, "tokens_m": tokens / 1e6, "runs": len(lineage),
-            "devices": sorted(devices)}
+    return {"hours": sum(float(r.manifest.get("wall_time_s") or 0) for _, r in found) / 3600,
+            "tokens_m": sum(standin.step_tokens(s, r) for s, r in found) / 1e6,
+            "runs": len(found),
+            "devices": sorted({r.manifest.get("device", {}).get("type", "cpu") for _, r in found})}
 
 
 def decomposition() -> pd.DataFrame:

@@ -15,17 +15,28 @@ from finetune_lab.runs.registry import RunRecord, find_run
 from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.pretrain_lineage import step_reads_task_texts
 
+def lineage_steps() -> list[dict[str, Any]]:
+    """The packaged checkpoint's lineage as its manifest records it, oldest first."""
+    package = package_manifest() or {}
+    return package.get("lineage") or ([{"run": package["run"]}] if package.get("run") else [])
+
+
 def lineage_records() -> list[tuple[dict[str, Any], RunRecord]]:
     """Each run behind the packaged checkpoint, oldest first, with its lineage step, read
     through the registry (a step whose run is not valid is left out, and the table says less)."""
-    package = package_manifest() or {}
-    steps = package.get("lineage") or ([{"run": package["run"]}] if package.get("run") else [])
     found = []
-    for step in steps:
+    for step in lineage_steps():
         rec = find_run(run_key(step["run"]))
         if rec is not None and rec.valid:
             found.append((step, rec))
     return found
+
+
+def step_tokens(step: dict[str, Any], rec: RunRecord) -> int:
+    """The tokens a lineage step trained on: as the lineage records them, else its updates."""
+    hp = rec.manifest["hyperparameters"]
+    updates = int(rec.manifest.get("updates_done") or hp["max_update"])
+    return int(step.get("tokens") or updates * int(hp["tokens_per_update"]))
 
 
 def reads_task_texts(rec: RunRecord) -> bool:
@@ -44,8 +55,7 @@ def lineage_table() -> pd.DataFrame:
     rows = []
     for step, rec in lineage_records():
         hp = rec.manifest["hyperparameters"]
-        updates = int(rec.manifest.get("updates_done") or hp["max_update"])
-        tokens = step.get("tokens") or updates * int(hp["tokens_per_update"])
+        tokens = step_tokens(step, rec)
         novels, reviews = (_last_loss(rec, s) for s in VALID_SUBSETS)
         objective = "masked LM" + (" + `<s>` bag of words" if hp.get("bow_weight") else "")
         rows.append({
