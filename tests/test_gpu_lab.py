@@ -24,8 +24,6 @@ from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
 from finetune_lab.runs import gpu_archive, gpu_bundle, gpu_plan
 
-OFFLINE = ("Could not fetch URL", "NewConnectionError", "Temporary failure in name resolution",
-           "No matching distribution")
 
 
 def _copy_project(dst: Path) -> None:
@@ -65,11 +63,12 @@ def smoke_call(tmp_path_factory):
     gpu_bundle.tiny_cls(full[0] if isinstance(full, tuple) else full, work / "cls.books")
     pretrain_corpus.prepare_pretrain(tokenizer_dir=work / "tokenizer", out=work / "pretrain-bin",
                                      with_reviews=False, max_novels=2, workers=1)
+    # this machine has fairseq and the wheels' packages: the rehearsal downloads nothing (the
+    # wheels and fairseq's sdist are cut down by functions tested on their own below)
     made = _cli(home, "gpu-bundle", "--tiny", "--steps", "pretrain", "lab", "--then-finetune",
-                "--python", f"{sys.version_info.major}.{sys.version_info.minor}")
-    if made.returncode != 0 and any(s in made.stderr for s in OFFLINE):
-        pytest.skip(f"PyPI is unreachable, so no bundle: {made.stderr.strip()[-300:]}")
+                "--from-environment")
     assert made.returncode == 0, made.stderr
+    assert not (home / gpu_plan.BUNDLE_DIR / "wheels").exists()
     _copy_project(remote)  # what a device call sends: the tree git does not ignore ...
     shutil.copytree(home / gpu_plan.BUNDLE_DIR, remote / gpu_plan.BUNDLE_DIR)  # ... and the carry
     env = {**os.environ, "PYTHON": sys.executable, "GPU_LAB_PARALLEL": "2",
@@ -92,8 +91,12 @@ def test_the_call_runs_every_job_and_returns_pieces_within_the_limits(smoke_call
     jobs = {j["job"]: j["exit_code"] for j in result["jobs"]}
     assert jobs == {name: 0 for name in (
         "binarize-cls", "convert-hf", "pretrain", "fairseq-pretrained-seed0",
-        "fairseq-random-seed0", "transformers-pretrained-seed0", "lora-lora-qv-seed0",
-        "lora-qlora-qv-seed0")}
+        "fairseq-random-seed0", "transformers-pretrained-seed0", "transformers-random-seed0",
+        "lora-lora-qv-seed0", "lora-lora-attn-seed0", "lora-qlora-qv-seed0")}
+    # a snapshot after each finished run, then the last one: only the last one's pieces remain
+    assert result["snapshot"] == 1 + 7 + 1  # after pretraining, after each of 7 runs, at the end
+    pieces = {p["file"] for p in result["pieces"]}
+    assert {p.name for p in smoke_call["out"].glob(gpu_archive.ARCHIVE + ".*")} == pieces
     files = sorted(p.name for p in smoke_call["out"].iterdir())
     assert len(files) <= gpu_archive.MAX_FILES_BACK
     assert all((smoke_call["out"] / f).stat().st_size <= gpu_archive.PIECE_BYTES for f in files)
@@ -109,7 +112,8 @@ def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
     runs = home / "data" / "runs"
     # --then-finetune: the fairseq pretrained seed starts from the weights the call just made
     expected = ["fairseq-candidate-gpu-smoke/pretrained-seed0", "fairseq-gpu-smoke/random-seed0",
-                "transformers-gpu-smoke/pretrained-seed0", "lora-gpu-smoke/lora-qv-seed0",
+                "transformers-gpu-smoke/pretrained-seed0", "transformers-gpu-smoke/random-seed0",
+                "lora-gpu-smoke/lora-qv-seed0", "lora-gpu-smoke/lora-attn-seed0",
                 "lora-gpu-smoke/qlora-qv-seed0", "pretrain-gpu-smoke/gpu-smoke"]
     for rel in expected:
         assert f"data/runs/{rel}: valid" in done.stdout, done.stdout
@@ -125,6 +129,11 @@ def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
     assert meta["dtype"] == "float16"
     from finetune_lab._files import sha256_file
     assert sha256_file(cand / "model.pt") == meta["files"]["model.pt"]["sha256"]
+    # the call's own record is kept beside the summaries, as the call wrote it
+    result = json.loads((smoke_call["out"] / gpu_archive.RESULT_FILE).read_text())
+    (logs,) = [p for p in result["products"] if p.startswith(gpu_archive.LOGS_ROOT)]
+    record = home / gpu_archive.CALL_RECORDS / f"{Path(logs).name}.json"
+    assert json.loads(record.read_text()) == result
     # a second unpack replaces nothing
     again = _cli(home, "gpu-unpack", str(smoke_call["out"]))
     assert again.returncode == 0 and "exists; left as it is" in again.stdout
@@ -136,11 +145,12 @@ def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
 def test_a_damaged_piece_is_refused_by_name(smoke_call, tmp_path):
     copy = tmp_path / "files"
     shutil.copytree(smoke_call["out"], copy)
-    piece = copy / f"{gpu_archive.ARCHIVE}.000"
+    first = json.loads((copy / gpu_archive.RESULT_FILE).read_text())["pieces"][0]["file"]
+    piece = copy / first
     data = bytearray(piece.read_bytes())
     data[100] ^= 1
     piece.write_bytes(bytes(data))
-    with pytest.raises(UserError, match=r"gpu-lab\.tar\.000 does not match its sha256"):
+    with pytest.raises(UserError, match=rf"{first} does not match its sha256"):
         gpu_archive.unpack(copy, root=tmp_path)
 
 
@@ -161,6 +171,39 @@ def test_pieces_reassemble_and_a_missing_one_is_named(tmp_path):
     (tmp_path / "out" / f"{gpu_archive.ARCHIVE}.002").unlink()
     with pytest.raises(UserError, match=r"gpu-lab\.tar\.002 is missing"):
         gpu_archive.unpack(tmp_path / "out", root=tmp_path / "home2")
+
+
+def test_a_later_snapshot_replaces_the_earlier_whole_and_a_kill_midway_keeps_the_earlier(
+        tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    exp = root / "data" / "runs" / "x-gpu"
+    (exp / "r-seed0").mkdir(parents=True)
+    (exp / "r-seed0" / "a").write_text("first run")
+    out, products = tmp_path / "out", {"products": ["data/runs/x-gpu"]}
+    gpu_archive.pack([exp / "r-seed0"], out, root=root, extra=products, generation=1)
+    (exp / "r-seed1").mkdir()
+    (exp / "r-seed1" / "b").write_text("second run")
+    second = gpu_archive.pack([exp / "r-seed0", exp / "r-seed1"], out, root=root,
+                              extra=products, generation=2)
+    # only the second snapshot's pieces are left, and they hold both runs
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [gpu_archive.RESULT_FILE] + [p["file"] for p in second["pieces"]])
+    placed = gpu_archive.unpack(out, root=tmp_path / "home")
+    assert sorted(p.name for p in placed) == ["r-seed0", "r-seed1"]
+    # a call killed while writing the third snapshot (before gpu-lab.json is replaced): the
+    # second is still whole and unpacks
+    (exp / "r-seed2").mkdir()
+    (exp / "r-seed2" / "c").write_text("third run")
+
+    def killed(*_args: object) -> None:
+        raise KeyboardInterrupt("the call's deadline")
+
+    monkeypatch.setattr(gpu_archive.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_archive.pack([exp / "r-seed0", exp / "r-seed1", exp / "r-seed2"], out, root=root,
+                         extra=products, generation=3)
+    placed = gpu_archive.unpack(out, root=tmp_path / "home2")
+    assert sorted(p.name for p in placed) == ["r-seed0", "r-seed1"]
 
 
 def test_slim_bitsandbytes_keeps_one_cuda_build_and_a_consistent_record(tmp_path):
@@ -246,3 +289,35 @@ def test_lab_jobs_send_a_carried_candidate_to_its_own_experiment():
     assert pre[pre.index("--checkpoint") + 1] == "data/work/candidates/gpu"
     assert pre[pre.index("--experiment") + 1] == "fairseq-candidate-5"
     assert "--checkpoint" not in rnd and rnd[rnd.index("--experiment") + 1] == "fairseq-gpu"
+    # a candidate's call: its pretrained seeds alone
+    only = gpu_plan.Plan(lab_parts=["fairseq"], seeds=[0, 1], fairseq_inits=["pretrained"],
+                         checkpoint="data/work/candidates/gpu")
+    assert [j.name for j in gpu_plan.lab_jobs(only, Path("logs"))] == [
+        "fairseq-pretrained-seed0", "fairseq-pretrained-seed1"]
+
+
+def test_the_default_lab_is_both_grids_and_three_lora_methods_with_three_seeds():
+    names = [j.name for j in gpu_plan.lab_jobs(gpu_plan.Plan(), Path("logs"))]
+    assert len(names) == 6 + 6 + 9 and len(set(names)) == len(names)
+    assert {n.rsplit("-seed", 1)[0] for n in names} == {
+        "fairseq-pretrained", "fairseq-random", "transformers-pretrained", "transformers-random",
+        "lora-lora-qv", "lora-lora-attn", "lora-qlora-qv"}
+
+
+def test_the_slim_sdist_keeps_the_package_and_drops_examples_and_tests(tmp_path):
+    import tarfile
+
+    src = tmp_path / "fairseq-fixed-0.12.3.1"
+    for rel in ("fairseq/data/data_utils_fast.pyx", "fairseq/examples/big.txt", "tests/t.py",
+                "examples/e.py", "docs/d.rst", "setup.py"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(rel)
+    sdist = tmp_path / "fairseq-fixed-0.12.3.1.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname=src.name)
+    out = tmp_path / "out"
+    out.mkdir()
+    slim = gpu_bundle.slim_sdist(sdist, out)
+    with tarfile.open(slim) as tar:
+        files = sorted(m.name for m in tar.getmembers() if m.isfile())
+    assert files == ["fairseq-src/fairseq/data/data_utils_fast.pyx", "fairseq-src/setup.py"]

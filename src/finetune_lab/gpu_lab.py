@@ -57,10 +57,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --steps pretrain lab: fine-tune the new weights in the same call")
     p.add_argument("--lab-parts", nargs="+", choices=LAB_PARTS, default=list(LAB_PARTS))
     p.add_argument("--seeds", nargs="+", type=int, default=None)
+    p.add_argument("--inits", nargs="+", choices=("pretrained", "random"), default=None,
+                   help="the initialisations of the fairseq and Transformers runs (default both)")
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="packaged weights under data/ (a candidate) for the fairseq pretrained "
                         "runs; they go to the next fairseq-candidate experiment")
     p.add_argument("--python", default=GPU_PYTHON, help="the device's Python, for the wheels")
+    p.add_argument("--from-environment", action="store_true",
+                   help="a rehearsal where the call runs on a machine that has fairseq and the "
+                        "wheels' packages (the tests): download nothing, carry no wheels")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--force", action="store_true",
                    help="replace --out even if gpu-bundle did not make it")
@@ -94,10 +99,13 @@ def _bundle(args: argparse.Namespace) -> int:
         plan.candidate_experiment = plan.candidate(next_candidate_experiment())
     if args.seeds:
         plan.seeds = list(args.seeds)
+    if args.inits:
+        plan.fairseq_inits = plan.transformers_inits = list(args.inits)
     if args.tiny:
         plan.seeds, plan.epochs = plan.seeds[:1] if args.seeds else [0], 1
         plan.pretrain_tokens = min(plan.pretrain_tokens, 20_000) if plan.pretrain_tokens else 0
-    info = bundle(args.out, plan=plan, python=args.python, force=args.force)
+    info = bundle(args.out, plan=plan, python=args.python, force=args.force,
+                  from_environment=args.from_environment)
     print(f"gpu-bundle: {info['bundle']} {info['carried_bytes'] / 2**20:.1f} MiB + working tree "
           f"{info['tree_bytes'] / 2**20:.1f} MiB of {TRANSFER_LIMIT / 2**20:.0f} MiB; run it with "
           f"the device tool: command `bash scripts/gpu-lab.sh {BUNDLE_DIR}`, carry "

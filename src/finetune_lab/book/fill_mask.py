@@ -9,7 +9,6 @@ book can show them on a machine that does not have those weights.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 from pathlib import Path
@@ -17,10 +16,16 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab.argtypes import record_name
 from finetune_lab._files import sha256_file, utc_now, write_json_atomic
+from finetune_lab.argtypes import record_name
+from finetune_lab.book.summary_files import NUMBER, read_records, summary_problem
 from finetune_lab.config import paths
-from finetune_lab.models.checkpoints import DICT_FILE, MODEL_FILE, load_hub_model, packaged_dir
+from finetune_lab.models.checkpoints import (
+    DICT_FILE,
+    MODEL_FILE,
+    load_hub_model,
+    packaged_dir,
+)
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs.manifest import device_info, environment_info, portable_path
 from finetune_lab.runs.run_inputs import cached_sha256
@@ -106,11 +111,28 @@ def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None) -> Pa
     return out
 
 
-def recorded_fill_masks(out_dir: Path | None = None) -> dict[str, dict[str, Any]]:
-    """Every record of :func:`record_fill_mask`, by name, with its answers as a table."""
+RECORD_FIELDS = ((("name",), str), (("checkpoint", "sha256"), str), (("predictions",), list))
+PREDICTION_FIELDS = ((("sentence",), str), (("predicted piece",), str), (("rank",), NUMBER),
+                     (("probability",), NUMBER))
+
+
+def _predictions_problem(record: dict[str, Any]) -> str | None:
+    for i, row in enumerate(record["predictions"]):
+        if (problem := summary_problem(row, PREDICTION_FIELDS)) is not None:
+            return f"has a prediction (item {i}) that {problem}"
+    return None
+
+
+def recorded_fill_masks(out_dir: Path | None = None, set_aside: list[str] | None = None
+                        ) -> dict[str, dict[str, Any]]:
+    """Every record of :func:`record_fill_mask`, by name, with its answers as a table. A damaged
+    file is left out, with one line in ``set_aside`` naming it (when a list is given)."""
+    records, bad = read_records(Path(out_dir or fill_mask_dir()), RECORD_FIELDS,
+                                more=_predictions_problem)
+    if set_aside is not None:
+        set_aside += bad
     found = {}
-    for path in sorted(Path(out_dir or fill_mask_dir()).glob("*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
+    for record in records:
         record["table"] = pd.DataFrame(record["predictions"])
         found[record["name"]] = record
     return found

@@ -17,9 +17,15 @@ import pandas as pd
 
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
-from finetune_lab.runs.registry import (RunRecord, check_hyperparameters,
-                                        differing_hyperparameters, discover_runs,
-                                        read_experiment_config, valid_runs)
+from finetune_lab.runs.gpu_plan import GPU_SUFFIX
+from finetune_lab.runs.registry import (
+    RunRecord,
+    check_hyperparameters,
+    differing_hyperparameters,
+    discover_runs,
+    read_experiment_config,
+    valid_runs,
+)
 from finetune_lab.runs.seedstats import best_epochs, seed_summary
 from finetune_lab.runs.tblogs import LoadedRuns, load_scalars
 from finetune_lab.train.lora_cls import EXPERIMENT, FULL_BASELINE, METHODS
@@ -35,19 +41,27 @@ def method_of(rec: RunRecord) -> str | None:
     hp = man.get("hyperparameters") or {}
     if "method" in hp:
         return hp["method"]
-    if rec.experiment == FULL_BASELINE and man.get("init") == "pretrained":
+    if rec.experiment.removesuffix(GPU_SUFFIX) == FULL_BASELINE and man.get("init") == "pretrained":
         return "full"
     return None
 
 
+def full_baseline(experiment: str) -> str:
+    """The Transformers experiment whose pretrained runs are ``experiment``'s ``full`` row: the
+    one made on the same kind of device (``lora-gpu`` takes ``transformers-gpu``)."""
+    return FULL_BASELINE + (GPU_SUFFIX if experiment.endswith(GPU_SUFFIX) else "")
+
+
 def baseline_full_runs(base: Path, experiment_dir: Path) -> list[RunRecord]:
-    """The valid pretrained runs of :data:`~finetune_lab.train.lora_cls.FULL_BASELINE`, as this experiment's ``full`` row.
+    """The valid pretrained runs of :func:`full_baseline` (the Transformers experiment of the
+    same device), as this experiment's ``full`` row.
 
     Each must carry the measurements (parameters, peak memory, time) and agree with this
     experiment's pinned recipe and with the lab's learning rate; one that does not is returned
     with the reason, so the chapter lists it as excluded.
     """
-    if not (base / FULL_BASELINE).is_dir():
+    baseline = full_baseline(experiment_dir.name)
+    if not (base / baseline).is_dir():
         return []
     try:
         config, damaged = read_experiment_config(experiment_dir), None
@@ -55,7 +69,7 @@ def baseline_full_runs(base: Path, experiment_dir: Path) -> list[RunRecord]:
         config, damaged = None, str(exc)
     full_lr = METHODS["full"].lr()
     out = []
-    for rec in discover_runs(base, [FULL_BASELINE]):
+    for rec in discover_runs(base, [baseline]):
         if not rec.valid or rec.init != "pretrained":
             continue  # the Transformers chapter lists those; they are no full fine-tuning row
         hp = (rec.manifest or {}).get("hyperparameters") or {}

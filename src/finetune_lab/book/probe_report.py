@@ -7,26 +7,40 @@ lines with and without the ``<s>`` bag-of-words objective side by side.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from finetune_lab.book import fairseq_report as fr
+from finetune_lab.book.summary_files import NUMBER, read_records, summary_problem
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.run_inputs import recorded_checkpoint_sha
 from finetune_lab.train.finetune_fairseq import candidate_experiments
 from finetune_lab.train.linear_probe import probe_dir
 
+PROBE_FIELDS = ((("name",), str), (("init",), str), (("wall_time_s",), NUMBER),
+                (("probes", "<s>", "test_accuracy"), NUMBER),
+                (("probes", "mean", "test_accuracy"), NUMBER))
 
-def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None) -> pd.DataFrame:
+
+def _checkpoint_problem(record: dict) -> str | None:
+    if record["init"] == "random":
+        return None
+    return summary_problem(record, ((("checkpoint", "sha256"), str),))
+
+
+def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None,
+                set_aside: list[str] | None = None) -> pd.DataFrame:
     """Every linear probe of ``data/summaries/probes/`` (``finetune-lab probe``) beside the
     lab-recipe fine-tuning of the same weights: the candidates' and the packaged checkpoint's,
     matched by the checkpoint's sha256; a random initialisation's beside the grid's random runs.
+    A damaged probe file is left out, with one line in ``set_aside`` naming it.
     """
     folder = Path(probes_dir) if probes_dir is not None else probe_dir()
-    probes = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
+    probes, bad = read_records(folder, PROBE_FIELDS, more=_checkpoint_problem)
+    if set_aside is not None:
+        set_aside += bad
     # checkpoint sha256 (or "random") -> seed -> test accuracy; the same weights fine-tuned
     # with the same seed in two experiments (a candidate, then the packaged checkpoint's grid)
     # count once, the grid's first

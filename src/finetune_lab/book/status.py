@@ -8,7 +8,9 @@ from pathlib import Path
 import pandas as pd
 
 from finetune_lab.config import PROJECT_ROOT, paths
-from finetune_lab.runs.registry import discover_runs
+from finetune_lab.runs.gpu_plan import GPU_SUFFIX
+from finetune_lab.runs.registry import RunRecord, discover_runs
+from finetune_lab.runs.runspeed import device_name
 
 
 @dataclass(frozen=True)
@@ -40,31 +42,48 @@ LAB_TASKS: tuple[LabTask, ...] = (
             unrun="computed from BLOOM-560m's configuration: no run needed"),
     LabTask("Task 7", "Fine-tune BLOOM-560m with QLoRA on the e-commerce FAQ",
             "chapters/lora.qmd", "sec-lora-qa", ("lora-qa",),
-            unrun="not run: BLOOM-560m's weights cannot be downloaded here, and 4-bit training "
-                  "needs a GPU"),
+            unrun="not run: BLOOM-560m's weights cannot be downloaded here, nor sent to the "
+                  "lent GPU machine"),
     LabTask("(beside Task 7)", "LoRA and QLoRA against full fine-tuning of RoBERTa-small-fr on "
             "CLS-Books", "chapters/lora.qmd", "sec-lora-cls", ("lora",)),
 )
+
+
+def by_device(valid: list[RunRecord]) -> str:
+    """``6 valid runs: 6 on the CPU, 6 on 1× NVIDIA H200``: which results were made where (a
+    device call's runs sit in their own ``-gpu`` experiments, beside the CPU runs)."""
+    n = len(valid)
+    text = f"{n} valid run{'s' if n != 1 else ''}"
+    counts: dict[str, int] = {}
+    for r in valid:
+        dev = (r.manifest or {}).get("device") or {}
+        where = device_name(r.manifest or {}) if dev.get("type") == "cuda" else "the CPU"
+        counts[where] = counts.get(where, 0) + 1
+    if n and list(counts) != ["the CPU"]:  # only CPU runs: nothing to tell apart
+        text += ": " + ", ".join(f"{c} on {where}" for where, c in sorted(
+            counts.items(), key=lambda kv: kv[0] != "the CPU"))
+    return text
 
 
 def lab_status(root: Path = PROJECT_ROOT, runs_root: Path | None = None) -> pd.DataFrame:
     """One row per lab part: its chapter (a cross-reference when written) and its runs.
 
     Runs are counted by the run registry: only complete runs that pass validation count; others
-    are reported as excluded.
+    are reported as excluded. A device call's runs (``fairseq-gpu``, ...) count with their part,
+    by device.
     """
     records = discover_runs(runs_root if runs_root is not None else paths().runs)
     rows = []
     for task in LAB_TASKS:
         written = (root / task.chapter).is_file()
-        mine = [r for r in records if r.experiment in task.experiments]
+        mine = [r for r in records if r.experiment.removesuffix(GPU_SUFFIX) in task.experiments]
         valid = sum(r.valid for r in mine)
         if not task.experiments:
             runs = task.unrun or "no training run needed"
         elif not mine:
             runs = task.unrun or "not run yet"
         else:
-            runs = f"{valid} valid run{'s' if valid != 1 else ''}"
+            runs = by_device([r for r in mine if r.valid])
             if len(mine) > valid:
                 runs += f", {len(mine) - valid} excluded"
         rows.append({

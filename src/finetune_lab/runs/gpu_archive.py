@@ -31,28 +31,43 @@ MAX_FILES_BACK = 8
 
 
 def pack(paths_in: Sequence[Path], out: Path, *, root: Path = PROJECT_ROOT,
-         piece_bytes: int = PIECE_BYTES, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+         piece_bytes: int = PIECE_BYTES, extra: dict[str, Any] | None = None,
+         generation: int = 0) -> dict[str, Any]:
     """Tar ``paths_in`` (relative to ``root``), split it into pieces of at most
-    ``piece_bytes`` and write ``gpu-lab.json`` with each piece's and the whole's sha256."""
+    ``piece_bytes`` and write ``gpu-lab.json`` with each piece's and the whole's sha256.
+
+    Called again with a higher ``generation`` (a snapshot after each finished run), it replaces
+    the earlier snapshot so that a kill at any moment leaves one whole snapshot in ``out``: the
+    new pieces are written under new names, ``gpu-lab.json`` is replaced in one rename, and only
+    then are the older pieces removed."""
     out.mkdir(parents=True, exist_ok=True)
-    whole = out / ARCHIVE
-    with tarfile.open(whole, "w:xz", preset=1) as tar:  # weights hardly compress
-        for p in paths_in:
-            tar.add(p, arcname=Path(p).resolve().relative_to(root.resolve()).as_posix())
     digest, pieces = hashlib.sha256(), []
-    with open(whole, "rb") as fh:
-        while chunk := fh.read(piece_bytes):
-            digest.update(chunk)
-            name = f"{ARCHIVE}.{len(pieces):03d}"
-            (out / name).write_bytes(chunk)
-            pieces.append({"file": name, "bytes": len(chunk),
-                           "sha256": hashlib.sha256(chunk).hexdigest()})
-    whole.unlink()
-    if len(pieces) + 1 > MAX_FILES_BACK:
-        raise UserError(f"{len(pieces)} pieces of {piece_bytes / 2**20:.0f} MiB and "
-                        f"{RESULT_FILE} exceed the {MAX_FILES_BACK} files a call returns")
+    with tempfile.TemporaryDirectory() as tmp:  # the whole archive never lands in out
+        whole = Path(tmp) / ARCHIVE
+        with tarfile.open(whole, "w:xz", preset=1) as tar:  # weights hardly compress
+            for p in paths_in:
+                tar.add(p, arcname=Path(p).resolve().relative_to(root.resolve()).as_posix())
+        size = whole.stat().st_size
+        count = -(-size // piece_bytes) or 1
+        if count + 1 > MAX_FILES_BACK - 1:  # one more: the earlier snapshot's piece, briefly
+            raise UserError(f"{count} pieces of {piece_bytes / 2**20:.0f} MiB and {RESULT_FILE} "
+                            f"exceed the {MAX_FILES_BACK} files a call returns")
+        stem = f"{ARCHIVE}.g{generation}" if generation else ARCHIVE
+        with open(whole, "rb") as fh:
+            while chunk := fh.read(piece_bytes):
+                digest.update(chunk)
+                name = f"{stem}.{len(pieces):03d}"
+                (out / name).write_bytes(chunk)
+                pieces.append({"file": name, "bytes": len(chunk),
+                               "sha256": hashlib.sha256(chunk).hexdigest()})
     result = {**(extra or {}), "archive_sha256": digest.hexdigest(), "pieces": pieces}
-    (out / RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    staged = out / f"{RESULT_FILE}.tmp"
+    staged.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    os.replace(staged, out / RESULT_FILE)
+    keep = {piece["file"] for piece in pieces}
+    for old in out.glob(f"{ARCHIVE}.*"):  # the earlier snapshot's pieces, now unlisted
+        if old.name not in keep:
+            old.unlink()
     return result
 
 
@@ -170,4 +185,32 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(item), dest)
                 placed.append(dest)
+        placed += keep_call_record(meta, stage, root)
     return placed
+
+
+CALL_RECORDS = "data/summaries/gpu-lab"
+"""Where each call's record is kept (committed): ``gpu-lab.json`` as the call wrote it (device,
+jobs, timings, wall time) and the GPU's use sampled by ``nvidia-smi``, named by the call's date."""
+LOGS_ROOT = "data/work/gpu-lab-logs"
+
+
+def keep_call_record(meta: dict[str, Any], stage: Path, root: Path) -> list[Path]:
+    """Copy the call's ``gpu-lab.json`` and its ``nvidia-smi.csv`` under :data:`CALL_RECORDS`,
+    named by the call's log folder (its UTC start); an existing record is left as it is."""
+    logs = [p for p in meta["products"] if p.startswith(LOGS_ROOT + "/")]
+    if not logs:
+        return []
+    stamp = PurePosixPath(logs[0]).name
+    dest = root / CALL_RECORDS
+    dest.mkdir(parents=True, exist_ok=True)
+    made = []
+    record = dest / f"{stamp}.json"
+    if not record.exists():
+        record.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        made.append(record)
+    smi = stage / logs[0] / "nvidia-smi.csv"
+    if smi.is_file() and not (dest / f"{stamp}-nvidia-smi.csv").exists():
+        shutil.copyfile(smi, dest / f"{stamp}-nvidia-smi.csv")
+        made.append(dest / f"{stamp}-nvidia-smi.csv")
+    return made

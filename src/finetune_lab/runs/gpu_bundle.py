@@ -208,10 +208,12 @@ def tree_bytes(root: Path = PROJECT_ROOT) -> int:
 
 def bundle(out: Path | None = None, *, plan: Plan | None = None,
            python: str = GPU_PYTHON, corpus: Path | None = None,
-           force: bool = False) -> dict[str, Any]:
+           force: bool = False, from_environment: bool = False) -> dict[str, Any]:
     """Fill ``out`` (default ``.gpu/``) with what one device call needs; refuse, naming the sizes,
     when it would not fit the call's 64 MiB with the working tree. ``out`` and the corpus slice
-    replace only a bundle's own folders unless ``force``."""
+    replace only a bundle's own folders unless ``force``. ``from_environment``: a rehearsal on a
+    machine that has fairseq and the wheels' packages already (the tests): nothing is downloaded,
+    and the call there installs nothing."""
     plan = plan or Plan()
     out = Path(out) if out else PROJECT_ROOT / BUNDLE_DIR
     cls_dir, tok_dir = cls_books.default_output(), tokenizer.default_output()
@@ -223,12 +225,13 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
         check_replaceable(paths().work / GPU_CORPUS, COMMAND, force=force, earlier=bundle_output)
     tree = tree_bytes()  # before the bundle's half-made folder, which git does not ignore
     with atomic_dir(out, COMMAND, force=force, earlier=bundle_output) as tmp:
-        with tempfile.TemporaryDirectory() as dl:
-            _pip("download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-                 "-d", dl, FAIRSEQ_SDIST)
-            (sdist,) = Path(dl).glob("*.tar.gz")
-            slim_sdist(sdist, tmp)
-        _wheels(tmp, python)
+        if not from_environment:
+            with tempfile.TemporaryDirectory() as dl:
+                _pip("download", "-q", "--no-deps", "--no-binary", ":all:",
+                     "--no-build-isolation", "-d", dl, FAIRSEQ_SDIST)
+                (sdist,) = Path(dl).glob("*.tar.gz")
+                slim_sdist(sdist, tmp)
+            _wheels(tmp, python)
         with tempfile.TemporaryDirectory() as stage:
             data = Path(stage) / "data" / "work"
             if plan.tiny:

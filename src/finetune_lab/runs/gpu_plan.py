@@ -19,6 +19,9 @@ from finetune_lab.runs.jobs import Job
 BUNDLE_DIR = ".gpu"
 """Repo-relative folder the device call carries (``carry: [".gpu"]``); git-ignored."""
 PLAN_FILE = "plan.json"
+GPU_SUFFIX = "-gpu"
+"""A device call's experiments are the lab's with this suffix (``fairseq-gpu``, ...): its runs sit
+beside the CPU runs of the same recipe, never among them."""
 SUFFIX_TINY = "-smoke"
 """Experiments of a tiny-budget call are named apart, so they never mix with real runs."""
 LAB_PARTS = ("fairseq", "transformers", "lora")
@@ -40,7 +43,11 @@ class Plan:
     tiny: bool = False
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     epochs: int = 5
-    lora_methods: list[str] = field(default_factory=lambda: ["lora-qv", "qlora-qv"])
+    fairseq_inits: list[str] = field(default_factory=lambda: ["pretrained", "random"])
+    """The fairseq runs' initialisations (a candidate's call needs only its pretrained seeds)."""
+    transformers_inits: list[str] = field(default_factory=lambda: ["pretrained", "random"])
+    """The Transformers runs' initialisations: the lab's pretrained-vs-random pair, as fairseq's."""
+    lora_methods: list[str] = field(default_factory=lambda: ["lora-qv", "lora-attn", "qlora-qv"])
     lab_parts: list[str] = field(default_factory=lambda: list(LAB_PARTS))
     checkpoint: str | None = None
     """Repo-relative folder of packaged weights (carried) that the fairseq pretrained runs start
@@ -65,12 +72,14 @@ class Plan:
     call (its fairseq pretrained seeds go to ``candidate_experiment``); the pretraining leaves
     ``finetune_reserve_s`` of the call for that."""
     finetune_reserve_s: float = 240.0
-    runs_until_s: float = 530.0
-    """Seconds after the call starts when unfinished runs are stopped (marked interrupted), so
-    that packing ends inside the device's 10 minutes and what finished comes back."""
+    runs_until_s: float = 420.0
+    """Seconds after the call starts when unfinished runs are stopped (marked interrupted): with
+    up to 60 s for them to stop and a last small snapshot, the call ends within 8 minutes, setup
+    included, which leaves the session's 15 minutes of device time room for the machine's start
+    and a short rerun. Each finished run is already in ``$OUT`` by then (:mod:`gpu_remote`)."""
 
     def experiment(self, base: str) -> str:
-        return f"{base}-gpu{SUFFIX_TINY if self.tiny else ''}"
+        return f"{base}{GPU_SUFFIX}{SUFFIX_TINY if self.tiny else ''}"
 
     @property
     def pretrain_name(self) -> str:
@@ -88,14 +97,15 @@ def _job(logs: Path, name: str, argv: list[str]) -> Job:
 
 
 def lab_jobs(plan: Plan, logs: Path, python: str = sys.executable) -> list[Job]:
-    """One process per run: the fairseq grid, the Transformers pretrained seeds, the LoRA
-    methods (those of ``plan.lab_parts``), each logging to ``logs/<name>.log``."""
+    """One process per run: the fairseq grid, the Transformers grid (pretrained and random
+    seeds), the LoRA methods (those of ``plan.lab_parts``), each logging to
+    ``logs/<name>.log``."""
     cli = [python, "-m", "finetune_lab.cli", "finetune"]
     seeds = [str(s) for s in plan.seeds]
     epochs = ["--epochs", str(plan.epochs)]
     jobs: list[Job] = []
     if "fairseq" in plan.lab_parts:
-        for init in ("pretrained", "random"):
+        for init in plan.fairseq_inits:
             where = ["--experiment", plan.experiment("fairseq")]
             if init == "pretrained" and plan.checkpoint:
                 where = ["--checkpoint", plan.checkpoint, "--experiment",
@@ -104,9 +114,10 @@ def lab_jobs(plan: Plan, logs: Path, python: str = sys.executable) -> list[Job]:
                           [*cli, "fairseq", "--init", init, "--seeds", s, *epochs, *where])
                      for s in seeds]
     if "transformers" in plan.lab_parts:
-        jobs += [_job(logs, f"transformers-pretrained-seed{s}",
-                      [*cli, "transformers", "--init", "pretrained", "--seeds", s, *epochs,
-                       "--experiment", plan.experiment("transformers")]) for s in seeds]
+        jobs += [_job(logs, f"transformers-{init}-seed{s}",
+                      [*cli, "transformers", "--init", init, "--seeds", s, *epochs,
+                       "--experiment", plan.experiment("transformers")])
+                 for init in plan.transformers_inits for s in seeds]
     if "lora" in plan.lab_parts:
         jobs += [_job(logs, f"lora-{m}-seed{s}",
                       [*cli, "lora", "--methods", m, "--seeds", s, *epochs,

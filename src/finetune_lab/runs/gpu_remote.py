@@ -10,6 +10,7 @@ torch, transformers and peft but no fairseq: this module imports none of them at
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -61,15 +62,56 @@ def build_fairseq(src: Path) -> None:
 
 
 def run_jobs(todo: Sequence[jobs.Job], *, env: dict[str, str], parallel: int | None = None,
-             deadline: float | None = None) -> list[dict[str, Any]]:
+             deadline: float | None = None,
+             on_done: Callable[[list[dict[str, Any]]], None] | None = None,
+             ) -> list[dict[str, Any]]:
     """Run the jobs side by side (:func:`finetune_lab.runs.jobs.run_parallel`); each one's exit
-    code, time and log (relative to the logs' parent folder), for ``gpu-lab.json``."""
+    code, time and log (relative to the logs' parent folder), for ``gpu-lab.json``. ``on_done``
+    gets the results so far each time a job ends."""
+    so_far: list[dict[str, Any]] = []
+
+    def entry(r: jobs.JobResult) -> dict[str, Any]:
+        return {"job": r.name, "exit_code": r.exit_code, "seconds": r.seconds,
+                "log": f"{r.log.parent.name}/{r.log.name}"}
+
+    def ended(r: jobs.JobResult) -> None:
+        so_far.append(entry(r))
+        if on_done is not None:
+            on_done(list(so_far))
+
     results = jobs.run_parallel(todo, parallel or len(todo), env=env, label="gpu-lab",
-                                deadline=deadline)
-    return [{"job": r.name, "exit_code": r.exit_code, "seconds": r.seconds,
-             "log": f"{r.log.parent.name}/{r.log.name}"} for r in results]
+                                deadline=deadline, on_done=ended)
+    return [entry(r) for r in results]
 
 
+def finished_runs(experiment: Path) -> list[Path]:
+    """The run folders of an experiment whose manifest says complete: what a snapshot carries
+    (a run still going, stopped or failed stays behind; its log comes back with the logs)."""
+    done = []
+    for run in sorted(p for p in experiment.iterdir() if p.is_dir()):
+        try:
+            man = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(man, dict) and man.get("status") == "complete":
+            done.append(run)
+    return done
+
+
+def gpu_monitor(log: Path) -> subprocess.Popen | None:
+    """``nvidia-smi`` sampling the GPU's use and memory every second into ``log`` (the call's
+    own record of how busy the device was); None where there is no ``nvidia-smi``."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        query = "--query-gpu=timestamp,utilization.gpu,memory.used,power.draw"
+        return subprocess.Popen([exe, query, "--format=csv", "-l", "1"],
+                                stdout=fh, stderr=subprocess.DEVNULL)
+
+
+@functools.cache
 def device_info() -> dict[str, Any]:
     import torch
 
@@ -95,12 +137,14 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
 
     t0 = time.monotonic()
     wheels = sorted(str(w) for w in (bundle_dir / "wheels").glob("*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                    "--no-compile", "--disable-pip-version-check", "--target", str(site),
-                    *wheels], check=True)
-    with tarfile.open(bundle_dir / "fairseq-src.tar.xz") as tar:
-        tar.extractall(work, filter="data")
-    build_fairseq(src)
+    if wheels:  # a rehearsal bundle (gpu-bundle --from-environment) carries none
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-compile", "--disable-pip-version-check", "--target", str(site),
+                        *wheels], check=True)
+    if (bundle_dir / "fairseq-src.tar.xz").is_file():
+        with tarfile.open(bundle_dir / "fairseq-src.tar.xz") as tar:
+            tar.extractall(work, filter="data")
+        build_fairseq(src)
     step("install", t0)
     t0 = time.monotonic()
     with tarfile.open(bundle_dir / "data.tar.xz") as tar:
@@ -108,6 +152,7 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(site), str(src), str(PROJECT_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     logs = work / "logs"
+    monitor = gpu_monitor(logs / "nvidia-smi.csv")
     cli = [sys.executable, "-m", "finetune_lab.cli"]
     prep = []
     if "lab" in plan.steps:
@@ -118,6 +163,45 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     for job in prep:  # the runs share these, so they come first, one at a time
         results += run_jobs([job], env=env, parallel=1)
     step("data", t0)
+    runs = paths().runs
+    kept = paths().work / "gpu-lab-logs" / stamp
+    generation = 0
+
+    def snapshot(results_now: list[dict[str, Any]]) -> dict[str, Any]:
+        """Everything finished so far, to ``out`` at once (replacing the last snapshot whole),
+        so that a deadline, a crash or a kill of the call keeps every finished run."""
+        nonlocal generation
+        generation += 1
+        t = time.monotonic()
+        members: list[Path] = []
+        products: list[Path] = []
+        experiments = [plan.experiment(base) for base in ("fairseq", "transformers", "lora",
+                                                          "pretrain")]
+        if plan.checkpoint:
+            experiments.append(plan.candidate_experiment or plan.experiment("fairseq-candidate"))
+        for name in experiments:
+            runs_done = finished_runs(runs / name) if (runs / name).is_dir() else []
+            if runs_done:
+                products.append(runs / name)
+                members += [p for p in [runs / name / "experiment.json"] if p.is_file()]
+                members += runs_done
+        if "pretrain" in plan.steps:  # never a carried --checkpoint back
+            fresh = paths().work / "candidates" / plan.pretrain_name
+            if (fresh / "manifest.json").is_file():
+                products.append(fresh)
+                members.append(fresh)
+        shutil.copytree(logs, kept, dirs_exist_ok=True)
+        products.append(kept)
+        members.append(kept)
+        made = pack(members, out, generation=generation, extra={
+            "plan": asdict(plan), "device": device_info(), "jobs": results + results_now,
+            "timings_s": timings, "wall_s": round(time.monotonic() - started, 1),
+            "snapshot": generation,
+            "products": [p.relative_to(PROJECT_ROOT).as_posix() for p in products]})
+        print(f"gpu-lab: snapshot {generation} ({len(members)} items) in "
+              f"{time.monotonic() - t:.1f} s at {time.monotonic() - started:.0f} s", flush=True)
+        return made
+
     todo: list[jobs.Job] = []
     if "pretrain" in plan.steps:
         todo += pretrain_jobs(plan, logs, minutes=pretrain_budget(plan, started))
@@ -132,27 +216,16 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
             print("gpu-lab: the pretraining packaged no weights: the lab's pretrained runs use "
                   "the committed checkpoint", flush=True)
         todo = []
+        snapshot([])
     if "lab" in plan.steps:
         todo += lab_jobs(plan, logs)
-    # The call is killed at 10 minutes with nothing sent back: stop the runs in time to pack.
-    results += run_jobs(todo, env=env, parallel=parallel, deadline=started + plan.runs_until_s)
+    # The call is killed at 10 minutes with nothing sent back: stop the runs in time, and save
+    # each finished run at once.
+    results += run_jobs(todo, env=env, parallel=parallel, deadline=started + plan.runs_until_s,
+                        on_done=snapshot)
     step("runs", t0)
-    runs = paths().runs
-    experiments = [plan.experiment(base) for base in ("fairseq", "transformers", "lora",
-                                                      "pretrain")]
-    if plan.checkpoint:
-        experiments.append(plan.candidate_experiment or plan.experiment("fairseq-candidate"))
-    products = [runs / name for name in experiments if (runs / name).is_dir()]
-    if "pretrain" in plan.steps:  # never a carried --checkpoint back
-        products += [p for p in [paths().work / "candidates" / plan.pretrain_name] if p.is_dir()]
-    kept = paths().work / "gpu-lab-logs" / stamp
-    shutil.copytree(logs, kept, dirs_exist_ok=True)
-    products.append(kept)
-    t0 = time.monotonic()
-    result = pack(products, out, extra={
-        "plan": asdict(plan), "device": device_info(), "jobs": results, "timings_s": timings,
-        "wall_s": round(time.monotonic() - started, 1),
-        "products": [p.relative_to(PROJECT_ROOT).as_posix() for p in products]})
-    print(f"gpu-lab: packed {len(result['pieces'])} pieces in {time.monotonic() - t0:.0f} s; "
-          f"whole call {time.monotonic() - started:.0f} s", flush=True)
+    if monitor is not None:
+        monitor.terminate()
+    result = snapshot([])
+    print(f"gpu-lab: whole call {time.monotonic() - started:.0f} s", flush=True)
     return result

@@ -89,8 +89,11 @@ def _stop(running: dict, done: list[JobResult]) -> None:
 def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | None = None,
                  cwd: Path = PROJECT_ROOT, label: str = "jobs", gpus: int | None = None,
                  deadline: float | None = None,
-                 say: Callable[[str], None] = lambda s: print(s, flush=True)) -> list[JobResult]:
+                 say: Callable[[str], None] = lambda s: print(s, flush=True),
+                 on_done: Callable[[JobResult], None] | None = None) -> list[JobResult]:
     """Run ``jobs``, at most ``parallel`` at once; return every job's result, in job order.
+    ``on_done`` is called with each job's result as it ends (the GPU call saves each finished run
+    at once, so that a deadline or a crash keeps it).
     ``deadline`` (a ``time.monotonic()``, immune to the clock being set): then the running jobs
     are stopped and the waiting ones never start (exit code None), so that what did finish can
     still be saved."""
@@ -145,6 +148,8 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
                 say(f"{label}: {name} {state} in {res.seconds / 60:.1f} min; {len(done)} done, "
                     f"{len(running)} running, {len(pending)} left, "
                     f"{_eta(done, len(pending), len(running), parallel)}")
+                if on_done is not None:
+                    on_done(res)
     except KeyboardInterrupt:
         say(f"{label}: interrupted; stopping {len(running)} running job(s)")
         _stop(running, done)

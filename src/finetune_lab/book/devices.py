@@ -1,0 +1,222 @@
+"""The lab's recipe on the CPU and on a GPU, side by side.
+
+A device call (:mod:`finetune_lab.gpu_lab`) re-runs the lab into experiments of their own
+(``fairseq-gpu``, ``transformers-gpu``, ``lora-gpu``), so the CPU runs stay what the chapters
+are built on and the GPU runs are a second column, never a silent replacement. This module reads
+both through the registry's valid set, compares them with Welch's interval (do the GPU runs
+reproduce the CPU runs within seed noise?), and reads what the call itself recorded
+(:data:`~finetune_lab.runs.gpu_archive.CALL_RECORDS`): its wall time, its setup, the GPU's use.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from finetune_lab.config import PROJECT_ROOT, paths
+from finetune_lab.runs import seedstats
+from finetune_lab.runs.gpu_archive import CALL_RECORDS
+from finetune_lab.runs.gpu_plan import GPU_SUFFIX
+from finetune_lab.runs.registry import discover_runs, valid_runs
+from finetune_lab.runs.runspeed import device_name
+from finetune_lab.runs.tblogs import load_scalars
+
+PARTS = ("fairseq", "transformers", "lora")
+COLUMNS = ["group", "seed", "device", "device name", "test", "best epoch", "wall (s)",
+           "peak memory (bytes)", "tokens/s"]
+
+
+def runs_by_device(base: str, root: Path | None = None) -> pd.DataFrame:
+    """One row per valid run of ``base`` (made on the CPU) and ``base-gpu``: its group (the
+    initialisation, or the LoRA method), seed, device, test accuracy at the best-validation
+    epoch, wall time, peak memory where measured and fairseq's logged tokens/s."""
+    root = Path(root) if root is not None else paths().runs
+    rows = []
+    for experiment in (base, base + GPU_SUFFIX):
+        if not (root / experiment).is_dir():
+            continue
+        if base == "lora":
+            from finetune_lab.book.lora_cls_runs import cached_runs, per_run_table
+
+            loaded = cached_runs(root, experiment)
+            if loaded is None or not loaded.used:
+                continue
+            own = {r.name: r for r in loaded.used if r.experiment == experiment}
+            table = per_run_table(loaded)
+            table = table[table["run"].isin(own)].assign(group=lambda d: d["method"])
+        else:
+            own = {r.name: r for r in valid_runs(discover_runs(root, [experiment]))}
+            scalars = load_scalars(list(own.values()))
+            if scalars.empty:
+                continue
+            table = seedstats.best_epochs(scalars).assign(group=lambda d: d["init"])
+        for _, run in table.iterrows():
+            man = own[run["run"]].manifest or {}
+            peak = ((man.get("extra") or {}).get("peak_memory") or {})
+            rows.append({
+                "group": run["group"], "seed": int(run["seed"]),
+                "device": "GPU" if (man.get("device") or {}).get("type") == "cuda" else "CPU",
+                "device name": device_name(man), "test": float(run["test"]),
+                "best epoch": int(run["best_epoch"]), "wall (s)": float(man["wall_time_s"]),
+                "peak memory (bytes)": peak.get("bytes", np.nan),
+                "tokens/s": (man.get("throughput") or {}).get("tokens_per_s", np.nan)})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def gpu_records(base: str, root: Path | None = None) -> list:
+    """Every recorded run of ``base-gpu`` (valid or not), for a chapter's provenance footer."""
+    root = Path(root) if root is not None else paths().runs
+    experiment = base + GPU_SUFFIX
+    return discover_runs(root, [experiment]) if (root / experiment).is_dir() else []
+
+
+def device_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per group and device: runs, test accuracy mean ± sample sd, mean best epoch, median wall
+    time per run, and mean peak memory (GiB; – where the runs did not measure it)."""
+    if runs.empty:
+        return pd.DataFrame(columns=["group", "device", "runs", "test acc (%)", "best epoch",
+                                     "wall time per run (min)", "peak memory (GiB)"])
+    out = []
+    for (group, device), g in runs.groupby(["group", "device"], sort=False):
+        sd = g["test"].std(ddof=1) if len(g) > 1 else np.nan
+        peak = g["peak memory (bytes)"].mean()
+        out.append({"group": group, "device": " / ".join(sorted(set(g["device name"]))),
+                    "runs": len(g),
+                    "test acc (%)": seedstats.fmt_mean_std(g["test"].mean(), sd, len(g),
+                                                           digits=1).split(" (")[0],
+                    "best epoch": f"{g['best epoch'].mean():.1f}",
+                    "wall time per run (min)": f"{g['wall (s)'].median() / 60:.1f}",
+                    "peak memory (GiB)": "–" if np.isnan(peak) else f"{peak / 2**30:.2f}"})
+    return pd.DataFrame(out)
+
+
+@dataclass(frozen=True)
+class DeviceGap:
+    """GPU − CPU test accuracy of one group, with Welch's 95 % interval."""
+
+    group: str
+    n_gpu: int
+    n_cpu: int
+    diff: float
+    ci_low: float
+    ci_high: float
+
+    @property
+    def within_noise(self) -> bool:
+        return self.ci_low <= 0 <= self.ci_high
+
+
+def device_gaps(runs: pd.DataFrame) -> list[DeviceGap]:
+    """For each group with at least two runs on each device: GPU − CPU, Welch's interval."""
+    out = []
+    for group, g in runs.groupby("group", sort=False):
+        if min((g["device"] == d).sum() for d in ("GPU", "CPU")) < 2:
+            continue
+        gap = seedstats.init_gap(g.rename(columns={"device": "init"}), "GPU", "CPU")
+        out.append(DeviceGap(group, gap.n_a, gap.n_b, gap.diff, gap.ci_low, gap.ci_high))
+    return out
+
+
+def gaps_table(gaps: list[DeviceGap]) -> pd.DataFrame:
+    """The gaps for display: points, interval, and whether the seeds tell the devices apart."""
+    return pd.DataFrame([{
+        "group": g.group, "runs (GPU, CPU)": f"{g.n_gpu}, {g.n_cpu}",
+        "GPU − CPU (points)": f"{g.diff:+.1f}",
+        "95 % Welch CI": f"{g.ci_low:.1f} to {g.ci_high:.1f}",
+        "reading": "within seed noise" if g.within_noise else "the devices differ"}
+        for g in gaps], columns=["group", "runs (GPU, CPU)", "GPU − CPU (points)",
+                                 "95 % Welch CI", "reading"])
+
+
+def gaps_sentence(gaps: list[DeviceGap]) -> str:
+    """One sentence on whether the GPU runs reproduce the CPU runs, naming the groups."""
+    if not gaps:
+        return "No group has two runs on each device yet, so the devices are not compared."
+
+    def names(groups: list[str]) -> str:
+        return ", ".join(groups[:-1]) + (" and " if len(groups) > 1 else "") + groups[-1]
+
+    apart = [g.group for g in gaps if not g.within_noise]
+    same = [g.group for g in gaps if g.within_noise]
+    if not apart:
+        return (f"GPU − CPU has a 95 % interval that contains 0 for {names(same)}: the GPU runs "
+                "reproduce the CPU runs within seed noise.")
+    return (f"GPU − CPU differs by more than the seeds explain for {names(apart)}"
+            + (f", and lies within seed noise for {names(same)}." if same else "."))
+
+
+# --- the device call ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """What one device call recorded about itself (``gpu-lab.json`` and ``nvidia-smi``)."""
+
+    name: str
+    device: str
+    wall_s: float
+    setup_s: float
+    runs_s: float
+    jobs: int
+    failed: int
+    gpu_busy_mean: float | None
+    """Mean of ``nvidia-smi``'s utilisation (% of time a kernel ran) over the call."""
+    gpu_memory_max_gib: float | None
+
+
+def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
+    """The newest call record, or None when no device call was ever unpacked."""
+    records = sorted((root / CALL_RECORDS).glob("*Z.json"))
+    if not records:
+        return None
+    meta = json.loads(records[-1].read_text(encoding="utf-8"))
+    timings = meta.get("timings_s") or {}
+    lab = [j for j in meta["jobs"] if j["job"] not in ("binarize-cls", "convert-hf")]
+    busy = mem = None
+    smi = records[-1].with_name(records[-1].stem + "-nvidia-smi.csv")
+    if smi.is_file():
+        df = pd.read_csv(smi, skipinitialspace=True)
+        util = pd.to_numeric(df.iloc[:, 1].astype(str).str.rstrip(" %"), errors="coerce")
+        used = pd.to_numeric(df.iloc[:, 2].astype(str).str.rstrip(" MiB"), errors="coerce")
+        running = used > 0  # from the first process on the GPU to the last
+        busy = float(util[running].mean()) if running.any() else None
+        mem = float(used.max()) / 1024 if running.any() else None
+    dev = meta.get("device") or {}
+    return CallRecord(name=records[-1].stem, device=f"{dev.get('count', 1)}× {dev.get('name')}",
+                      wall_s=float(meta["wall_s"]),
+                      setup_s=float(timings.get("install", 0) + timings.get("data", 0)),
+                      runs_s=float(timings.get("runs", np.nan)), jobs=len(lab),
+                      failed=sum(j["exit_code"] != 0 for j in lab), gpu_busy_mean=busy,
+                      gpu_memory_max_gib=mem)
+
+
+def finetune_flops(tokenization: dict, epochs: int) -> float:
+    """Model FLOPs of one full fine-tuning run of the stand-in: 6 per weight per training token
+    (forward and backward) and 2 per weight per evaluated token (validation and test, each epoch),
+    over the encoder's matrices and attention
+    (:func:`~finetune_lab.train.pretrain_throughput.model_flops_per_token` with no masked-LM
+    head) at the training reviews' mean length. ``tokenization``: the data summary's
+    ``cls.tokenization`` (tokens and reviews per split)."""
+    from finetune_lab.models import params
+    from finetune_lab.train.pretrain_throughput import model_flops_per_token
+
+    train = tokenization["train"]
+    context = round(train["tokens"] / train["reviews"])
+    per_token = model_flops_per_token(params.SMALL, context, 0.0)
+    evaluated = tokenization["valid"]["tokens"] + tokenization["test"]["tokens"]
+    return epochs * per_token * (train["tokens"] + evaluated / 3)
+
+
+def call_mfu(call: CallRecord, runs: int, flops_per_run: float) -> float | None:
+    """Model-FLOPs utilisation of the call's full fine-tuning runs together, against the GPU's
+    dense bf16 peak: their FLOPs over the time the runs took side by side."""
+    from finetune_lab.train.pretrain_throughput import gpu_peak_flops
+
+    peak = gpu_peak_flops(call.device)
+    if not peak or not call.runs_s or np.isnan(call.runs_s):
+        return None
+    return runs * flops_per_run / call.runs_s / peak

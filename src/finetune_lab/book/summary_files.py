@@ -1,0 +1,67 @@
+"""Committed summary files (probes, fill-mask answers) read so that one bad file never takes a
+chapter down: each is parsed strictly and checked for the fields the book reads; a damaged one
+is set aside with one line naming it and what is wrong, as the registry does for runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from finetune_lab.runs.manifest import loads_strict
+
+Field = tuple[tuple[str, ...], type | tuple[type, ...]]
+"""A path of keys into the record and the type(s) its value must have."""
+NUMBER = (int, float)
+
+
+def summary_problem(record: Any, fields: Sequence[Field]) -> str | None:
+    """What is wrong with ``record`` for a reader of ``fields`` (None: nothing)."""
+    if not isinstance(record, dict):
+        return f"holds a {type(record).__name__}, not a record"
+    for path, kind in fields:
+        value: Any = record
+        for key in path:
+            if not isinstance(value, dict) or key not in value:
+                return f"lacks {'.'.join(path)}"
+            value = value[key]
+        if not isinstance(value, kind) or isinstance(value, bool) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            return f"has {'.'.join(path)} = {value!r}, not {_kind_name(kind)}"
+    return None
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    if kind == NUMBER:
+        return "a finite number"
+    names = {str: "a string", list: "a list", dict: "a mapping"}
+    return names.get(kind, getattr(kind, "__name__", str(kind)))  # type: ignore[arg-type]
+
+
+def read_records(folder: Path, fields: Sequence[Field],
+                 more: Any = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every ``*.json`` of ``folder`` that parses (strict JSON: no NaN) and has ``fields``, in
+    name order; and one line per file set aside. ``more(record)`` may return a further problem
+    (or None)."""
+    good, bad = [], []
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            record = loads_strict(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            bad.append(f"`{path.name}` cannot be read as JSON ({str(exc).splitlines()[0]})")
+            continue
+        problem = summary_problem(record, fields) or (more(record) if more else None)
+        if problem:
+            bad.append(f"`{path.name}` {problem}")
+        else:
+            good.append(record)
+    return good, bad
+
+
+def set_aside_markdown(bad: Sequence[str], what: str, fix: str) -> str:
+    """A paragraph listing the files set aside (empty when none is)."""
+    if not bad:
+        return ""
+    return (f"{len(bad)} {what} file{'s were' if len(bad) != 1 else ' was'} set aside, damaged "
+            f"({fix}):\n\n" + "\n".join(f"- {line}" for line in bad) + "\n")

@@ -1,0 +1,65 @@
+"""One damaged summary file (a probe, a fill-mask record) is set aside by name; the others are
+read, and the chapter's tables still build (issue: one bad file must not take down the book)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from finetune_lab.book import fill_mask, probe_report
+from finetune_lab.config import paths
+
+DAMAGE = {
+    "cut.json": '{"name": "cut", "init": "pretr',
+    "list.json": "[]",
+    "nan.json": None,  # a copy whose accuracy is NaN
+    "missing.json": None,  # a copy without its probes
+}
+
+
+@pytest.fixture
+def probes(tmp_path):
+    src = paths().summaries / "probes"
+    folder = tmp_path / "probes"
+    shutil.copytree(src, folder)
+    good = json.loads((src / "random.json").read_text())
+    for name, text in DAMAGE.items():
+        if name == "nan.json":
+            bad = json.loads(json.dumps(good))
+            bad["probes"]["<s>"]["test_accuracy"] = float("nan")
+            text = json.dumps(bad)  # Python writes NaN, which strict JSON refuses
+        elif name == "missing.json":
+            text = json.dumps({k: v for k, v in good.items() if k != "probes"})
+        (folder / name).write_text(text)
+    return folder, len(list(src.glob("*.json")))
+
+
+def test_damaged_probes_are_set_aside_by_name_and_the_table_keeps_the_rest(probes):
+    folder, n_good = probes
+    bad: list[str] = []
+    table = probe_report.probe_table(folder, set_aside=bad)
+    assert len(table) == n_good
+    assert [line.split("`")[1] for line in bad] == sorted(DAMAGE)
+    by_name = {line.split("`")[1]: line for line in bad}
+    assert "cannot be read as JSON" in by_name["cut.json"]
+    assert "holds a list, not a record" in by_name["list.json"]
+    assert "NaN is not a number JSON allows" in by_name["nan.json"]
+    assert "lacks probes.<s>.test_accuracy" in by_name["missing.json"]
+
+
+def test_a_damaged_fill_mask_record_is_set_aside_and_the_others_read(tmp_path):
+    src = fill_mask.fill_mask_dir()
+    folder = tmp_path / "fill-mask"
+    shutil.copytree(src, folder)
+    good = json.loads(next(iter(sorted(src.glob("*.json")))).read_text())
+    good["predictions"][2]["probability"] = "high"
+    (folder / "odd.json").write_text(json.dumps({**good, "name": "odd"}))
+    (folder / "empty.json").write_text("")
+    bad: list[str] = []
+    found = fill_mask.recorded_fill_masks(folder, set_aside=bad)
+    assert sorted(found) == sorted(p.stem for p in src.glob("*.json"))
+    assert bad[0].startswith("`empty.json` cannot be read as JSON")
+    assert bad[1] == ("`odd.json` has a prediction (item 2) that has probability = 'high', "
+                      "not a finite number")
