@@ -321,3 +321,22 @@ def test_the_slim_sdist_keeps_the_package_and_drops_examples_and_tests(tmp_path)
     with tarfile.open(slim) as tar:
         files = sorted(m.name for m in tar.getmembers() if m.isfile())
     assert files == ["fairseq-src/fairseq/data/data_utils_fast.pyx", "fairseq-src/setup.py"]
+
+
+def test_unpack_keeps_the_call_record_with_the_gpu_use(tmp_path):
+    root = tmp_path / "root"
+    run = root / "data" / "runs" / "x-gpu" / "r-seed0"
+    logs = root / gpu_archive.LOGS_ROOT / "20260101T000000Z"
+    run.mkdir(parents=True)
+    logs.mkdir(parents=True)
+    (run / "a").write_text("run")
+    (logs / "nvidia-smi.csv").write_text("timestamp, utilization.gpu [%]\n")
+    products = ["data/runs/x-gpu", f"{gpu_archive.LOGS_ROOT}/20260101T000000Z"]
+    gpu_archive.pack([run, logs], tmp_path / "out", root=root,
+                     extra={"products": products, "wall_s": 1.0})
+    home = tmp_path / "home"
+    placed = gpu_archive.unpack(tmp_path / "out", root=home)
+    kept = home / gpu_archive.CALL_RECORDS
+    assert kept / "20260101T000000Z.json" in placed
+    assert (kept / "20260101T000000Z-nvidia-smi.csv").read_text().startswith("timestamp")
+    assert json.loads((kept / "20260101T000000Z.json").read_text())["wall_s"] == 1.0

@@ -140,10 +140,12 @@ def test_replacement_cost_counts_the_runs_built_on_the_checkpoint():
 
 
 def test_the_committed_runs_on_the_checkpoint_are_the_pretrained_ones():
-    """fairseq pretrained, Transformers pretrained and LoRA runs; never random, never pretraining."""
+    """fairseq pretrained, Transformers pretrained and LoRA runs, on the CPU and on a GPU (their
+    ``-gpu`` experiments); never random, never pretraining."""
     recs = prl.runs_on_checkpoint()
     assert recs and all(r.init != "random" for r in recs)
-    assert {r.experiment for r in recs} <= {"fairseq", "transformers", "lora"}
+    lab = {"fairseq", "transformers", "lora"}
+    assert {r.experiment for r in recs} <= lab | {f"{e}-gpu" for e in lab}
 
 
 def test_each_candidate_has_its_own_experiment(tmp_path):

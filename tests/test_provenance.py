@@ -41,10 +41,12 @@ def test_footer_lists_runs_hashes_devices_and_inputs(tiny_grid, tmp_path: Path,
     html, rest = text.split('::: {.content-visible when-format="html"}')[1].split(":::", 1)
     pdf = rest.split('::: {.content-hidden when-format="html"}')[1].split(":::")[0]
     assert man["device"]["name"] in html and man["device"]["name"] not in pdf
-    assert "| run | status | manifest |" in pdf
     assert f"`{sha256_file(good / 'manifest.json')[:8]}`" not in pdf  # valid runs: HTML only
     bad = [r for r in records if not r.valid]
-    assert bad and all(f"{r.experiment}/{r.name} | excluded" in pdf for r in bad)
+    from finetune_lab.book.provenance import compact_run_rows
+    assert bad and all(f"`{row['run']}` (manifest {row['manifest']})" in pdf
+                       for row in compact_run_rows(bad))
+    assert pdf.count("Excluded: ") == 1 and "| run |" not in pdf
     assert "listed in the HTML book" in pdf
     md = provenance_footer(records, chapter="chapters/r.qmd", project=tmp_path)
     assert md._repr_markdown_().startswith("## Provenance")

@@ -22,7 +22,7 @@ def test_the_lineage_table_says_which_runs_read_the_task_texts():
 
 def _cand(rows):
     base = {"weights": "candidate (not packaged)", "task-adaptive": "no", "bag weight": 0.0,
-            "acc mean": 70.0, "acc std": 1.0, "minus random (points)": 1.0, "ci_low": -1.0,
+            "fine-tuned on": "CPU", "acc mean": 70.0, "acc std": 1.0, "minus random (points)": 1.0, "ci_low": -1.0,
             "ci_high": 3.0}
     return pd.DataFrame([{**base, **r} for r in rows])
 
@@ -41,7 +41,7 @@ def test_a_step_takes_the_weights_with_most_seeds_within_the_packaged_budget():
     assert table["n"].tolist() == [3, 0, 3]
 
 
-def test_the_committed_cache_answers_the_general_and_the_task_adaptive_steps():
+def test_the_committed_cache_answers_every_step_and_says_where_each_was_fine_tuned():
     from finetune_lab.book import pretrain_candidates as pc
     from finetune_lab.book import pretrain_report as pr
 
@@ -51,3 +51,7 @@ def test_the_committed_cache_answers_the_general_and_the_task_adaptive_steps():
     assert general["weights"] == "`cpu-seed1-c1`" and general["n"] == 3
     assert packaged["weights"] == "`cpu-sinpos1-bow`" and packaged["n"] == 3
     assert packaged["− random (points, CI)"].startswith("+9.1")
+    # the clean lineage's `<s>` step: weights that never read a CLS-Books text, tuned on a GPU
+    dapt = table.iloc[1]
+    assert dapt["weights"] == "`cpu-clean-bow1`" and dapt["n"] == 3
+    assert dapt["fine-tuned on"] == "GPU" and packaged["fine-tuned on"] == "CPU"

@@ -51,7 +51,8 @@ def decomposition_table(cand: pd.DataFrame) -> pd.DataFrame:
         row = pick(cand, kind)
         if row is None:
             rows.append({"step": step, "weights": "not run", "tokens (M)": "–", "n": 0,
-                         "test acc. (%)": "–", "− random (points, CI)": "–"})
+                         "fine-tuned on": "–", "test acc. (%)": "–",
+                         "− random (points, CI)": "–"})
             continue
         n = int(row["n fine-tuned"])
         rows.append({
@@ -59,6 +60,7 @@ def decomposition_table(cand: pd.DataFrame) -> pd.DataFrame:
             "weights": row["run"].replace("`pretrain/", "`"),
             "tokens (M)": f"{row['tokens (M, all runs)']:.1f}",
             "n": n,
+            "fine-tuned on": row["fine-tuned on"],
             "test acc. (%)": (f"{row['acc mean']:.1f} ± {row['acc std']:.1f}" if n > 1
                               else f"{row['acc mean']:.1f}" if n == 1 else "–"),
             "− random (points, CI)": ("–" if pd.isna(row["ci_low"]) else

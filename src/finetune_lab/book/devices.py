@@ -26,8 +26,10 @@ from finetune_lab.runs.runspeed import device_name
 from finetune_lab.runs.tblogs import load_scalars
 
 PARTS = ("fairseq", "transformers", "lora")
+NBSP = "\u00a0"
+"""Keeps a mean with its spread on one line of a narrow table."""
 COLUMNS = ["group", "seed", "device", "device name", "test", "best epoch", "wall (s)",
-           "peak memory (bytes)", "tokens/s"]
+           "peak memory (bytes)", "tokens/s", "updates/s"]
 
 
 def runs_by_device(base: str, root: Path | None = None) -> pd.DataFrame:
@@ -63,7 +65,8 @@ def runs_by_device(base: str, root: Path | None = None) -> pd.DataFrame:
                 "device name": device_name(man), "test": float(run["test"]),
                 "best epoch": int(run["best_epoch"]), "wall (s)": float(man["wall_time_s"]),
                 "peak memory (bytes)": peak.get("bytes", np.nan),
-                "tokens/s": (man.get("throughput") or {}).get("tokens_per_s", np.nan)})
+                "tokens/s": (man.get("throughput") or {}).get("tokens_per_s", np.nan),
+                "updates/s": (man.get("throughput") or {}).get("updates_per_s", np.nan)})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -75,22 +78,27 @@ def gpu_records(base: str, root: Path | None = None) -> list:
 
 
 def device_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per group and device: runs, test accuracy mean ± sample sd, mean best epoch, median wall
-    time per run, and mean peak memory (GiB; – where the runs did not measure it)."""
+    """Per group and device: runs, test accuracy mean ± sample sd, mean best epoch, mean wall
+    time per run (the whole process), and mean peak memory (MiB; – where the runs did not
+    measure it)."""
     if runs.empty:
         return pd.DataFrame(columns=["group", "device", "runs", "test acc (%)", "best epoch",
-                                     "wall time per run (min)", "peak memory (GiB)"])
+                                     "wall time per run (min)", "peak memory (MiB)"])
     out = []
+    order = {name: i for i, name in enumerate(dict.fromkeys(runs["group"]))}
+    runs = runs.sort_values(["group", "device"], key=lambda c: c.map(order)
+                            if c.name == "group" else c, kind="stable")
     for (group, device), g in runs.groupby(["group", "device"], sort=False):
         sd = g["test"].std(ddof=1) if len(g) > 1 else np.nan
         peak = g["peak memory (bytes)"].mean()
         out.append({"group": group, "device": " / ".join(sorted(set(g["device name"]))),
                     "runs": len(g),
                     "test acc (%)": seedstats.fmt_mean_std(g["test"].mean(), sd, len(g),
-                                                           digits=1).split(" (")[0],
+                                                           digits=1).split(" (")[0]
+                    .replace(" ± ", NBSP + "±" + NBSP),
                     "best epoch": f"{g['best epoch'].mean():.1f}",
-                    "wall time per run (min)": f"{g['wall (s)'].median() / 60:.1f}",
-                    "peak memory (GiB)": "–" if np.isnan(peak) else f"{peak / 2**30:.2f}"})
+                    "wall time per run (min)": f"{g['wall (s)'].mean() / 60:.1f}",
+                    "peak memory (MiB)": "–" if np.isnan(peak) else f"{peak / 2**20:,.0f}"})
     return pd.DataFrame(out)
 
 
@@ -121,12 +129,16 @@ def device_gaps(runs: pd.DataFrame) -> list[DeviceGap]:
     return out
 
 
+def _signed(x: float) -> str:
+    return f"{x:+.1f}".replace("-", "−")
+
+
 def gaps_table(gaps: list[DeviceGap]) -> pd.DataFrame:
     """The gaps for display: points, interval, and whether the seeds tell the devices apart."""
     return pd.DataFrame([{
         "group": g.group, "runs (GPU, CPU)": f"{g.n_gpu}, {g.n_cpu}",
-        "GPU − CPU (points)": f"{g.diff:+.1f}",
-        "95 % Welch CI": f"{g.ci_low:.1f} to {g.ci_high:.1f}",
+        "GPU − CPU (points)": _signed(g.diff),
+        "95 % Welch CI": f"{_signed(g.ci_low)} to {_signed(g.ci_high)}",
         "reading": "within seed noise" if g.within_noise else "the devices differ"}
         for g in gaps], columns=["group", "runs (GPU, CPU)", "GPU − CPU (points)",
                                  "95 % Welch CI", "reading"])
@@ -143,8 +155,11 @@ def gaps_sentence(gaps: list[DeviceGap]) -> str:
     apart = [g.group for g in gaps if not g.within_noise]
     same = [g.group for g in gaps if g.within_noise]
     if not apart:
-        return (f"GPU − CPU has a 95 % interval that contains 0 for {names(same)}: the GPU runs "
-                "reproduce the CPU runs within seed noise.")
+        widest = max(gaps, key=lambda g: g.ci_high - g.ci_low)
+        return (f"GPU − CPU has a 95 % interval that contains 0 for {names(same)}: these seeds "
+                "cannot tell the devices apart. The widest interval "
+                f"({widest.group}: {_signed(widest.ci_low)} to {_signed(widest.ci_high)} points) "
+                "says how large a difference they could miss.")
     return (f"GPU − CPU differs by more than the seeds explain for {names(apart)}"
             + (f", and lies within seed noise for {names(same)}." if same else "."))
 
@@ -158,6 +173,7 @@ class CallRecord:
 
     name: str
     device: str
+    torch: str
     wall_s: float
     setup_s: float
     runs_s: float
@@ -168,16 +184,27 @@ class CallRecord:
     gpu_memory_max_gib: float | None
 
 
+def lab_call(meta: dict) -> bool:
+    """A call that ran the lab's grids from the committed checkpoint (not a candidate's seeds
+    alone, not a pretraining, not a tiny rehearsal)."""
+    plan = meta.get("plan") or {}
+    return ("lab" in (plan.get("steps") or []) and not plan.get("checkpoint")
+            and not plan.get("tiny") and len(plan.get("lab_parts") or []) > 1)
+
+
 def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
-    """The newest call record, or None when no device call was ever unpacked."""
-    records = sorted((root / CALL_RECORDS).glob("*Z.json"))
+    """The newest record of a call that ran the lab (:func:`lab_call`), or None when no such
+    call was ever unpacked."""
+    records = [(path, json.loads(path.read_text(encoding="utf-8")))
+               for path in sorted((root / CALL_RECORDS).glob("*Z.json"))]
+    records = [(path, meta) for path, meta in records if lab_call(meta)]
     if not records:
         return None
-    meta = json.loads(records[-1].read_text(encoding="utf-8"))
+    path, meta = records[-1]
     timings = meta.get("timings_s") or {}
     lab = [j for j in meta["jobs"] if j["job"] not in ("binarize-cls", "convert-hf")]
     busy = mem = None
-    smi = records[-1].with_name(records[-1].stem + "-nvidia-smi.csv")
+    smi = path.with_name(path.stem + "-nvidia-smi.csv")
     if smi.is_file():
         df = pd.read_csv(smi, skipinitialspace=True)
         util = pd.to_numeric(df.iloc[:, 1].astype(str).str.rstrip(" %"), errors="coerce")
@@ -186,7 +213,8 @@ def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
         busy = float(util[running].mean()) if running.any() else None
         mem = float(used.max()) / 1024 if running.any() else None
     dev = meta.get("device") or {}
-    return CallRecord(name=records[-1].stem, device=f"{dev.get('count', 1)}× {dev.get('name')}",
+    return CallRecord(name=path.stem, device=f"{dev.get('count', 1)}× {dev.get('name')}",
+                      torch=str(dev.get("torch", "?")),
                       wall_s=float(meta["wall_s"]),
                       setup_s=float(timings.get("install", 0) + timings.get("data", 0)),
                       runs_s=float(timings.get("runs", np.nan)), jobs=len(lab),

@@ -133,6 +133,9 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
     grid = fr.load_results(runs_root)
     random = grid.best[grid.best["init"] == "random"] if grid.ready else pd.DataFrame()
     packaged = grid.best[grid.best["init"] == "pretrained"] if grid.ready else pd.DataFrame()
+    device_of = {(r.experiment, r.name): "GPU" if ((r.manifest or {}).get("device") or {})
+                 .get("type") == "cuda" else "CPU"
+                 for t in [*tried, grid] for r in t.loaded.runs if r.valid}
     rows = []
     entries = [("packaged checkpoint", runs.latest, facts or run_facts(runs), packaged)]
     last_loss = {}  # experiment/name -> its last validation loss, a continued run's start
@@ -165,7 +168,10 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
                "tokens (M, all runs)": facts["tokens_total"] / 1e6,
                "valid loss, novels (bits)": facts["valid_loss_bits"],
                "valid loss, reviews (bits)": facts["valid_reviews_loss_bits"],
-               "n fine-tuned": len(tuned), "test acc. (%)": None, "minus random (points)": None,
+               "n fine-tuned": len(tuned),
+               "fine-tuned on": " and ".join(sorted({device_of.get((e, n), "?") for e, n in zip(
+                   tuned["experiment"], tuned["run"])})) if len(tuned) else "–",
+               "test acc. (%)": None, "minus random (points)": None,
                "ci_low": None, "ci_high": None, "minus packaged (points)": None,
                "pk_low": None, "pk_high": None,
                "own updates": facts["updates"],

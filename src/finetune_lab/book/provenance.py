@@ -147,8 +147,11 @@ def provenance_markdown(
         full += ["", _md_table(run_rows(runs))]
         compact += ["", "Each run's device, package versions, commit and hashes are in the HTML "
                         "book and in its manifest."]
-        if excluded:  # the PDF names only the runs it did not use, so its pages stay few
-            compact += ["", _md_table(compact_run_rows(excluded))]
+        if excluded:  # the PDF names only the runs it did not use, in a sentence that flows
+            # with the text (a table's last row alone on a page is what a table risks)
+            compact += ["", "Excluded: " + "; ".join(
+                f"`{row['run']}` (manifest {row['manifest']})"
+                for row in compact_run_rows(excluded)) + "."]
     if full:
         parts += _when("html", full) + _when("html", compact, unless=True)
     return "\n".join(parts) + "\n"

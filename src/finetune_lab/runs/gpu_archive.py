@@ -173,7 +173,7 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                             "refused, nothing was unpacked") from None
         named = [check_product_path(p, meta_path) for p in meta["products"]]
         products = {p: _staged(stage, p, meta_path) for p in named}
-        placed = []
+        placed = keep_call_record(meta, stage, root)  # before its logs move away
         for product, top in products.items():
             children = sorted(p for p in top.iterdir() if not p.name.startswith(".")) \
                 if product.startswith("data/runs/") else [top]
@@ -185,7 +185,6 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(item), dest)
                 placed.append(dest)
-        placed += keep_call_record(meta, stage, root)
     return placed
 
 

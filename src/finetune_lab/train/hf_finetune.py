@@ -127,6 +127,7 @@ def hyperparameters(recipe: FinetuneRecipe, n_train: int, logging_steps: int,
 def training_arguments(recipe: FinetuneRecipe, n_train: int, seed: int, output_dir: Path,
                        logging_steps: int = DEFAULT_LOGGING_STEPS):
     """``TrainingArguments`` with every run_glue default that differs from fairseq overridden."""
+    import torch
     from transformers import TrainingArguments
 
     return TrainingArguments(
@@ -150,6 +151,7 @@ def training_arguments(recipe: FinetuneRecipe, n_train: int, seed: int, output_d
         report_to="none",  # our own TensorBoard writer points into the run folder
         seed=seed,
         dataloader_num_workers=0,
+        dataloader_pin_memory=torch.cuda.is_available(),  # pinned pages serve a GPU copy only
         remove_unused_columns=False,
         label_names=["labels"],
         disable_tqdm=True,
