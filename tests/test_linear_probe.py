@@ -83,13 +83,15 @@ def test_the_objective_ablation_reads_both_runs_from_the_cache():
     runs = pr.load_pretrain_runs()
     table = prp.objective_table(pc.candidate_table(runs), prp.probe_table())
     weights = dict(zip(table["run"], table["<s> bag-of-words weight"]))
-    # the ablation's pair, and the candidate that ran the same objective after sinusoids
+    # the ablation's pair, the candidate that ran the same objective after sinusoids, and the
+    # clean lineage's (the same objective on other reviews)
     assert weights == {"`pretrain/cpu-docbow1`": 8.0, "`pretrain/cpu-docmlm1`": 0.0,
-                       "`pretrain/cpu-sinpos1-bow`": 8.0}
+                       "`pretrain/cpu-sinpos1-bow`": 8.0, "`pretrain/cpu-clean-bow1`": 8.0}
     parents = dict(zip(table["run"], table["continues"]))
     assert parents == {"`pretrain/cpu-docbow1`": "pretrain/cpu-seed1",
                        "`pretrain/cpu-docmlm1`": "pretrain/cpu-seed1",
-                       "`pretrain/cpu-sinpos1-bow`": "pretrain/cpu-sinpos1"}
+                       "`pretrain/cpu-sinpos1-bow`": "pretrain/cpu-sinpos1",
+                       "`pretrain/cpu-clean-bow1`": "pretrain/cpu-clean-general1"}
     probes = {name: json.loads((lp.probe_dir() / f"{name}.json").read_text())["probes"]
               for name in ("cpu-docbow1", "cpu-docmlm1")}
     reading = prp.objective_reading(table)

@@ -17,13 +17,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from finetune_lab.book.lora_cls_runs import cached_runs, per_run_table
 from finetune_lab.config import PROJECT_ROOT, paths
+from finetune_lab.models import params
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.gpu_archive import CALL_RECORDS
 from finetune_lab.runs.gpu_plan import GPU_SUFFIX
 from finetune_lab.runs.registry import discover_runs, valid_runs
 from finetune_lab.runs.runspeed import device_name
 from finetune_lab.runs.tblogs import load_scalars
+from finetune_lab.train.pretrain_throughput import gpu_peak_flops, model_flops_per_token
 
 PARTS = ("fairseq", "transformers", "lora")
 NBSP = "\u00a0"
@@ -42,8 +45,6 @@ def runs_by_device(base: str, root: Path | None = None) -> pd.DataFrame:
         if not (root / experiment).is_dir():
             continue
         if base == "lora":
-            from finetune_lab.book.lora_cls_runs import cached_runs, per_run_table
-
             loaded = cached_runs(root, experiment)
             if loaded is None or not loaded.used:
                 continue
@@ -229,9 +230,6 @@ def finetune_flops(tokenization: dict, epochs: int) -> float:
     (:func:`~finetune_lab.train.pretrain_throughput.model_flops_per_token` with no masked-LM
     head) at the training reviews' mean length. ``tokenization``: the data summary's
     ``cls.tokenization`` (tokens and reviews per split)."""
-    from finetune_lab.models import params
-    from finetune_lab.train.pretrain_throughput import model_flops_per_token
-
     train = tokenization["train"]
     context = round(train["tokens"] / train["reviews"])
     per_token = model_flops_per_token(params.SMALL, context, 0.0)
@@ -242,8 +240,6 @@ def finetune_flops(tokenization: dict, epochs: int) -> float:
 def call_mfu(call: CallRecord, runs: int, flops_per_run: float) -> float | None:
     """Model-FLOPs utilisation of the call's full fine-tuning runs together, against the GPU's
     dense bf16 peak: their FLOPs over the time the runs took side by side."""
-    from finetune_lab.train.pretrain_throughput import gpu_peak_flops
-
     peak = gpu_peak_flops(call.device)
     if not peak or not call.runs_s or np.isnan(call.runs_s):
         return None
