@@ -127,3 +127,14 @@ def tiny_grid(tmp_path_factory):
     from runfixtures import build_grid
 
     return build_grid(tmp_path_factory.mktemp("tiny-grid"))
+
+
+def write_package(root, modules: dict[str, str]):
+    """A tiny ``src/finetune_lab`` package under ``root``: its ``__init__`` and ``modules``
+    (file name to source), for the freeze tests' import closures; returns its folder."""
+    pkg = root / "src" / "finetune_lab"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    for name, text in modules.items():
+        (pkg / name).write_text(text)
+    return pkg

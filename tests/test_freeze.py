@@ -7,12 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import write_package
 from runfixtures import EXPERIMENT
 
+from finetune_lab._files import sha256_file
 from finetune_lab.book import chapter_inputs as ci
 from finetune_lab.book import freeze as fz
 from finetune_lab.cli import main
-from finetune_lab._files import sha256_file
 
 CHAPTER_A = """---
 title: "Results"
@@ -168,14 +169,11 @@ def test_code_inputs_are_the_import_closure_and_an_indirect_edit_makes_the_chapt
     """pretraining.qmd once declared 5 package modules and imported 31: a change to one it
     imported only indirectly left a stale page that check-freeze called current (issue 15)."""
     root = tmp_path
-    pkg = root / "src" / "finetune_lab"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "report.py").write_text("from finetune_lab.stats import mean\n\n"
-                                   "def table():\n    from . import tables\n    return tables.X\n")
-    (pkg / "stats.py").write_text("def mean(x):\n    return sum(x) / len(x)\n")
-    (pkg / "tables.py").write_text("X = 1\n")
-    (pkg / "unused.py").write_text("Y = 2\n")
+    pkg = write_package(root, {
+        "report.py": "from finetune_lab.stats import mean\n\n"
+                     "def table():\n    from . import tables\n    return tables.X\n",
+        "stats.py": "def mean(x):\n    return sum(x) / len(x)\n",
+        "tables.py": "X = 1\n", "unused.py": "Y = 2\n"})
     (root / "chapters").mkdir()
     (root / "chapters" / "c.qmd").write_text(
         "---\ninputs:\n  - data/x.csv\n---\n\n```{python}\n#| echo: false\n"

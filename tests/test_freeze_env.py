@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from conftest import write_package
+
 from finetune_lab.book import freeze as fz
 from finetune_lab.book import freeze_env as fe
 from finetune_lab.cli import main
@@ -55,13 +57,11 @@ def _project(root: Path) -> Path:
     (root / "requirements" / "fairseq.txt").write_text("fairseq-fixed==0.12.3.1 \\\n"
                                                        "    --hash=sha256:44\n")
     (root / "pyproject.toml").write_text('dependencies = [\n    "torch==2.13.0",\n]\n')
-    pkg = root / "src" / "finetune_lab"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    # a heavy import inside a function counts as much as one at the top
-    (pkg / "tables.py").write_text("import json\n\n\ndef show():\n    import pandas\n"
-                                   "    return pandas.DataFrame()\n")
-    (pkg / "light.py").write_text("X = {'a': 1}\n")
+    write_package(root, {
+        # a heavy import inside a function counts as much as one at the top
+        "tables.py": "import json\n\n\ndef show():\n    import pandas\n"
+                     "    return pandas.DataFrame()\n",
+        "light.py": "X = {'a': 1}\n"})
     (root / "chapters").mkdir()
     (root / "chapters" / "tables.qmd").write_text(TABLES)
     (root / "chapters" / "plain.qmd").write_text(PLAIN)
