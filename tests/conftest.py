@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import matplotlib
@@ -138,3 +139,8 @@ def write_package(root, modules: dict[str, str]):
     for name, text in modules.items():
         (pkg / name).write_text(text)
     return pkg
+
+
+def quarto_hash(chapter) -> str:
+    """What Quarto's freeze records of a chapter's text: the md5 of its file."""
+    return hashlib.md5(chapter.read_bytes()).hexdigest()

@@ -24,7 +24,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune_lab.config import RUNS_DIR_ENV, paths
+from finetune_lab.config import paths
+from finetune_lab.models.trust import TRUSTED_MANIFESTS_ENV
 from finetune_lab.runs.recording import TrainingFailedError, record_run, run_fairseq_train
 
 EXPERIMENT = "tiny-grid"
@@ -124,10 +125,11 @@ def make_pretrained_checkpoint(root: Path, data_bin: Path) -> Path:
 
 
 def _trust_env(checkpoint: Path | None) -> dict[str, str]:
-    """Point fairseq's checkpoint loader at the runs root whose manifest lists ``checkpoint``."""
+    """Name the manifest of the run that saved ``checkpoint`` to fairseq's checkpoint loader,
+    as ``finetune fairseq`` names a packaged checkpoint's: the trainer judges no runs itself."""
     if checkpoint is None:
         return {}
-    return {RUNS_DIR_ENV: str(checkpoint.parents[3])}
+    return {TRUSTED_MANIFESTS_ENV: str(checkpoint.parents[1] / "manifest.json")}
 
 
 def record_tiny_run(

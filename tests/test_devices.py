@@ -76,8 +76,43 @@ def test_the_committed_call_record_gives_the_call_figures():
                                                                            "convert-hf")])
     assert call.setup_s == pytest.approx(meta["timings_s"]["install"] + meta["timings_s"]["data"])
     assert 0 < call.gpu_busy_mean <= 100
+    assert call.full_runs == sum(j["job"].startswith(("fairseq-", "transformers-"))
+                                 for j in meta["jobs"])
     gpu = devices.runs_by_device("fairseq").query("device == 'GPU'")
-    assert len(gpu) == 6 and set(gpu["device name"]) == {f"1× {meta['device']['name']}"}
+    in_call = gpu[gpu["seed"].isin(call.seeds)]
+    assert len(in_call) == 6 and set(in_call["device name"]) == {f"1× {meta['device']['name']}"}
+
+
+def _call(tmp_path, stamp: str, parts: list[str], seeds: list[int], failed=()) -> None:
+    """A device call's record, as gpu-unpack keeps it."""
+    jobs = [{"job": j, "exit_code": 1 if j in failed else 0}
+            for j in (["convert-hf"] if "transformers" in parts else [])
+            + [f"{p}-{i}-seed{s}" for p in parts for i in ("pretrained", "random")
+               for s in seeds]]
+    folder = tmp_path / CALL_RECORDS
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{stamp}.json").write_text(json.dumps({
+        "plan": {"steps": ["lab"], "lab_parts": parts, "seeds": seeds, "checkpoint": None,
+                 "tiny": False},
+        "jobs": jobs, "wall_s": 100.0, "timings_s": {"install": 5, "data": 5, "runs": 90},
+        "device": {"name": "GPU X", "count": 1, "torch": "2.0"}}))
+
+
+def test_later_calls_add_seeds_and_say_what_failed_and_was_run_again(tmp_path):
+    _call(tmp_path, "20260101T000000Z", ["fairseq", "transformers", "lora"], [0, 1, 2])
+    assert devices.seed_calls(tmp_path) == [] and devices.seed_calls_sentence([]) == ""
+    broken = ["convert-hf", *(f"transformers-pretrained-seed{s}" for s in (3, 4, 5))]
+    _call(tmp_path, "20260102T000000Z", ["fairseq", "transformers"], [3, 4, 5], failed=broken)
+    calls = devices.seed_calls(tmp_path)
+    assert [c.seeds for c in calls] == [(3, 4, 5)] and calls[0].failed == tuple(broken)
+    text = devices.seed_calls_sentence(calls)
+    assert "seeds 3 to 5" in text and "the 3 runs that read it; they are missing" in text
+    _call(tmp_path, "20260103T000000Z", ["transformers"], [3, 4, 5])
+    text = devices.seed_calls_sentence(devices.seed_calls(tmp_path))
+    assert text.startswith("Two later calls ran the fairseq and Transformers grids again")
+    assert "a later call ran them again" in text
+    call = devices.latest_call(tmp_path)  # still the call that ran the whole lab
+    assert call.name == "20260101T000000Z" and call.seeds == (0, 1, 2) and call.full_runs == 12
 
 
 def test_fine_tuning_flops_follow_the_data_and_the_epochs():

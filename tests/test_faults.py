@@ -20,6 +20,19 @@ from finetune_lab.cli import build_parser
     (["pretrain", "--tokens", "0"], "--tokens", "must be more than 0"),
     (["pretrain", "--minutes", "-5"], "--minutes", "must be more than 0"),
     (["pretrain-ablations", "--jobs", "0"], "--jobs", "must be 1 or more"),
+    # the fault trial's second round: each was accepted, and failed hours later or on the GPU
+    (["train-tokenizer", "--vocab-size", "0"], "--vocab-size", "must be 1 or more"),
+    (["train-tokenizer", "--threads", "0"], "--threads", "must be 1 or more"),
+    (["train-tokenizer", "--sample-sentences", "-1"], "--sample-sentences", "must be 1 or more"),
+    (["pretrain", "--lr", "nan"], "--lr", "must be more than 0, not nan"),
+    (["pretrain", "--dropout", "2"], "--dropout", "must be at least 0 and less than 1"),
+    (["pretrain", "--batch-size", "0"], "--batch-size", "must be 1 or more"),
+    (["pretrain", "--update-freq", "-1"], "--update-freq", "must be 1 or more"),
+    (["pretrain", "--bow-weight", "-3"], "--bow-weight", "must be a finite number, 0 or more, not -3"),
+    (["reproduce", "--pretrain-minutes", "nan"], "--pretrain-minutes", "must be more than 0, not nan"),
+    (["reproduce", "--pretrain-minutes", "-5"], "--pretrain-minutes", "must be more than 0, not -5"),
+    (["gpu-bundle", "--seeds", "-1"], "--seeds", "must be 0 or more"),
+    (["gpu-bundle", "--pretrain-lr", "nan"], "--pretrain-lr", "must be more than 0"),
 ])
 def test_bad_numbers_are_usage_errors(argv, flag, says, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -102,7 +115,7 @@ def test_an_unwritable_runs_root_is_one_line_naming_it(tiny_pipeline, monkeypatc
                  "--data", str(tiny_pipeline["cls_bin"])])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"cannot write {root}" in err and "FINETUNE_LAB_RUNS_DIR" in err
+    assert f"write {root}" in err and "FINETUNE_LAB_RUNS_DIR" in err
 
 
 def test_a_full_disk_is_one_line_naming_the_file(monkeypatch, capsys):
@@ -649,3 +662,36 @@ def test_a_run_folder_without_a_manifest_is_moved_aside_not_deleted(tmp_path):
     (kept,) = (tmp_path / "runs" / SUPERSEDED / "exp").iterdir()
     _untouched(kept)
     assert (user / "manifest.json").is_file()
+
+
+def test_a_rejected_run_vouches_for_no_checkpoint(tiny_pipeline, tmp_path, monkeypatch):
+    """A run manifest lists its checkpoint's sha256, which lets the file be unpickled; once the
+    registry rejects that run (an event file changed after it finished), the same listing
+    vouches for nothing, and the refusal names the run. A process that never judged its runs
+    trusts no run manifest at all."""
+    import shutil
+
+    from finetune_lab.models import trust
+    from finetune_lab.runs import registry
+
+    runs = tmp_path / "runs"
+    shutil.copytree(tiny_pipeline["runs"], runs)
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(runs))
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tiny_pipeline["root"] / "work"))
+    best = next((tiny_pipeline["root"] / "work").rglob("checkpoint_best.pt"))
+    manifest = next(runs.glob("*/tiny/manifest.json"))
+    assert trust.check_trusted(best) == trust.sha256_file(best)  # the registry accepts the run
+
+    monkeypatch.setattr(trust, "_run_gate", None)  # nothing judged the runs: fail closed
+    with pytest.raises(trust.UntrustedCheckpointError, match="no run was judged"):
+        trust.check_trusted(best)
+    monkeypatch.setattr(trust, "_run_gate", registry.accepts_manifest)
+
+    event = next(manifest.parent.rglob("events.out.tfevents.*"))
+    with open(event, "ab") as fh:
+        fh.write(b"\0" * 16)
+    assert not registry.accepts_manifest(manifest)
+    with pytest.raises(trust.UntrustedCheckpointError,
+                       match=f"run {manifest.parent.parent.name}/tiny, which the registry rejects"):
+        trust.check_trusted(best)
+    assert manifest not in trust.default_manifests()

@@ -183,6 +183,12 @@ DAMAGES: dict[str, tuple[Callable[[dict], Any] | str, str]] = {
                                                            "total_updates": "many"}},
                        "total_updates"),
     "throughput a text": (_edit("throughput", {"updates_per_s": "fast"}), "throughput"),
+    # the second fault trial: each was listed ok, and moved a table
+    "init against the folder": (_edit("init", "pretrained"), "contradict its folder name"),
+    "seed against the folder": (_edit("seed", 1), "contradict its folder name"),
+    "seed a float": (_edit("seed", 0.0), "is not an integer"),
+    "complete with exit 1": (_edit("exit_code", 1), "exited with code 1"),
+    "complete in no time": (_edit("wall_time_s", 0), "no run takes no time"),
 }
 
 
@@ -409,6 +415,19 @@ def test_runs_under_a_root_that_is_not_there_fails(tmp_path: Path, capsys, stric
     assert f"runs root {root}" in err and ("does not exist" in err or "is a file" in err)
 
 
+def test_an_empty_root_or_a_missing_runs_dir_in_the_environment_fails(tmp_path: Path, capsys,
+                                                                     monkeypatch) -> None:
+    """`runs --root ""` listed the project's root; FINETUNE_LAB_RUNS_DIR naming a missing
+    folder said "no runs" and exited 0, where --root naming it exits 2."""
+    from finetune_lab.cli import main
+
+    assert main(["runs", "--root", ""]) == 2
+    assert "--root is empty" in capsys.readouterr().err
+    monkeypatch.setenv(RUNS_DIR_ENV, str(tmp_path / "nope"))
+    assert main(["runs"]) == 2
+    assert f"runs root {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
+
+
 def test_a_full_disk_names_the_file(tmp_path: Path, monkeypatch, capsys) -> None:
     """A full disk said "cannot write a file: No space left on device", with no path."""
     import errno
@@ -427,8 +446,8 @@ def test_a_full_disk_names_the_file(tmp_path: Path, monkeypatch, capsys) -> None
     def fails(_args):
         raise info.value
 
-    monkeypatch.setattr("finetune_lab.runs.registry._cmd_runs", fails)
-    monkeypatch.setattr("finetune_lab.runs.registry.add_parser", _runs_parser(fails))
+    monkeypatch.setattr("finetune_lab.runs.runs_cli._cmd_runs", fails)
+    monkeypatch.setattr("finetune_lab.runs.runs_cli.add_parser", _runs_parser(fails))
     assert main(["runs"]) == 2
     err = capsys.readouterr().err
     assert f"cannot write {tmp_path / 'run' / 'manifest.json'}: No space left" in err
@@ -450,6 +469,7 @@ def test_a_read_only_checkout_is_not_told_to_move_the_work_dir(tmp_path: Path, m
     from finetune_lab.cli import fault_advice, main
 
     (tmp_path / "index.qmd").write_text("---\ntitle: Home\n---\n")
+    (tmp_path / "_quarto.yml").write_text("project:\n  type: book\n")
     cache = render_cache.cache_dir(tmp_path)
 
     def read_only(project=None):
@@ -461,3 +481,193 @@ def test_a_read_only_checkout_is_not_told_to_move_the_work_dir(tmp_path: Path, m
     assert str(cache) in err and "FINETUNE_LAB_WORK_DIR" not in err and "writable copy" in err
     work = PROJECT_ROOT / "data" / "work" / "x"
     assert "FINETUNE_LAB_WORK_DIR" in fault_advice(errno.EROFS, str(work))
+
+
+def test_a_run_folder_that_cannot_be_read_is_rejected_alone(cache: Path, capsys,
+                                                            monkeypatch) -> None:
+    """A folder name that is not UTF-8 crashed `runs` and the chapters (tensorboard encodes
+    the path strictly); an input path of /proc/1 ended the whole listing with "cannot write";
+    an unreadable event file gave two chained tracebacks. Each is now its own run's problem."""
+    from finetune_lab.cli import main
+    from finetune_lab.runs import registry
+
+    before = fairseq_chapter(cache)
+    odd = cache / "fairseq" / os.fsdecode(b"copy\xffseed0")
+    shutil.copytree(cache / "fairseq" / "random-seed0", odd, copy_function=_link_events)
+    run = cache / "fairseq" / "random-seed1"
+    man = json.loads((run / "manifest.json").read_text())
+    man["inputs"]["data"] = [{"path": "/proc/1", "sha256": {"x": "0" * 64}}]
+    (run / "manifest.json").write_text(json.dumps(man))
+    whole = cache / "fairseq" / "pretrained-seed1"  # an input "folder" that is the whole disk
+    man = json.loads((whole / "manifest.json").read_text())
+    man["inputs"]["data"] = [{"path": "/", "sha256": {"x": "0" * 64}}]
+    (whole / "manifest.json").write_text(json.dumps(man))
+    unreadable = next((cache / "fairseq" / "random-seed2").rglob("events.out.tfevents.*"))
+    checked = registry.checked_events
+
+    def refuse(path: Path):
+        if path == unreadable:
+            raise PermissionError(13, "Permission denied", os.fsencode(path))
+        return checked(path)
+
+    monkeypatch.setattr(registry, "checked_events", refuse)
+    records = {r.key: r for r in discover_runs(cache)}
+    assert "not UTF-8" in records["fairseq/copy\\xffseed0"].reason
+    assert "/proc/1/cwd cannot be read" in records["fairseq/random-seed1"].reason
+    assert "no data folder" in records["fairseq/pretrained-seed1"].reason
+    assert "cannot be read: Permission denied" in records["fairseq/random-seed2"].reason
+    assert records["fairseq/random-seed0"].valid
+    assert main(["runs", "--root", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "BAD fairseq/copy\\xffseed0" in out and "ok  fairseq/pretrained-seed0" in out
+    fairseq_chapter(cache)  # nothing raises
+    monkeypatch.setattr(registry, "checked_events", checked)
+    shutil.rmtree(odd)
+    assert fairseq_chapter(cache) != before  # three runs are still rejected
+
+
+def test_a_refused_read_is_one_line_that_does_not_say_write(monkeypatch, capsys) -> None:
+    """A PermissionError whose file name is bytes (tensorboard's) made the CLI's own message
+    raise a TypeError; and a refused read was told as "cannot write"."""
+    from finetune_lab import cli
+
+    def refused(_args):
+        raise PermissionError(13, "Permission denied", b"/somewhere/events.out")
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["user-dir"])
+    monkeypatch.setattr(cli, "build_parser", lambda *_: parser)
+    monkeypatch.setattr(parser, "parse_args", lambda argv=None: (setattr(args, "func", refused),
+                                                                 args)[1])
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read or write /somewhere/events.out" in err
+
+
+@pytest.mark.parametrize("text, says", [
+    (None, "not JSON"),  # cut to its first 300 bytes
+    ("[]", "not a JSON object"),
+    ('{"files": {}, "lineage": "abc"}', "lineage is not a list"),
+    ('{"files": {}, "lineage": ["abc"]}', "not an object"),
+    ('{"files": {"model.pt": {"sha256": NaN}}}', "NaN"),
+    ('{"name": "x"}', "files and their sha256 are missing"),
+])
+def test_a_damaged_checkpoint_manifest_is_one_error_naming_it(tmp_path: Path, text, says
+                                                              ) -> None:
+    """The committed checkpoint's manifest cut short crashed two chapters (JSONDecodeError);
+    `[]` made the budget table switch silently to another run; a lineage in words raised an
+    AttributeError. Every pretrained number rests on that file: a damaged one is an error that
+    names it and the fix, and it is never read as if it said less."""
+    from finetune_lab.errors import UserError
+    from finetune_lab.models import checkpoints
+
+    folder = tmp_path / "roberta-small-fr"
+    folder.mkdir()
+    original = (checkpoints.packaged_dir() / "manifest.json").read_text()
+    (folder / "manifest.json").write_text(original[:300] if text is None else text)
+    with pytest.raises(UserError, match=f"manifest.json is damaged .*{says}") as raised:
+        checkpoints.package_manifest(folder)
+    assert "\n" not in str(raised.value) and "package the checkpoint again" in str(raised.value)
+    with pytest.raises(UserError, match="is damaged"):
+        pretrain_budget(tmp_path, folder)
+
+
+def test_a_checkpoint_whose_manifest_is_damaged_is_not_called_foreign(tmp_path: Path) -> None:
+    """The refusal said the model "is in no manifest" and advised --trust, though its own
+    manifest was only cut short."""
+    from finetune_lab.models import checkpoints
+
+    folder = tmp_path / "roberta-small-fr"
+    shutil.copytree(checkpoints.packaged_dir(), folder)
+    (folder / "manifest.json").write_text((folder / "manifest.json").read_text()[:200])
+    with pytest.raises(trust.UntrustedCheckpointError, match="its own manifest .* is damaged"):
+        trust.check_trusted(folder / "model.pt", [folder / "manifest.json"])
+
+
+def test_packaging_a_checkpoint_onto_its_own_folder_is_refused(tmp_path: Path, capsys) -> None:
+    """`package-checkpoint data/checkpoints/roberta-small-fr/model.pt --dest
+    data/checkpoints/roberta-small-fr` replaced the committed manifest, losing its lineage;
+    a missing source or a folder gave a traceback."""
+    from finetune_lab.cli import main
+    from finetune_lab.models import checkpoints
+
+    folder = tmp_path / "roberta-small-fr"
+    shutil.copytree(checkpoints.packaged_dir(), folder)
+    before = (folder / "manifest.json").read_bytes()
+    for source, says in ((folder / "model.pt", "lies in"), (tmp_path / "none.pt", "does not exist"),
+                         (folder, "is a folder")):
+        assert main(["package-checkpoint", str(source), "--dest", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+    assert (folder / "manifest.json").read_bytes() == before
+
+
+def test_a_damaged_call_record_is_set_aside_by_name(tmp_path: Path) -> None:
+    """A call record cut short, without its jobs or with a NaN wall time crashed the fairseq
+    chapter (or printed "nan"), even when it was not the call the chapter describes."""
+    from finetune_lab.book import devices
+    from finetune_lab.runs.gpu_archive import CALL_RECORDS, keep_call_record
+
+    folder = PROJECT_ROOT / CALL_RECORDS
+    shutil.copytree(folder, tmp_path / CALL_RECORDS)
+    good = devices.latest_call(tmp_path)
+    assert good is not None and devices.call_records_set_aside(tmp_path) == ""
+    records = sorted((tmp_path / CALL_RECORDS).glob("*Z.json"))
+    meta = json.loads(records[0].read_text())
+    (tmp_path / CALL_RECORDS / "20990101T000000Z.json").write_text(records[0].read_text()[:100])
+    (tmp_path / CALL_RECORDS / "20990102T000000Z.json").write_text(
+        json.dumps({k: v for k, v in meta.items() if k != "jobs"}))
+    (tmp_path / CALL_RECORDS / "20990103T000000Z.json").write_text(
+        json.dumps(meta).replace(f'"wall_s": {json.dumps(meta["wall_s"])}', '"wall_s": NaN'))
+    assert devices.latest_call(tmp_path) == good
+    shown = devices.call_records_set_aside(tmp_path)
+    assert "3 device-call record files were set aside" in shown
+    for stamp, why in (("20990101", "cannot be read as JSON"), ("20990102", "lacks jobs"),
+                       ("20990103", "cannot be read as JSON")):
+        assert f"`{stamp}T000000Z.json` {why}" in shown, shown
+    root = tmp_path / "unpacked"
+    assert keep_call_record({k: v for k, v in meta.items() if k != "jobs"} | {
+        "products": ["data/work/gpu-lab-logs/20990104T000000Z"]}, tmp_path, root) == []
+    assert not (root / CALL_RECORDS).exists() or not list((root / CALL_RECORDS).iterdir())
+
+
+def test_a_copy_marked_failed_is_no_neighbour(cache: Path) -> None:
+    """random-seed0 copied as random-seed7 with status `failed`: `runs` listed it BAD, yet the
+    machine-layout table counted it as a run beside random-seed0 (Intel 1x1: 3 runs -> 2)."""
+    before = fairseq_chapter(cache)
+    copy = cache / "fairseq" / "random-seed7"
+    shutil.copytree(cache / "fairseq" / "random-seed0", copy, copy_function=_link_events)
+    man = json.loads((copy / "manifest.json").read_text())
+    man.update(run="random-seed7", seed=7, status="failed", exit_code=1)
+    (copy / "manifest.json").write_text(json.dumps(man))
+    rec = {r.key: r for r in discover_runs(cache)}["fairseq/random-seed7"]
+    assert not rec.valid and not rec.unfinished and "byte-identical" in rec.reason, rec.reason
+    assert fairseq_chapter(cache) == before
+
+
+def test_a_folder_that_is_no_book_or_no_checkpoint_file_is_named(tmp_path: Path, capsys) -> None:
+    """`check-freeze --project /tmp` said "nothing stale" (a .qmd file lay there); `convert-hf
+    --checkpoint <folder>` said the folder "does not exist"."""
+    from finetune_lab.cli import main
+    from finetune_lab.models import checkpoints
+
+    (tmp_path / "notes.qmd").write_text("# notes\n")
+    assert main(["check-freeze", "--project", str(tmp_path)]) == 2
+    assert "not the book's folder" in capsys.readouterr().err
+    folder = checkpoints.packaged_dir()
+    assert main(["convert-hf", "--checkpoint", str(folder), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{folder} is a folder" in err
+
+
+@pytest.mark.parametrize("text", ['{"cls": {"splits": [', '{"cls": {"splits": NaN}}', '[]'])
+def test_a_damaged_data_summary_is_one_line_naming_it(tmp_path: Path, text: str) -> None:
+    """data.json cut short gave a traceback that did not name the file; a NaN was shown."""
+    from finetune_lab.data.cls_splits import train_size
+    from finetune_lab.errors import UserError
+
+    path = tmp_path / "data.json"
+    path.write_text(text)
+    with pytest.raises(UserError, match=re.escape(str(path))) as raised:
+        train_size(path)
+    assert "\n" not in str(raised.value)

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import write_package
+from conftest import quarto_hash, write_package
 from runfixtures import EXPERIMENT
 
 from finetune_lab._files import sha256_file
@@ -37,6 +37,7 @@ inputs:
 
 def _project(root: Path, grid=None) -> Path:
     (root / "chapters").mkdir(parents=True)
+    (root / "_quarto.yml").write_text("project:\n  type: book\n")
     (root / "src" / "finetune_lab").mkdir(parents=True)
     (root / "src" / "finetune_lab" / "stats.py").write_text("X = 1\n")
     (root / "src" / "finetune_lab" / "params.py").write_text("Y = 2\n")
@@ -61,7 +62,8 @@ def _execute(root: Path, chapter: str) -> None:
     """What Quarto does when it executes a chapter with freeze on."""
     out = fz.freeze_entry(root, chapter) / "execute-results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "html.json").write_text(json.dumps({"hash": "x", "result": FROZEN_RESULT}))
+    (out / "html.json").write_text(json.dumps({"hash": quarto_hash(root / chapter),
+                                               "result": FROZEN_RESULT}))
 
 
 def _render(root: Path, env: dict[str, str]) -> list[str]:
@@ -175,6 +177,7 @@ def test_code_inputs_are_the_import_closure_and_an_indirect_edit_makes_the_chapt
         "stats.py": "def mean(x):\n    return sum(x) / len(x)\n",
         "tables.py": "X = 1\n", "unused.py": "Y = 2\n"})
     (root / "chapters").mkdir()
+    (root / "_quarto.yml").write_text("project:\n  type: book\n")
     (root / "chapters" / "c.qmd").write_text(
         "---\ninputs:\n  - data/x.csv\n---\n\n```{python}\n#| echo: false\n"
         "from finetune_lab import report\n```\n\nSome `{python} report.table()` text.\n")
@@ -249,6 +252,7 @@ def _frozen_book(root: Path) -> Path:
     (root / "data" / "runs" / "exp" / "r1").mkdir(parents=True)
     (root / "data" / "runs" / "exp" / "r1" / "manifest.json").write_text("{}")
     (root / "chapters").mkdir()
+    (root / "_quarto.yml").write_text("project:\n  type: book\n")
     (root / "chapters" / "c.qmd").write_text(
         "---\ninputs:\n  - data/runs/**/manifest.json\n  - data/runs/exp/**\n---\n\n"
         "```{python}\nfrom finetune_lab.runs import registry\n```\n")
@@ -330,3 +334,42 @@ def test_check_freeze_on_a_project_that_is_not_there_fails(tmp_path: Path, what:
     assert main(["check-freeze", "--project", str(target)]) == 2
     err = capsys.readouterr().err
     assert str(target.name) in err and ("does not exist" in err or "is a file" in err)
+
+
+def test_a_git_that_fails_is_an_error_not_nothing_ignored(tmp_path, monkeypatch):
+    """Run by a user who does not own the checkout, `git check-ignore` exits 128 ("dubious
+    ownership"); check-freeze took that for "nothing is ignored" and called two chapters stale.
+    The ignore rules are read whoever owns the checkout, and a git that fails is an error."""
+    import subprocess as sp
+
+    from finetune_lab.book import freeze
+    from finetune_lab.errors import UserError
+
+    sp.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("data/work/\n")
+    assert freeze.git_ignored(tmp_path, ["data/work/x", "book/a.qmd"]) == {"data/work/x"}
+    seen = []
+    real = sp.run
+
+    def failing(cmd, **kw):
+        seen.append(cmd)
+        return sp.CompletedProcess(cmd, 128, b"", b"fatal: detected dubious ownership\n")
+
+    monkeypatch.setattr(freeze.subprocess, "run", failing)
+    with pytest.raises(UserError, match="dubious ownership"):
+        freeze.git_ignored(tmp_path, ["data/work/x"])
+    assert "safe.directory=*" in seen[0]
+    monkeypatch.setattr(freeze.subprocess, "run", real)
+    assert freeze.git_ignored(tmp_path / "no-checkout-here", ["data/work/x"]) == set()
+
+
+def test_an_edited_chapter_text_makes_it_stale(tmp_path):
+    """After an edit of chapters/fairseq.qmd, check-freeze still passed: Quarto keys a frozen
+    result on the md5 of the chapter's text and would execute it again in the publish job."""
+    root = _project(tmp_path)
+    _render(root, {})
+    assert fz.check_freeze(root) == []
+    chapter = root / "chapters" / "architecture.qmd"
+    chapter.write_text(chapter.read_text() + "\nOne more sentence.\n")
+    (stale,) = fz.check_freeze(root)
+    assert stale.chapter == "chapters/architecture.qmd" and "its text changed" in stale.reason

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import write_package
+from conftest import quarto_hash, write_package
 
 from finetune_lab.book import freeze as fz
 from finetune_lab.book import freeze_env as fe
@@ -74,7 +74,8 @@ def _render_all(root: Path) -> None:
     for chapter in ("chapters/tables.qmd", "chapters/plain.qmd"):
         out = fz.freeze_entry(root, chapter) / "execute-results"
         out.mkdir(parents=True, exist_ok=True)
-        (out / "html.json").write_text(json.dumps({"hash": "x", "result": {"markdown": "x\n"}}))
+        (out / "html.json").write_text(json.dumps({"hash": quarto_hash(root / chapter),
+                                                   "result": {"markdown": "x\n"}}))
     fz.post_render(root, log=lambda *_: None)
 
 

@@ -26,6 +26,11 @@ from finetune_lab.runs import gpu_archive, gpu_bundle, gpu_plan
 
 
 
+DEVICE_LACKS = ("jsonschema", "tbparse", "nbclient", "nbformat")
+"""Packages of this environment that the device's image does not have: the rehearsal call
+cannot import them either."""
+
+
 def _copy_project(dst: Path) -> None:
     """The source tree as a clean clone has it (no run cache), plus the packaged checkpoint."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -71,9 +76,23 @@ def smoke_call(tmp_path_factory):
     assert not (home / gpu_plan.BUNDLE_DIR / "wheels").exists()
     _copy_project(remote)  # what a device call sends: the tree git does not ignore ...
     shutil.copytree(home / gpu_plan.BUNDLE_DIR, remote / gpu_plan.BUNDLE_DIR)  # ... and the carry
+    # ... with the committed runs: one where the call's own runs go (a snapshot must not carry
+    # it back), and a pretraining run whose manifest lists checkpoints (loading the packaged
+    # checkpoint must not judge it: the registry needs packages the device lacks)
+    committed = PROJECT_ROOT / "data" / "runs"
+    shutil.copytree(committed / "fairseq" / "random-seed0",
+                    remote / "data" / "runs" / "fairseq-gpu-smoke" / "random-seed7")
+    listing = next(m.parent for m in sorted(committed.glob("pretrain/*/manifest.json"))
+                   if "saved_checkpoints" in m.read_text(encoding="utf-8"))
+    shutil.copytree(listing, remote / "data" / "runs" / "pretrain" / listing.name)
+    blocked = base / "not-on-the-device"  # what the device's image lacks (KINDS.md)
+    blocked.mkdir()
+    for name in DEVICE_LACKS:
+        (blocked / f"{name}.py").write_text(
+            f"raise ModuleNotFoundError('{name} is not on the device', name='{name}')\n")
     env = {**os.environ, "PYTHON": sys.executable, "GPU_LAB_PARALLEL": "2",
-           "FINETUNE_LAB_DATA_ROOT": str(base / "no-data-root-there"), "OUT": str(out)}
-    env.pop("PYTHONPATH", None)
+           "FINETUNE_LAB_DATA_ROOT": str(base / "no-data-root-there"), "OUT": str(out),
+           "PYTHONPATH": str(blocked)}
     ran = subprocess.run(["bash", "scripts/gpu-lab.sh", gpu_plan.BUNDLE_DIR], cwd=remote, env=env,
                          capture_output=True, text=True, check=False)
     # home builds its own inputs, so the runs' data hashes are compared, not skipped
@@ -117,6 +136,7 @@ def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
                 "lora-gpu-smoke/qlora-qv-seed0", "pretrain-gpu-smoke/gpu-smoke"]
     for rel in expected:
         assert f"data/runs/{rel}: valid" in done.stdout, done.stdout
+    assert "random-seed7" not in done.stdout  # a run the call found there is not sent back
     assert "data/work/candidates/gpu-smoke: model.pt matches its manifest" in done.stdout
     man = json.loads((runs / "fairseq-candidate-gpu-smoke" / "pretrained-seed0" /
                       "manifest.json").read_text())
@@ -340,3 +360,14 @@ def test_unpack_keeps_the_call_record_with_the_gpu_use(tmp_path):
     assert kept / "20260101T000000Z.json" in placed
     assert (kept / "20260101T000000Z-nvidia-smi.csv").read_text().startswith("timestamp")
     assert json.loads((kept / "20260101T000000Z.json").read_text())["wall_s"] == 1.0
+
+
+def test_only_a_call_with_qlora_carries_bitsandbytes():
+    """bitsandbytes is 3.6 MiB of a call's 64: a call without a 4-bit method leaves it here."""
+    from finetune_lab.runs.gpu_bundle import needs_bitsandbytes
+    from finetune_lab.runs.gpu_plan import Plan
+
+    assert needs_bitsandbytes(Plan())
+    assert not needs_bitsandbytes(Plan(lab_parts=["fairseq", "transformers"]))
+    assert not needs_bitsandbytes(Plan(lora_methods=["lora-qv", "lora-attn"]))
+    assert not needs_bitsandbytes(Plan(steps=["pretrain"]))

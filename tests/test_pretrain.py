@@ -101,6 +101,13 @@ def test_fill_mask_answers_of_uncommitted_weights_are_kept(tiny_pretrain, tmp_pa
         assert part["probability"].is_monotonic_decreasing and part["probability"].sum() <= 1
     with pytest.raises(UserError, match="--name"):
         fm.record_fill_mask(tiny_pretrain["packaged"], "../x", out_dir=tmp_path)
+    # a record the book may cite is kept unless --force (the fault trial's overwritten record)
+    before = out.read_bytes()
+    with pytest.raises(UserError, match="tiny.json exists .* --force"):
+        fm.record_fill_mask(tiny_pretrain["packaged"], "tiny", out_dir=tmp_path)
+    assert out.read_bytes() == before
+    assert fm.record_fill_mask(tiny_pretrain["packaged"], "tiny", out_dir=tmp_path,
+                               force=True) == out
     # once these weights are the committed file, their record is told apart from the others
     records = fm.recorded_fill_masks(tmp_path)
     mine, others = fm.split_committed(records, folder=tiny_pretrain["packaged"])

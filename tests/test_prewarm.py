@@ -3,6 +3,7 @@ computed once when two processes ask for it at the same time."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import quarto_hash
 
 from finetune_lab import render_cache
 from finetune_lab.book import freeze, prewarm
@@ -109,7 +111,8 @@ def test_pre_render_warms_only_what_quarto_will_execute_and_post_render_stops_it
     freeze.pre_render(project, env, log=lambda *_: None)
     results = freeze.freeze_entry(project, "index.qmd") / "execute-results"
     results.mkdir(parents=True)
-    (results / "html.json").write_text('{"hash": "x", "result": {"markdown": ""}}')
+    (results / "html.json").write_text(json.dumps(
+        {"hash": quarto_hash(project / "index.qmd"), "result": {"markdown": ""}}))
     freeze.post_render(project, log=lambda *_: None)
     assert freeze.check_freeze(project) == []
 

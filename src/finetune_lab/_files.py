@@ -103,8 +103,19 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> None:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file the project wrote, strictly (no NaN or Infinity, which no writer here
+    means); a damaged one is one line naming it, not a traceback that does not."""
     with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+        try:
+            return json.load(handle, parse_constant=_no_constant)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise UserError(f"{path} cannot be read as JSON ({str(exc).splitlines()[0]}): "
+                            "restore it (`git checkout -- FILE` if it is committed) or run the "
+                            "step that writes it again") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"it holds {name}")
 
 
 def check_writable(parent: Path) -> None:

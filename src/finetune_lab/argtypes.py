@@ -36,6 +36,22 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """0 or more and finite (a weight, or a budget where 0 means "the default")."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, not {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A dropout rate: at least 0 and less than 1."""
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and less than 1, not {text}")
+    return value
+
+
 def resolved_path(text: str) -> Path:
     """A path resolved against the current directory now, so that a step that runs a tool in
     another folder (``fairseq-preprocess`` runs in a scratch folder) still finds it."""

@@ -33,7 +33,7 @@ COMMAND_MODULES: list[str] = [
     "finetune_lab.data.pretrain_corpus",
     "finetune_lab.book.data_summary",
     "finetune_lab.book.fill_mask",
-    "finetune_lab.runs.registry",
+    "finetune_lab.runs.runs_cli",
     "finetune_lab.book.freeze",
     "finetune_lab.train.lora_qa",
     "finetune_lab.models.hf_convert",
@@ -78,15 +78,19 @@ OS_FAULTS = {
                   "another disk, then run the same command again",
     errno.EDQUOT: "the disk quota is used up: free space or point FINETUNE_LAB_WORK_DIR / "
                   "FINETUNE_LAB_RUNS_DIR elsewhere, then run the same command again",
-    errno.EACCES: "it is not writable by you: fix its permissions or point FINETUNE_LAB_WORK_DIR / "
-                  "FINETUNE_LAB_RUNS_DIR at a folder you can write",
-    errno.EPERM: "it is not writable by you: fix its permissions or point FINETUNE_LAB_WORK_DIR / "
-                 "FINETUNE_LAB_RUNS_DIR at a folder you can write",
+    errno.EACCES: "you lack permission for it: fix its permissions or point "
+                  "FINETUNE_LAB_WORK_DIR / FINETUNE_LAB_RUNS_DIR at a folder you can use",
+    errno.EPERM: "you lack permission for it: fix its permissions or point "
+                 "FINETUNE_LAB_WORK_DIR / FINETUNE_LAB_RUNS_DIR at a folder you can use",
     errno.EROFS: "it is on a read-only file system: point FINETUNE_LAB_WORK_DIR / "
                  "FINETUNE_LAB_RUNS_DIR at a writable one",
 }
 """Faults of the machine rather than of the project, told in one line with the path and the fix
 (runs write atomically or are marked failed, so a fault leaves nothing half-written behind)."""
+
+WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+"""The faults that only a write meets; a refused permission may be a read's."""
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,9 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if exc.errno not in OS_FAULTS:
             raise
-        where = exc.filename or "a file"
-        print(f"finetune-lab {args.command}: error: cannot write {where}: {exc.strerror}; "
-              f"{fault_advice(exc.errno, exc.filename)}", file=sys.stderr)
+        name = os.fsdecode(exc.filename) if exc.filename is not None else None
+        verb = "write" if exc.errno in WRITE_FAULTS else "read or write"
+        print(f"finetune-lab {args.command}: error: cannot {verb} {name or 'a file'}: "
+              f"{exc.strerror}; {fault_advice(exc.errno, name)}", file=sys.stderr)
         return 2
 
 

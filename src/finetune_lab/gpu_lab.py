@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from finetune_lab._files import sha256_file
-from finetune_lab.argtypes import positive_int
+from finetune_lab.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
@@ -44,9 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a smoke test: a few reviews, 1 epoch, 1 seed (experiments *-gpu-smoke)")
     p.add_argument("--pretrain-tokens", type=positive_int, default=70_000_000,
                    help="tokens of the pretraining corpus carried for --steps pretrain")
-    p.add_argument("--pretrain-minutes", type=float, default=0.0,
+    p.add_argument("--pretrain-minutes", type=non_negative_float, default=0.0,
                    help="minutes of pretraining (default: what the call's deadline leaves)")
-    p.add_argument("--pretrain-lr", type=float, default=None)
+    p.add_argument("--pretrain-lr", type=positive_float, default=None)
     p.add_argument("--pretrain-batch-size", type=positive_int, default=None)
     p.add_argument("--pretrain-update-freq", type=positive_int, default=None)
     p.add_argument("--pretrain-run", default="gpu",
@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--then-finetune", action="store_true",
                    help="with --steps pretrain lab: fine-tune the new weights in the same call")
     p.add_argument("--lab-parts", nargs="+", choices=LAB_PARTS, default=list(LAB_PARTS))
-    p.add_argument("--seeds", nargs="+", type=int, default=None)
+    p.add_argument("--seeds", nargs="+", type=non_negative_int, default=None)
     p.add_argument("--inits", nargs="+", choices=("pretrained", "random"), default=None,
                    help="the initialisations of the fairseq and Transformers runs (default both)")
     p.add_argument("--checkpoint", type=Path, default=None,

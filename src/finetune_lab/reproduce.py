@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from finetune_lab._files import atomic_dir, data_step_output, sha256_file, write_json_atomic
-from finetune_lab.argtypes import positive_int
+from finetune_lab.argtypes import positive_float, positive_int
 from finetune_lab.cli import main
 from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
@@ -110,7 +110,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("reproduce", help="run every experiment of the book in order (resumable)")
     p.add_argument("--from-scratch", action="store_true",
                    help="retrain the tokenizer and pretrain again instead of using the checkpoint")
-    p.add_argument("--pretrain-minutes", type=float,
+    p.add_argument("--pretrain-minutes", type=positive_float,
                    help="pretraining budget (default: 8 on a GPU, 120 on a CPU)")
     p.add_argument("--dry-run", action="store_true", help="print the steps only")
     p.add_argument("--jobs", type=positive_int, default=1,

@@ -10,7 +10,6 @@ reproduce the CPU runs within seed noise?), and reads what the call itself recor
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +17,13 @@ import numpy as np
 import pandas as pd
 
 from finetune_lab.book.lora_cls_runs import cached_runs, per_run_table
+from finetune_lab.book.summary_files import set_aside_markdown
 from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.models import params
 from finetune_lab.runs import seedstats
-from finetune_lab.runs.gpu_archive import CALL_RECORDS
+from finetune_lab.runs.gpu_archive import CALL_RECORDS, call_record_problem
 from finetune_lab.runs.gpu_plan import GPU_SUFFIX
+from finetune_lab.runs.manifest import loads_strict
 from finetune_lab.runs.registry import discover_runs, valid_runs
 from finetune_lab.runs.runspeed import device_name
 from finetune_lab.runs.tblogs import load_scalars
@@ -183,22 +184,62 @@ class CallRecord:
     gpu_busy_mean: float | None
     """Mean of ``nvidia-smi``'s utilisation (% of time a kernel ran) over the call."""
     gpu_memory_max_gib: float | None
+    full_runs: int = 0
+    """Its full fine-tuning runs (fairseq and Transformers), for the MFU."""
+    seeds: tuple[int, ...] = ()
 
 
-def lab_call(meta: dict) -> bool:
+def _grid_call(meta: dict) -> bool:
     """A call that ran the lab's grids from the committed checkpoint (not a candidate's seeds
     alone, not a pretraining, not a tiny rehearsal)."""
     plan = meta.get("plan") or {}
-    return ("lab" in (plan.get("steps") or []) and not plan.get("checkpoint")
-            and not plan.get("tiny") and len(plan.get("lab_parts") or []) > 1)
+    return "lab" in (plan.get("steps") or []) and not plan.get("checkpoint") \
+        and not plan.get("tiny")
+
+
+def lab_call(meta: dict) -> bool:
+    """The call that ran the whole lab (every part) in one go: the one the chapters describe.
+    Calls that ran some of its grids again with other seeds are :func:`seed_calls`."""
+    return _grid_call(meta) and set(PARTS) <= set((meta.get("plan") or {}).get("lab_parts") or [])
+
+
+def _read_call_records(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
+    """The call records that parse (strict JSON) with what the book reads, in time order; and
+    one line per record set aside."""
+    good, bad = [], []
+    for path in sorted((root / CALL_RECORDS).glob("*Z.json")):
+        try:
+            meta = loads_strict(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            bad.append(f"`{path.name}` cannot be read as JSON ({str(exc).splitlines()[0]})")
+            continue
+        problem = call_record_problem(meta)
+        if problem:
+            bad.append(f"`{path.name}` {problem}")
+        else:
+            good.append((path, meta))
+    return good, bad
+
+
+def _call_records(root: Path) -> list[tuple[Path, dict]]:
+    return _read_call_records(root)[0]
+
+
+def call_records_set_aside(root: Path = PROJECT_ROOT) -> str:
+    """A paragraph naming the damaged call records, which no sentence or table reads (empty
+    when there are none)."""
+    return set_aside_markdown(_read_call_records(root)[1], "device-call record",
+                              f"restore them from git, under {CALL_RECORDS}")
+
+
+def _is_full(job: str) -> bool:
+    return job.startswith(("fairseq-", "transformers-"))
 
 
 def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
     """The newest record of a call that ran the lab (:func:`lab_call`), or None when no such
     call was ever unpacked."""
-    records = [(path, json.loads(path.read_text(encoding="utf-8")))
-               for path in sorted((root / CALL_RECORDS).glob("*Z.json"))]
-    records = [(path, meta) for path, meta in records if lab_call(meta)]
+    records = [(path, meta) for path, meta in _call_records(root) if lab_call(meta)]
     if not records:
         return None
     path, meta = records[-1]
@@ -220,7 +261,79 @@ def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
                       setup_s=float(timings.get("install", 0) + timings.get("data", 0)),
                       runs_s=float(timings.get("runs", np.nan)), jobs=len(lab),
                       failed=sum(j["exit_code"] != 0 for j in lab), gpu_busy_mean=busy,
-                      gpu_memory_max_gib=mem)
+                      gpu_memory_max_gib=mem,
+                      full_runs=sum(_is_full(j["job"]) for j in lab),
+                      seeds=tuple(int(x) for x in (meta.get("plan") or {}).get("seeds") or ()))
+
+
+@dataclass(frozen=True)
+class SeedCall:
+    """A later call that ran some of the lab's grids again with other seeds."""
+
+    name: str
+    parts: tuple[str, ...]
+    seeds: tuple[int, ...]
+    done_jobs: tuple[str, ...]
+    failed: tuple[str, ...]
+    """Jobs that exited non-zero (their runs are absent, or were made again by a later call)."""
+
+
+def seed_calls(root: Path = PROJECT_ROOT) -> list[SeedCall]:
+    """The grid calls after the lab's call (:func:`latest_call`), oldest first."""
+    records = _call_records(root)
+    labs = [path for path, meta in records if lab_call(meta)]
+    if not labs:
+        return []
+    out = []
+    for path, meta in records:
+        if path.name <= labs[-1].name or not _grid_call(meta) or lab_call(meta):
+            continue
+        plan = meta["plan"]
+        jobs = [j for j in meta["jobs"] if j["job"] not in PREP_JOBS]
+        out.append(SeedCall(
+            name=path.stem, parts=tuple(plan.get("lab_parts") or ()),
+            seeds=tuple(int(x) for x in plan.get("seeds") or ()),
+            done_jobs=tuple(j["job"] for j in jobs if j["exit_code"] == 0),
+            failed=tuple(j["job"] for j in meta["jobs"] if j["exit_code"] != 0)))
+    return out
+
+
+def seed_range(seeds: tuple[int, ...]) -> str:
+    ordered = sorted(seeds)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]} to {ordered[-1]}"
+    return ", ".join(map(str, ordered[:-1])) + (" and " if len(ordered) > 1 else "") + \
+        str(ordered[-1])
+
+
+PART_NAMES = {"fairseq": "fairseq", "transformers": "Transformers", "lora": "LoRA"}
+PREP_JOBS = ("binarize-cls", "convert-hf")
+
+
+def seed_calls_sentence(calls: list[SeedCall]) -> str:
+    """What the later calls added, and what failed in them, in a sentence or two ("" when there
+    were none)."""
+    if not calls:
+        return ""
+    seeds = tuple(sorted({s for c in calls for s in c.seeds}))
+    grids = " and ".join(PART_NAMES[p] for p in PARTS if any(p in c.parts for c in calls))
+    many = len(calls) > 1
+    text = (f"{'Two' if len(calls) == 2 else len(calls)} later call{'s' if many else ''} ran "
+            f"the {grids} grids again with seeds {seed_range(seeds)}, so their GPU rows have "
+            "more runs than the CPU rows.")
+    for i, c in enumerate(calls):
+        runs = [j for j in c.failed if j not in PREP_JOBS]
+        if not c.failed:
+            continue
+        later = {j for d in calls[i + 1:] for j in d.done_jobs}
+        what = ("the checkpoint's conversion to Transformers failed, and with it the "
+                f"{len(runs)} runs that read it" if "convert-hf" in c.failed
+                else f"{len(runs)} run{'s' if len(runs) > 1 else ''} failed")
+        redone = all(j in later for j in runs)
+        text += (f" In {'the first' if many and i == 0 else 'one'} of them {what}; "
+                 + ("a later call ran them again." if redone else
+                    "they are missing from the tables."))
+    return text
 
 
 def finetune_flops(tokenization: dict, epochs: int) -> float:

@@ -20,6 +20,7 @@ from finetune_lab._files import sha256_file, utc_now, write_json_atomic
 from finetune_lab.argtypes import record_name
 from finetune_lab.book.summary_files import NUMBER, read_records, summary_problem
 from finetune_lab.config import paths
+from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import (
     DICT_FILE,
     MODEL_FILE,
@@ -93,11 +94,17 @@ def fill_mask_dir() -> Path:
     return paths().summaries / "fill-mask"
 
 
-def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None) -> Path:
+def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None, *,
+                     force: bool = False) -> Path:
     """Ask the packaged weights in ``folder`` to fill :data:`DEMO_SENTENCES` and write
-    ``<out_dir>/<name>.json``: which weights (path and sha256), the answers, when and where."""
+    ``<out_dir>/<name>.json``: which weights (path and sha256), the answers, when and where.
+    An existing record of that name (the book may cite it) is replaced only with ``force``."""
     record_name(name)
     folder = Path(folder)
+    out = Path(out_dir or fill_mask_dir()) / f"{name}.json"
+    if (out.exists() or out.is_symlink()) and not force:
+        raise UserError(f"{out} exists (the answers of the weights recorded as {name!r}): choose "
+                        "another --name, or pass --force to replace it")
     start = time.monotonic()
     table = fill_mask_table(folder=folder)
     result = {"schema": 1, "name": name,
@@ -106,7 +113,6 @@ def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None) -> Pa
               "predictions": table.to_dict(orient="records"),
               "time": utc_now(), "wall_time_s": round(time.monotonic() - start, 1),
               "environment": environment_info(), "device": device_info()}
-    out = Path(out_dir or fill_mask_dir()) / f"{name}.json"
     write_json_atomic(out, result)
     return out
 
@@ -166,5 +172,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", type=Path, required=True,
                    help="packaged checkpoint folder (model.pt, dict.txt, manifest.json)")
     p.add_argument("--name", required=True, help="record name (the weights' name in the book)")
-    p.set_defaults(func=lambda a: print(f"fill-mask: {record_fill_mask(a.checkpoint, a.name)}")
-                   or 0)
+    p.add_argument("--force", action="store_true", help="replace an existing record of NAME")
+    p.set_defaults(func=lambda a: print(
+        f"fill-mask: {record_fill_mask(a.checkpoint, a.name, force=a.force)}") or 0)

@@ -28,6 +28,7 @@ frozen chapter with its record and fails, naming the changed files, when one is 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -88,6 +89,17 @@ def damaged_results(project: Path, chapter: str) -> str | None:
     return None
 
 
+def text_changed(project: Path, chapter: str) -> str | None:
+    """Which frozen result was made from another text of the chapter (None: none). Quarto keys
+    each result on the md5 of the ``.qmd`` file, and executes a chapter again when it differs,
+    which a publish job without torch cannot do."""
+    now = hashlib.md5((project / chapter).read_bytes()).hexdigest()
+    for path in sorted((freeze_entry(project, chapter) / "execute-results").glob("*.json")):
+        if json.loads(path.read_text(encoding="utf-8")).get("hash") != now:
+            return f"{path.relative_to(project).as_posix()} holds the md5 of another text"
+    return None
+
+
 def record_path(project: Path, chapter: str, pending: bool = False) -> Path:
     suffix = ".pending.json" if pending else ".json"
     return project / FREEZE_DIR / RECORDS_DIR / f"{chapter}{suffix}"
@@ -130,12 +142,24 @@ def git_ignored(project: Path, paths: Iterable[str]) -> set[str]:
     paths = list(paths)
     if not paths:
         return set()
-    try:
-        proc = subprocess.run(["git", "-C", str(project), "check-ignore", "-z", "--stdin"],
+    checkout = (Path(project) / ".git").exists()
+    try:  # safe.directory: reading the ignore rules of another user's checkout is harmless
+        proc = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(project),
+                               "check-ignore", "-z", "--stdin"],
                               input="\0".join(paths).encode(), capture_output=True, check=False)
-    except OSError:
+    except OSError as exc:
+        if checkout:
+            raise UserError(f"git cannot be run ({exc.strerror}): check-freeze needs it to tell "
+                            f"the machine-local files of {project} (data/work/) from the "
+                            "project's; install git") from None
         return set()
-    return {p for p in proc.stdout.decode().split("\0") if p} if proc.returncode == 0 else set()
+    if proc.returncode == 0:
+        return {p for p in proc.stdout.decode().split("\0") if p}
+    if proc.returncode != 1 and checkout:  # 1: none is ignored; anything else is git failing
+        why = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[0]
+        raise UserError(f"git could not read the ignore rules of {project} ({why}): "
+                        "check-freeze needs them; fix what git says, then run it again")
+    return set()
 
 
 def diff_files(recorded: dict[str, str], current: dict[str, str],
@@ -174,6 +198,9 @@ def stale_chapter(project: Path, chapter: str,
         return None
     if (damage := damaged_results(project, chapter)) is not None:
         return StaleChapter(chapter, f"its frozen results are damaged: {damage}")
+    if (edited := text_changed(project, chapter)) is not None:
+        return StaleChapter(chapter, f"its text changed since it was executed ({edited}), so "
+                                     "Quarto would execute it again")
     record = read_record(record_path(project, chapter))
     if record is None:
         return StaleChapter(chapter, "frozen without a record of its inputs' hashes")
@@ -290,9 +317,9 @@ def _project(args: argparse.Namespace) -> Path:
         what = "is a file, not a folder" if project.exists() else "does not exist"
         raise UserError(f"project {args.project} {what}; name the folder that holds the book "
                         "(_quarto.yml, the chapters' .qmd files)")
-    if not chapters(project):
-        raise UserError(f"project {args.project} holds no .qmd file: it is not the book's "
-                        "folder")
+    if not (project / "_quarto.yml").is_file() or not chapters(project):
+        raise UserError(f"project {args.project} holds no _quarto.yml and .qmd chapters: it is "
+                        "not the book's folder")
     return project
 
 

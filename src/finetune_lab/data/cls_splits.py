@@ -7,9 +7,9 @@ The runs read it from their prepared data; the chapters and the recipe compariso
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from finetune_lab._files import read_json
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 
@@ -28,5 +28,10 @@ def train_size(path: Path | None = None) -> int:
     if not path.is_file():
         raise UserError(f"{path} does not exist: run `finetune-lab data-summary` after preparing "
                         "the data (`finetune-lab prepare-cls`)")
-    splits = json.loads(path.read_text(encoding="utf-8"))["cls"]["splits"]
-    return int(next(s for s in splits if s["split"] == "train")["reviews"])
+    try:
+        splits = read_json(path)["cls"]["splits"]
+        return int(next(s for s in splits if s["split"] == "train")["reviews"])
+    except (KeyError, TypeError, ValueError, StopIteration):
+        raise UserError(f"{path} lacks the training split's review count (cls.splits): restore "
+                        "it (`git checkout -- data/summaries/data.json`) or run `finetune-lab "
+                        "data-summary` again") from None

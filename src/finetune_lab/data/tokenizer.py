@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from finetune_lab import _files
+from finetune_lab.argtypes import positive_int
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
 from finetune_lab.data import eltec
@@ -287,14 +288,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
+    parser.add_argument("--vocab-size", type=positive_int, default=DEFAULT_VOCAB_SIZE,
                         help=f"sentencepiece pieces (default {DEFAULT_VOCAB_SIZE}: "
                         f"{EMBEDDING_ROWS} embedding rows with fairseq's <mask>)")
-    parser.add_argument("--sample-sentences", type=int, default=DEFAULT_SAMPLE_SENTENCES)
+    parser.add_argument("--sample-sentences", type=positive_int, default=DEFAULT_SAMPLE_SENTENCES)
     parser.add_argument("--no-reviews", dest="with_reviews", action="store_false",
                         help="ELTeC only: leave out the dvd/music reviews")
-    parser.add_argument("--max-novels", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-novels", type=positive_int, default=None)
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--force", action="store_true",
                         help="replace --out even if train-tokenizer did not make it")
     parser.set_defaults(func=_run)

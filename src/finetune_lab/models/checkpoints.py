@@ -24,7 +24,7 @@ from finetune_lab._files import (
     utc_now,
     write_json_atomic,
 )
-from finetune_lab.config import paths
+from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.errors import UserError
 from finetune_lab.models.fairseq_compat import preserved_root_logger
 from finetune_lab.models.trust import MANIFEST_FILE, load_trusted, trusting
@@ -52,9 +52,41 @@ def packaged_output(folder: Path) -> bool:
 
 
 def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
-    """The manifest of a packaged checkpoint folder (default: the committed one), or None."""
+    """The manifest of a packaged checkpoint folder (default: the committed one), or None when
+    there is none. A damaged one is an error naming it: every pretrained number rests on it, so
+    it is never read as if it said less."""
     manifest = Path(folder or packaged_dir()) / MANIFEST_FILE
-    return json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else None
+    if not manifest.is_file():
+        return None
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except ValueError as exc:  # not UTF-8, not JSON, or NaN/Infinity
+        raise _damaged(manifest, f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _damaged(manifest, "not a JSON object")
+    files = data.get("files")
+    if not isinstance(files, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("sha256"), str) for v in files.values()):
+        raise _damaged(manifest, "its files and their sha256 are missing")
+    for key, kind in (("lineage", list), ("run", str), ("source", dict)):
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            raise _damaged(manifest, f"its {key} is not a {kind.__name__}")
+    if any(not isinstance(step, dict) for step in data.get("lineage") or []):
+        raise _damaged(manifest, "its lineage holds an entry that is not an object")
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"it holds {name}")
+
+
+def _damaged(manifest: Path, why: str) -> UserError:
+    committed = manifest.parent.resolve() == packaged_dir().resolve() \
+        and manifest.resolve().is_relative_to(PROJECT_ROOT.resolve())
+    fix = (f"restore it with `git checkout -- "
+           f"{manifest.resolve().relative_to(PROJECT_ROOT.resolve())}`" if committed
+           else "package the checkpoint again (finetune-lab package-checkpoint)")
+    return UserError(f"{manifest} is damaged ({why}): {fix}")
 
 
 
@@ -103,6 +135,18 @@ def weights_only_state(state: dict[str, Any], dtype: str = "float16") -> dict[st
     }
 
 
+def check_package_source(source: Path, dest: Path | None = None) -> None:
+    """A checkpoint file to package, and not one inside the folder it would replace."""
+    dest = Path(dest) if dest is not None else packaged_dir()
+    if not Path(source).is_file():
+        raise UserError(f"{source} " + ("is a folder" if Path(source).is_dir() else
+                                        "does not exist")
+                        + ": pass a fairseq checkpoint file (checkpoint_best.pt, model.pt)")
+    if Path(source).resolve().is_relative_to(dest.resolve()):
+        raise UserError(f"{source} lies in {dest}, the folder package-checkpoint would replace "
+                        "(its manifest's lineage and run would be lost): pass another --dest")
+
+
 def package_checkpoint(
     source: Path,
     tokenizer_model: Path,
@@ -122,6 +166,7 @@ def package_checkpoint(
     import torch
 
     dest = Path(dest) if dest is not None else packaged_dir()
+    check_package_source(source, dest)
     check_replaceable(dest, COMMAND, force=force, earlier=packaged_output)  # before loading
     for f in (tokenizer_model, dictionary):
         if not Path(f).is_file():

@@ -383,8 +383,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-
     ckpt = args.checkpoint or packaged_dir() / MODEL_FILE
+    if ckpt.is_dir():
+        raise UserError(f"{ckpt} is a folder: pass the checkpoint file in it "
+                        f"({ckpt / MODEL_FILE})")
     if not ckpt.is_file():
         raise UserError(f"{ckpt} does not exist: pretrain and package the model first (README)")
     out = convert_checkpoint(ckpt, args.out or default_hf_dir(), args.tokenizer_dir, args.force)

@@ -17,7 +17,7 @@ import os
 import pickle
 import re
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,13 +60,54 @@ def manifest_hashes(manifest_paths: Iterable[Path]) -> set[str]:
     return hashes
 
 
-def default_manifests() -> list[Path]:
-    """The committed checkpoint manifests, every run manifest, and any named in the environment."""
-    p = paths()
+RUN_CHECKPOINT_KEYS = ("checkpoints", "saved_checkpoints")
+"""The sections of a run manifest that list checkpoints (its ``outputs`` are event files)."""
+
+RunGate = Callable[[Path], bool]
+_run_gate: RunGate | None = None
+
+
+def gate_run_manifests(gate: RunGate | None) -> None:
+    """Say which run manifests may vouch for a checkpoint: the run stage installs its
+    registry's verdict here (this module sits below it). Until one is installed, no run
+    manifest does, so a process that never judged its runs trusts only packaged checkpoints,
+    the environment's manifests and its own save folders."""
+    global _run_gate
+    _run_gate = gate
+
+
+def _lists_checkpoints(manifest: Path) -> bool:
+    data = _read_json(manifest) or {}
+    return any(isinstance(data.get(key), dict) and data[key] for key in RUN_CHECKPOINT_KEYS)
+
+
+def run_manifests() -> list[Path]:
+    """Every run manifest that lists a checkpoint, accepted by the registry or not."""
+    return [m for m in sorted(paths().runs.glob(f"*/*/{MANIFEST_FILE}")) if _lists_checkpoints(m)]
+
+
+def package_manifests() -> list[Path]:
+    """The committed checkpoint manifests and any named in the environment."""
     extra = [Path(m) for m in os.environ.get(TRUSTED_MANIFESTS_ENV, "").split(os.pathsep) if m]
-    return sorted(p.checkpoints.glob(f"*/{MANIFEST_FILE}")) + sorted(
-        p.runs.glob(f"*/*/{MANIFEST_FILE}")
-    ) + extra
+    return sorted(paths().checkpoints.glob(f"*/{MANIFEST_FILE}")) + extra
+
+
+def accepted_run_manifests() -> list[Path]:
+    """The manifests of runs the registry accepts that list a checkpoint (only those: a
+    rejected run's hashes vouch for nothing)."""
+    gate = _run_gate
+    return [m for m in run_manifests() if gate is not None and gate(m)]
+
+
+def default_manifests() -> list[Path]:
+    """:func:`package_manifests` and :func:`accepted_run_manifests`."""
+    return package_manifests() + accepted_run_manifests()
+
+
+def _rejected_listing(sha: str) -> Path | None:
+    """A run manifest that lists ``sha`` although the registry rejects its run (for the
+    refusal's message: the file is the project's, its run is not usable)."""
+    return next((m for m in run_manifests() if sha in manifest_hashes([m])), None)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -90,9 +131,17 @@ def check_trusted(path: Path | str, manifests: Iterable[Path] | None = None) -> 
     sha = sha256_file(path)
     if _in_trusted_dir(path):
         return sha
-    listed = manifest_hashes(default_manifests() if manifests is None else manifests)
+    listed = manifest_hashes(package_manifests() if manifests is None else manifests)
+    if manifests is None and sha not in listed:  # runs are judged only when they must vouch
+        listed |= manifest_hashes(accepted_run_manifests())
     own = path.parent / MANIFEST_FILE
-    files = (_read_json(own) or {}).get("files")
+    own_data = _read_json(own)
+    if sha not in listed and own.is_file() and own_data is None:
+        raise UntrustedCheckpointError(
+            f"refusing to load {path}: its own manifest {own} is damaged (not a JSON object), "
+            "so nothing vouches for the file: restore the manifest (`git checkout -- "
+            f"{own}` for the committed checkpoint), or package the checkpoint again.")
+    files = (own_data or {}).get("files")
     entry = files.get(path.name) if isinstance(files, dict) else None
     recorded = entry.get("sha256") if isinstance(entry, dict) else None
     recorded = recorded if isinstance(recorded, str) else None
@@ -102,6 +151,18 @@ def check_trusted(path: Path | str, manifests: Iterable[Path] | None = None) -> 
             f"{sha[:16]}... now, {recorded[:16]}... recorded): the file was changed or "
             "corrupted. Restore it (`git checkout -- " + str(path) + "` for the committed "
             "checkpoint), or package it again with the run that made it."
+        )
+    rejected = _rejected_listing(sha) if sha not in listed and manifests is None else None
+    if rejected is not None:
+        raise UntrustedCheckpointError(
+            f"refusing to load {path}: the only manifest listing it is that of run "
+            f"{rejected.parent.parent.name}/{rejected.parent.name}, "
+            + ("which the registry rejects (`finetune-lab runs` says why): repair or re-run "
+               "that run" if _run_gate is not None else "and no run was judged by the registry "
+               "in this process: load it through a `finetune-lab` command")
+            + ", or package the file "
+            f"yourself if you trust it (`finetune-lab package-checkpoint {path} --trust "
+            "--dest DIR`)."
         )
     if sha not in listed:
         raise UntrustedCheckpointError(

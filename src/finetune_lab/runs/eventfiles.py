@@ -73,3 +73,21 @@ def strict_events(path: Path | str) -> Iterator[Any]:
             offset += len(body) + RECORD_OVERHEAD
     finally:
         reader.file_handle.close()
+
+
+_CHECKED: dict[tuple[int, int, int, int], int] = {}
+
+
+def checked_events(path: Path) -> tuple[int, str | None]:
+    """An event file's last step and its problem (None when it parses to the last byte). A
+    sound file is checked once per process for a given file (inode), size and modification
+    time: a chapter asks the registry about one experiment several times, and every record's
+    CRC is costly. A damaged one is read again, so its problem names the path asked for."""
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _CHECKED:
+        try:
+            _CHECKED[key] = max((e.step for e in strict_events(path)), default=0)
+        except EventFileError as exc:
+            return 0, str(exc)
+    return _CHECKED[key], None

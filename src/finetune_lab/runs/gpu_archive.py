@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tarfile
@@ -194,11 +195,36 @@ jobs, timings, wall time) and the GPU's use sampled by ``nvidia-smi``, named by 
 LOGS_ROOT = "data/work/gpu-lab-logs"
 
 
+def call_record_problem(meta: Any) -> str | None:
+    """What a call's record lacks for the book (its plan, jobs, wall time, timings, device),
+    or None: a record that says less is kept out of the book, by name."""
+    if not isinstance(meta, dict):
+        return "is not a JSON object"
+    for key, kind in (("plan", dict), ("jobs", list), ("timings_s", dict), ("device", dict)):
+        if not isinstance(meta.get(key), kind):
+            return f"lacks {key} (or it is not a {kind.__name__})"
+    wall = meta.get("wall_s")
+    if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not math.isfinite(wall) \
+            or wall < 0:
+        return f"has wall_s = {wall!r}, not a finite number of seconds"
+    for job in meta["jobs"]:
+        if not isinstance(job, dict) or not isinstance(job.get("job"), str) \
+                or isinstance(job.get("exit_code"), bool) \
+                or not isinstance(job.get("exit_code"), int):
+            return f"lists a job {job!r} without its name and exit code"
+    return None
+
+
 def keep_call_record(meta: dict[str, Any], stage: Path, root: Path) -> list[Path]:
     """Copy the call's ``gpu-lab.json`` and its ``nvidia-smi.csv`` under :data:`CALL_RECORDS`,
-    named by the call's log folder (its UTC start); an existing record is left as it is."""
+    named by the call's log folder (its UTC start); an existing record is left as it is, and
+    one that lacks what the book reads (:func:`call_record_problem`) is not kept."""
     logs = [p for p in meta["products"] if p.startswith(LOGS_ROOT + "/")]
     if not logs:
+        return []
+    problem = call_record_problem(meta)
+    if problem is not None:
+        print(f"gpu-unpack: the call's record {problem}; it is not kept under {CALL_RECORDS}")
         return []
     stamp = PurePosixPath(logs[0]).name
     dest = root / CALL_RECORDS

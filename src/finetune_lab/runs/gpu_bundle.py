@@ -116,10 +116,18 @@ def slim_bitsandbytes(wheel: Path, keep: str = CUDA_LIB) -> Path:
     return wheel
 
 
-def _wheels(out: Path, python: str) -> list[Path]:
+def needs_bitsandbytes(plan: Plan) -> bool:
+    """Whether the call runs a 4-bit method: only then does it carry bitsandbytes (3.6 MiB of a
+    call's 64, with the committed tree close to 59)."""
+    return "lab" in plan.steps and "lora" in plan.lab_parts and any(
+        m.startswith("qlora") for m in plan.lora_methods)
+
+
+def _wheels(out: Path, python: str, *, bitsandbytes: bool = True) -> list[Path]:
     wheel_dir = out / "wheels"
     wheel_dir.mkdir()
-    _pip("download", "-q", "--no-deps", "-d", str(wheel_dir), *_platform_args(python), *WHEELS)
+    wanted = [w for w in WHEELS if bitsandbytes or not w.startswith("bitsandbytes")]
+    _pip("download", "-q", "--no-deps", "-d", str(wheel_dir), *_platform_args(python), *wanted)
     with tempfile.TemporaryDirectory() as tmp:
         _pip("download", "-q", "--no-deps", "--no-binary", ":all:", "-d", tmp, *SDIST_WHEELS)
         _pip("wheel", "-q", "--no-deps", "-w", str(wheel_dir), *Path(tmp).iterdir())
@@ -231,7 +239,7 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                      "--no-build-isolation", "-d", dl, FAIRSEQ_SDIST)
                 (sdist,) = Path(dl).glob("*.tar.gz")
                 slim_sdist(sdist, tmp)
-            _wheels(tmp, python)
+            _wheels(tmp, python, bitsandbytes=needs_bitsandbytes(plan))
         with tempfile.TemporaryDirectory() as stage:
             data = Path(stage) / "data" / "work"
             if plan.tiny:
@@ -277,7 +285,8 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                 f"{out} ({carried / 2**20:.1f} MiB) and the working tree ({tree / 2**20:.1f} MiB, "
                 f"of which {ckpt.name} {held}) exceed the device "
                 f"call's {TRANSFER_LIMIT / 2**20:.0f} MiB: carry a smaller corpus slice "
-                "(--pretrain-tokens), or move the checkpoint out of the tree for a pretraining call")
+                "(--pretrain-tokens), leave out a part (--lab-parts; QLoRA carries bitsandbytes, "
+                "3.6 MiB), or move the checkpoint out of the tree for a pretraining call")
     return {"bundle": str(out), "carried_bytes": carried, "tree_bytes": tree, "plan": asdict(plan)}
 
 

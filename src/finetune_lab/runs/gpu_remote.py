@@ -157,13 +157,16 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     prep = []
     if "lab" in plan.steps:
         prep.append(jobs.Job("binarize-cls", [*cli, "binarize-cls"], logs / "binarize-cls.log"))
-    if "lab" in plan.steps and "transformers" in plan.lab_parts:
+    if "lab" in plan.steps and {"transformers", "lora"} & set(plan.lab_parts):
+        # once, before the runs that read the conversion start side by side
         prep.append(jobs.Job("convert-hf", [*cli, "convert-hf"], logs / "convert-hf.log"))
     results = []
     for job in prep:  # the runs share these, so they come first, one at a time
         results += run_jobs([job], env=env, parallel=1)
     step("data", t0)
     runs = paths().runs
+    # The committed runs travel with the tree: a snapshot carries only the runs this call made.
+    present = {p for p in runs.glob("*/*") if p.is_dir()}
     kept = paths().work / "gpu-lab-logs" / stamp
     generation = 0
 
@@ -180,7 +183,8 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
         if plan.checkpoint:
             experiments.append(plan.candidate_experiment or plan.experiment("fairseq-candidate"))
         for name in experiments:
-            runs_done = finished_runs(runs / name) if (runs / name).is_dir() else []
+            runs_done = [r for r in (finished_runs(runs / name) if (runs / name).is_dir()
+                                     else []) if r not in present]
             if runs_done:
                 products.append(runs / name)
                 members += [p for p in [runs / name / "experiment.json"] if p.is_file()]

@@ -246,6 +246,8 @@ def manifest_problems(manifest: Mapping[str, Any]) -> list[str]:
     problems = schema_problems(manifest)
     if any(p.startswith("manifest lacks key") for p in problems):
         return problems
+    if isinstance(manifest.get("seed"), float):  # JSON Schema counts 0.0 as an integer
+        problems.append(f"seed {manifest['seed']!r} is not an integer")
     return problems + ([note] if (note := status_problem(manifest)) else [])
 
 
@@ -278,6 +280,12 @@ def status_problem(manifest: Mapping[str, Any]) -> str | None:
             for k in COMPLETE_KEYS
             if manifest.get(k) is None
         ]
+        if manifest.get("exit_code") not in (0, None):
+            problems.append(f"manifest says complete but its training process exited with "
+                            f"code {manifest.get('exit_code')}")
+        wall = manifest.get("wall_time_s")
+        if isinstance(wall, (int, float)) and not isinstance(wall, bool) and wall <= 0:
+            problems.append(f"manifest says complete in {wall} s: no run takes no time")
     return "; ".join(problems) or None
 
 

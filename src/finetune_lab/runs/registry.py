@@ -8,7 +8,8 @@ never silently dropped and never silently mixed into a table.
 
 from __future__ import annotations
 
-import argparse
+import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
+from finetune_lab.models import trust
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
-from finetune_lab.runs.eventfiles import EventFileError, strict_events
+from finetune_lab.runs.eventfiles import checked_events
 from finetune_lab.runs.experiments import EXPERIMENT_CONFIG as EXPERIMENT_CONFIG
 from finetune_lab.runs.experiments import VARYING_KEYS as VARYING_KEYS
 from finetune_lab.runs.experiments import check_hyperparameters as check_hyperparameters
@@ -44,6 +46,8 @@ class InvalidRunError(UserError):
 
 
 UNFINISHED = (mf.STATUS_RUNNING, mf.STATUS_PAUSED, mf.STATUS_FAILED)
+GRID_RUN = re.compile(r"(?P<init>pretrained|random)-seed(?P<seed>\d+)")
+"""The folder name of a fine-tuning grid's run (``finetune`` names them so)."""
 
 
 @dataclass
@@ -128,9 +132,34 @@ def seal(rec: RunRecord) -> RunRecord:
     return rec
 
 
+def shown_name(name: str) -> str:
+    """A folder name as text that prints anywhere: bytes that are not UTF-8 (Python keeps them
+    as lone surrogates) are escaped as ``\\xff``."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord:
-    """Check one run folder on its own (manifest, event files, hashes)."""
+    """Check one run folder on its own (manifest, event files, hashes). Whatever the folder
+    holds, the answer is a record: a file that cannot be read (permissions, a name that is not
+    UTF-8, an input path that is no data folder) is that run's problem, never an exception."""
     path = Path(run_dir)
+    experiment, name = shown_name(path.parent.name), shown_name(path.name)
+    if (experiment, name) != (path.parent.name, path.name):
+        rec = RunRecord(path=path, experiment=experiment, name=name)
+        rec.problems.append(f"the folder name {experiment}/{name} is not UTF-8: rename it")
+        return seal(rec)
+    try:
+        return _validate_run(path, check_inputs=check_inputs)
+    except (OSError, UnicodeError) as exc:
+        rec = RunRecord(path=path, experiment=experiment, name=name)
+        where = getattr(exc, "filename", None)
+        where = os.fsdecode(where) if where is not None else str(path)
+        rec.problems.append(f"{shown_name(where)} cannot be read: "
+                            f"{getattr(exc, 'strerror', None) or exc}")
+        return seal(rec)
+
+
+def _validate_run(path: Path, *, check_inputs: bool) -> RunRecord:
     rec = RunRecord(path=path, experiment=path.parent.name, name=path.name)
     try:
         rec.manifest = mf.read_manifest(path)
@@ -146,13 +175,19 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
                 rec.problems.append(
                     f"manifest {key} '{rec.manifest[key]}' does not match its folder '{folder}'"
                 )
+        named = GRID_RUN.fullmatch(rec.name)  # a grid run's folder names its init and seed
+        if named and (rec.manifest.get("init"), rec.manifest.get("seed")) != (
+                named["init"], int(named["seed"])):
+            rec.problems.append(
+                f"manifest init {rec.manifest.get('init')!r} and seed "
+                f"{rec.manifest.get('seed')!r} contradict its folder name '{rec.name}'")
 
     files = mf.event_files(path)
     if not files:
         rec.problems.append(f"no TensorBoard event files under {path} (empty log directory)")
     last_step = 0
     for f in files:
-        step, problem = _checked_events(f)
+        step, problem = checked_events(f)
         last_step = max(last_step, step)
         rec.problems += [problem] if problem else []
 
@@ -183,24 +218,6 @@ def validate_run(run_dir: Path | str, *, check_inputs: bool = True) -> RunRecord
             check_input("checkpoint", checkpoint, rec)
             check_conversion_source(rec)
     return seal(rec)
-
-
-_EVENTS_CHECKED: dict[tuple[int, int, int, int], int] = {}
-
-
-def _checked_events(path: Path) -> tuple[int, str | None]:
-    """An event file's last step and its problem (None when it parses to the last byte). A
-    sound file is checked once per process for a given file (inode), size and modification
-    time: a chapter asks the registry about one experiment several times, and every record's
-    CRC is costly. A damaged one is read again, so its problem names the path asked for."""
-    st = path.stat()
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if key not in _EVENTS_CHECKED:
-        try:
-            _EVENTS_CHECKED[key] = max((e.step for e in strict_events(path)), default=0)
-        except EventFileError as exc:
-            return 0, str(exc)
-    return _EVENTS_CHECKED[key], None
 
 
 def _forced_exit_problems(path: Path, man: dict[str, Any], last_step: int) -> list[str]:
@@ -248,11 +265,38 @@ def discover_runs(
             for rec in exp_records:
                 rec.problems.append(f"its experiment cannot be checked: {exc}")
         records += [seal(rec) for rec in exp_records]
+    _reject_unfinished_copies(records)
     if wanted:
         missing = wanted - {r.experiment for r in records}
         if missing:
             raise UserError(f"no runs for experiment(s) {sorted(missing)} under {base}")
     return records
+
+
+def _reject_unfinished_copies(records: list[RunRecord]) -> None:
+    """An unfinished run counts as having shared the machine (:func:`sound_runs`); one whose
+    event file is byte-identical to another run's is a copy of that run, not a run of its own,
+    and is rejected. (A complete copy is rejected already: its folder or hashes disagree.)"""
+    suspects = [r for r in records if r.unfinished]
+    if not suspects:
+        return
+    by_size: dict[int, list[tuple[RunRecord, Path]]] = {}
+    try:
+        for r in records:
+            for f in mf.event_files(r.path):
+                by_size.setdefault(f.stat().st_size, []).append((r, f))
+        for r in suspects:
+            for f in mf.event_files(r.path):
+                twin = next(((o, g) for o, g in by_size.get(f.stat().st_size, [])
+                             if o is not r and cached_sha256(g) == cached_sha256(f)), None)
+                if twin is not None:
+                    r.problems.append(f"event file {f} is byte-identical to {twin[1]} of run "
+                                      f"{twin[0].key}: a copy, not a run of its own")
+                    break
+    except OSError:  # a file gone since it was judged: the run was judged on what was there
+        pass
+    for r in suspects:
+        seal(r)
 
 
 def find_run(key: str, root: Path | str | None = None) -> RunRecord | None:
@@ -264,6 +308,17 @@ def find_run(key: str, root: Path | str | None = None) -> RunRecord | None:
     if not experiment or not name or not (base / experiment / name).is_dir():
         return None
     return next((r for r in discover_runs(base, [experiment]) if r.name == name), None)
+
+
+def accepts_manifest(manifest: Path) -> bool:
+    """Whether the registry accepts the run this manifest belongs to: only then may the
+    checkpoints it lists be unpickled (installed below as :func:`trust.gate_run_manifests`)."""
+    run = Path(manifest).parent
+    rec = find_run(f"{run.parent.name}/{run.name}", run.parent.parent)
+    return rec is not None and rec.valid
+
+
+trust.gate_run_manifests(accepts_manifest)
 
 
 def valid_runs(records: Iterable[RunRecord]) -> list[RunRecord]:
@@ -319,47 +374,3 @@ def exclusions_markdown(records: Iterable[RunRecord]) -> str:
                         "pretraining has replaced; excluded until re-run from the current one, "
                         "never mixed with its runs.")
     return "\n".join(lines)
-
-
-# --- CLI ------------------------------------------------------------------------------------
-
-
-def check_runs_root(root: Path) -> None:
-    """A runs root named on the command line must be a folder: a typo must not read as "no
-    runs" and exit 0."""
-    if root.is_dir():
-        return
-    what = "is a file, not a folder" if root.exists() else "does not exist"
-    raise UserError(f"runs root {root} {what}; name the folder that holds "
-                    "<experiment>/<run>/manifest.json (default: data/runs)")
-
-
-def _cmd_runs(args: argparse.Namespace) -> int:
-    root = args.root if args.root is not None else paths().runs
-    if args.root is not None or root.exists():  # the default root may not exist yet
-        check_runs_root(root)
-    records = discover_runs(root, args.experiment or None, check_inputs=not args.no_inputs)
-    if not records:
-        print(f"no runs under {root}")
-        return 1 if args.strict else 0
-    for r in records:
-        mark = "ok " if r.valid else "BAD"
-        print(f"{mark} {r.experiment}/{r.name} [{r.described('framework')} "
-              f"init={r.described('init')} seed={r.described('seed')} "
-              f"status={r.described('status')}]")
-        for p in r.problems:
-            print(f"      problem: {p}")
-        for w in r.warnings:
-            print(f"      warning: {w}")
-    n_bad = len(excluded_runs(records))
-    print(f"{len(records) - n_bad} valid, {n_bad} excluded")
-    return 1 if (args.strict and n_bad) else 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("runs", help="list recorded runs, whether each is valid, and why not")
-    p.add_argument("--root", type=Path, default=None, help="runs root (default: data/runs)")
-    p.add_argument("--experiment", action="append", help="only this experiment (repeatable)")
-    p.add_argument("--no-inputs", action="store_true", help="do not re-hash data and checkpoints")
-    p.add_argument("--strict", action="store_true", help="exit 1 if any run is excluded")
-    p.set_defaults(func=_cmd_runs)

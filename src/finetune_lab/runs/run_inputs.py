@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from finetune_lab._files import sha256_file
+from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.models.conversion_record import CONVERTED_FROM
 from finetune_lab.runs import manifest as mf
@@ -85,6 +86,10 @@ def input_differences(label: str, record: dict[str, Any], rec: Findings,
     if not stored or not recorded:
         return [f"manifest {label} entry lacks a path or its sha256"]
     root = mf.resolve_stored_path(stored)
+    if root.is_dir() and (root.resolve() == Path(root.anchor)
+                          or PROJECT_ROOT.resolve().is_relative_to(root.resolve())):
+        return [f"manifest {label} path {stored} is no data folder (it holds the project, or is "
+                "the file system's root): the manifest is damaged"]
     if not root.exists():
         rec.warnings.append(f"{label} {stored} is not on this machine; its sha256 is unverified")
         return found

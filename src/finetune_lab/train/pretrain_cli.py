@@ -11,7 +11,14 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from finetune_lab.argtypes import non_negative_int, positive_float, positive_int, resolved_path
+from finetune_lab.argtypes import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+    resolved_path,
+)
 from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, position_init, trust
@@ -40,13 +47,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --tokens: the last fraction of the budget (1: all of it) is "
                         "task-adaptive, on `prepare-pretrain --tapt`'s corpus (the CLS-Books "
                         "training texts)")
-    p.add_argument("--dropout", type=float,
+    p.add_argument("--dropout", type=probability,
                    help="dropout and attention dropout (default: 0 on a CPU, where the model "
                         "underfits, as the ablations measured; 0.1 on a GPU, RoBERTa's)")
     p.add_argument("--sample-break-mode", choices=("none", "eos"),
                    help="none (default): 256-token stretches of running text; eos: one line (a "
                         "review, a paragraph) per sample, starting with <s> like a fine-tuning input")
-    p.add_argument("--bow-weight", type=float,
+    p.add_argument("--bow-weight", type=non_negative_float,
                    help="also train <s> to predict its sample's bag of words, with this weight "
                         "per sample against one masked token (default 0: masked LM alone); "
                         "needs --sample-break-mode eos")
@@ -56,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "embeddings (the table stays learned; see the pretraining chapter's "
                         "Positions section); without --continue-from, into the random "
                         "initialisation, drawn to a file first")
-    p.add_argument("--stop-minutes", type=float,
+    p.add_argument("--stop-minutes", type=positive_float,
                    help="with --max-update: also stop (and save) when this much time has passed")
     p.add_argument("--seed", type=non_negative_int,
                    help="fixes initialisation and sample order (default 1; with --continue-from, "
@@ -64,9 +71,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "samples)")
     p.add_argument("--run", help="run name (default: <device>-seed<seed>; with --tokens, "
                                   "<device>-long)")
-    p.add_argument("--batch-size", type=int, help="sequences per step (default by device)")
-    p.add_argument("--update-freq", type=int, help="steps per update (default by device)")
-    p.add_argument("--lr", type=float, default=None,
+    p.add_argument("--batch-size", type=positive_int, help="sequences per step (default by device)")
+    p.add_argument("--update-freq", type=positive_int, help="steps per update (default by device)")
+    p.add_argument("--lr", type=positive_float, default=None,
                    help=f"peak learning rate (default: {PretrainRecipe.lr:g}; 7e-4 on a GPU)")
     p.add_argument("--precision", choices=PRECISIONS,
                    help="default: bf16 on a GPU that has it (else fp16), and on a CPU with AMX "
@@ -143,6 +150,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_package(args: argparse.Namespace) -> int:
+    checkpoints.check_package_source(args.source, args.dest)
     spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
     manifests = trust.default_manifests()
     dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest,
