@@ -14,7 +14,7 @@ site: setup
 	VENV=$(VENV) scripts/render.sh
 
 test: setup
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n auto
 
 check-freeze: setup
 	$(VENV)/bin/finetune-lab check-freeze

@@ -695,3 +695,32 @@ def test_a_rejected_run_vouches_for_no_checkpoint(tiny_pipeline, tmp_path, monke
                        match=f"run {manifest.parent.parent.name}/tiny, which the registry rejects"):
         trust.check_trusted(best)
     assert manifest not in trust.default_manifests()
+
+
+def test_sigterm_on_a_command_removes_its_half_made_folder(tmp_path, monkeypatch, capsys):
+    """`train-tokenizer` stopped by SIGTERM left `data/work/.tokenizer.tmp-*` behind: SIGTERM
+    now unwinds a command as Ctrl-C does, so its half-made output folder is removed."""
+    import os
+    import signal
+
+    from finetune_lab import cli
+    from finetune_lab._files import atomic_dir
+
+    def writes_then_is_stopped(_args):
+        with atomic_dir(tmp_path / "out", "test") as tmp:
+            (tmp / "half.txt").write_text("half")
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0)  # let the handler run here, inside the folder's block
+        return 0
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["user-dir"])
+    monkeypatch.setattr(cli, "build_parser", lambda *_: parser)
+    monkeypatch.setattr(parser, "parse_args",
+                        lambda argv=None: (setattr(args, "func", writes_then_is_stopped), args)[1])
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main([]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted" in err
+    assert list(tmp_path.iterdir()) == []  # neither the output nor its temporary folder
+    assert signal.getsignal(signal.SIGTERM) == before

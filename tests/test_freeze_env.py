@@ -53,6 +53,7 @@ print(yaml.safe_dump(light.X))
 
 def _project(root: Path) -> Path:
     (root / "requirements").mkdir(parents=True)
+    (root / "_quarto.yml").write_text("project:\n  type: book\n")
     (root / "requirements" / "lock.txt").write_text(LOCK)
     (root / "requirements" / "fairseq.txt").write_text("fairseq-fixed==0.12.3.1 \\\n"
                                                        "    --hash=sha256:44\n")

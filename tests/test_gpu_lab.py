@@ -353,7 +353,8 @@ def test_unpack_keeps_the_call_record_with_the_gpu_use(tmp_path):
     (logs / "nvidia-smi.csv").write_text("timestamp, utilization.gpu [%]\n")
     products = ["data/runs/x-gpu", f"{gpu_archive.LOGS_ROOT}/20260101T000000Z"]
     gpu_archive.pack([run, logs], tmp_path / "out", root=root,
-                     extra={"products": products, "wall_s": 1.0})
+                     extra={"products": products, "wall_s": 1.0, "plan": {}, "timings_s": {},
+                            "device": {}, "jobs": [{"job": "r-seed0", "exit_code": 0}]})
     home = tmp_path / "home"
     placed = gpu_archive.unpack(tmp_path / "out", root=home)
     kept = home / gpu_archive.CALL_RECORDS
@@ -371,3 +372,22 @@ def test_only_a_call_with_qlora_carries_bitsandbytes():
     assert not needs_bitsandbytes(Plan(lab_parts=["fairseq", "transformers"]))
     assert not needs_bitsandbytes(Plan(lora_methods=["lora-qv", "lora-attn"]))
     assert not needs_bitsandbytes(Plan(steps=["pretrain"]))
+
+
+def test_weights_with_a_damaged_manifest_are_refused_before_anything_moves(tmp_path):
+    """gpu-unpack of a candidate whose manifest.json was cut short moved the folder in, then
+    raised a traceback: the weights' manifest is checked with every other product, first."""
+    root = tmp_path / "root"
+    run = root / "data" / "runs" / "x-gpu" / "r-seed0"
+    run.mkdir(parents=True)
+    (run / "blob").write_text("run")
+    cand = root / "data" / "work" / "candidates" / "zz-new"
+    cand.mkdir(parents=True)
+    (cand / "manifest.json").write_text('{"files": {"model.pt": {"sha2')
+    gpu_archive.pack([root / "data" / "runs" / "x-gpu", cand], tmp_path / "out", root=root,
+                     extra={"products": ["data/runs/x-gpu", "data/work/candidates/zz-new"]})
+    home = tmp_path / "home"
+    with pytest.raises(UserError, match="zz-new: .*manifest.json is damaged .*nothing was "
+                                        "unpacked"):
+        gpu_archive.unpack(tmp_path / "out", root=home)
+    assert not (home / "data" / "runs").exists() and not (home / "data" / "work").exists()

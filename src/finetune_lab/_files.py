@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.errors import UserError
+from finetune_lab.errors import DamagedFileError, UserError
 
 CONVERSION_RECORD = "conversion.json"
 """A converted Transformers model's record: its source's sha256 and the numerical check, with
@@ -109,9 +109,10 @@ def read_json(path: Path) -> Any:
         try:
             return json.load(handle, parse_constant=_no_constant)
         except (UnicodeDecodeError, ValueError) as exc:
-            raise UserError(f"{path} cannot be read as JSON ({str(exc).splitlines()[0]}): "
-                            "restore it (`git checkout -- FILE` if it is committed) or run the "
-                            "step that writes it again") from None
+            why = str(exc).splitlines()[0]
+            raise DamagedFileError(f"{path} cannot be read as JSON ({why}): restore it (`git "
+                                   "checkout -- FILE` if it is committed) or run the step that "
+                                   "writes it again") from None
 
 
 def _no_constant(name: str) -> Any:

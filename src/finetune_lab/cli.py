@@ -14,6 +14,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -98,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     light = LIGHT_COMMANDS.get(words[0]) if words else None
     parser = build_parser([light] if light else COMMAND_MODULES)
     args = parser.parse_args(argv)
+    # SIGTERM as an exception, like Ctrl-C: what a command was writing is removed or marked on
+    # the way out (a half-made output folder is deleted), and the message is one line.
+    previous = (signal.signal(signal.SIGTERM, _terminated)
+                if threading.current_thread() is threading.main_thread() else None)
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try, so that a closed pipe is handled below
@@ -119,6 +124,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"finetune-lab {args.command}: error: cannot {verb} {name or 'a file'}: "
               f"{exc.strerror}; {fault_advice(exc.errno, name)}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
 
 
 def fault_advice(code: int, filename: str | os.PathLike | None) -> str:

@@ -7,6 +7,11 @@ class UserError(Exception):
     """Bad input or environment: the message names the file and the fix."""
 
 
+class DamagedFileError(UserError, ValueError):
+    """A file the project wrote that does not parse: a ValueError to code that expects one (a
+    damaged marker or manifest read as "not ours"), one line naming the file to a user."""
+
+
 class DataRootError(UserError, FileNotFoundError):
     """The raw-data root is missing or incomplete."""
 

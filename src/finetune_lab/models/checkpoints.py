@@ -201,10 +201,11 @@ def load_hub_model(folder: Path | None = None):
         raise UserError(
             f"{folder / MODEL_FILE} does not exist: run `finetune-lab pretrain` (see README)"
         )
-    # registers roberta_small and the checkpoint loader
-    from fairseq.models.roberta import RobertaModel
+    with preserved_root_logger():  # fairseq logs its missing optional packages on import
+        # registers roberta_small and the checkpoint loader
+        from fairseq.models.roberta import RobertaModel
 
-    import finetune_lab.models.fairseq_user_dir  # noqa: F401  # heavy: fairseq
+        import finetune_lab.models.fairseq_user_dir  # noqa: F401  # heavy: fairseq
 
     with preserved_root_logger(), trusting(folder / MANIFEST_FILE):
         hub = RobertaModel.from_pretrained(

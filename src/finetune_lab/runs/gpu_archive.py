@@ -23,6 +23,7 @@ from typing import Any
 
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
+from finetune_lab.models.checkpoints import package_manifest
 
 RESULT_FILE = "gpu-lab.json"
 ARCHIVE = "gpu-lab.tar"
@@ -174,6 +175,14 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                             "refused, nothing was unpacked") from None
         named = [check_product_path(p, meta_path) for p in meta["products"]]
         products = {p: _staged(stage, p, meta_path) for p in named}
+        for product, top in products.items():  # weights: their manifest must be whole, first
+            if product.startswith(("data/checkpoints/", "data/work/candidates/")):
+                try:
+                    if package_manifest(top) is None:
+                        raise UserError(f"{product} holds no manifest.json")
+                except UserError as exc:
+                    raise UserError(f"{meta_path}: the weights {product}: {exc}; refused, "
+                                    "nothing was unpacked") from None
         placed = keep_call_record(meta, stage, root)  # before its logs move away
         for product, top in products.items():
             children = sorted(p for p in top.iterdir() if not p.name.startswith(".")) \
