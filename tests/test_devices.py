@@ -98,19 +98,19 @@ def _call(tmp_path, stamp: str, parts: list[str], seeds: list[int], failed=()) -
         "device": {"name": "GPU X", "count": 1, "torch": "2.0"}}))
 
 
-def test_later_calls_add_seeds_and_say_what_failed_and_was_run_again(tmp_path):
+def test_later_calls_add_seeds_and_the_sentence_says_how_many_each_row_has(tmp_path):
     _call(tmp_path, "20260101T000000Z", ["fairseq", "transformers", "lora"], [0, 1, 2])
-    assert devices.seed_calls(tmp_path) == [] and devices.seed_calls_sentence([]) == ""
+    assert devices.seed_calls(tmp_path) == [] and devices.seed_calls_sentence([], (0, 1, 2)) == ""
     broken = ["convert-hf", *(f"transformers-pretrained-seed{s}" for s in (3, 4, 5))]
     _call(tmp_path, "20260102T000000Z", ["fairseq", "transformers"], [3, 4, 5], failed=broken)
     calls = devices.seed_calls(tmp_path)
     assert [c.seeds for c in calls] == [(3, 4, 5)] and calls[0].failed == tuple(broken)
-    text = devices.seed_calls_sentence(calls)
-    assert "seeds 3 to 5" in text and "the 3 runs that read it; they are missing" in text
+    text = devices.seed_calls_sentence(calls, (0, 1, 2))
+    assert text.startswith("A later command ran the fairseq and Transformers grids with seeds "
+                           "3 to 5 as well") and "a CPU row seeds 0 to 2" in text
     _call(tmp_path, "20260103T000000Z", ["transformers"], [3, 4, 5])
-    text = devices.seed_calls_sentence(devices.seed_calls(tmp_path))
-    assert text.startswith("Two later calls ran the fairseq and Transformers grids again")
-    assert "a later call ran them again" in text
+    text = devices.seed_calls_sentence(devices.seed_calls(tmp_path), (0, 1, 2))
+    assert text.startswith("Two later commands") and "has seeds 0 to 5" in text
     call = devices.latest_call(tmp_path)  # still the call that ran the whole lab
     assert call.name == "20260101T000000Z" and call.seeds == (0, 1, 2) and call.full_runs == 12
 

@@ -10,6 +10,7 @@ reproduce the CPU runs within seed noise?), and reads what the call itself recor
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from finetune_lab.train.pretrain_throughput import gpu_peak_flops, model_flops_p
 PARTS = ("fairseq", "transformers", "lora")
 NBSP = "\u00a0"
 """Keeps a mean with its spread on one line of a narrow table."""
-COLUMNS = ["group", "seed", "device", "device name", "test", "best epoch", "wall (s)",
+COLUMNS = ["group", "seed", "device", "device name", "torch", "test", "best epoch", "wall (s)",
            "peak memory (bytes)", "tokens/s", "updates/s"]
 
 
@@ -64,7 +65,10 @@ def runs_by_device(base: str, root: Path | None = None) -> pd.DataFrame:
             rows.append({
                 "group": run["group"], "seed": int(run["seed"]),
                 "device": "GPU" if (man.get("device") or {}).get("type") == "cuda" else "CPU",
-                "device name": device_name(man), "test": float(run["test"]),
+                "device name": device_name(man),
+                "torch": str(((man.get("environment") or {}).get("packages") or {})
+                             .get("torch", "?")).split("+")[0],
+                "test": float(run["test"]),
                 "best epoch": int(run["best_epoch"]), "wall (s)": float(man["wall_time_s"]),
                 "peak memory (bytes)": peak.get("bytes", np.nan),
                 "tokens/s": (man.get("throughput") or {}).get("tokens_per_s", np.nan),
@@ -79,10 +83,13 @@ def gpu_records(base: str, root: Path | None = None) -> list:
     return discover_runs(root, [experiment]) if (root / experiment).is_dir() else []
 
 
-def device_table(runs: pd.DataFrame) -> pd.DataFrame:
+def device_table(runs: pd.DataFrame, gpu_wall_seeds: Iterable[int] | None = None
+                 ) -> pd.DataFrame:
     """Per group and device: runs, test accuracy mean ± sample sd, mean best epoch, mean wall
-    time per run (the whole process), and mean peak memory (MiB; – where the runs did not
-    measure it)."""
+    time per run (the whole process; on the GPU, of ``gpu_wall_seeds`` only when given: the runs
+    of one command, which shared the device alike), and mean peak memory (MiB; – where the runs
+    did not measure it)."""
+    wall_seeds = set(gpu_wall_seeds) if gpu_wall_seeds is not None else None
     if runs.empty:
         return pd.DataFrame(columns=["group", "device", "runs", "test acc (%)", "best epoch",
                                      "wall time per run (min)", "peak memory (MiB)"])
@@ -93,13 +100,15 @@ def device_table(runs: pd.DataFrame) -> pd.DataFrame:
     for (group, device), g in runs.groupby(["group", "device"], sort=False):
         sd = g["test"].std(ddof=1) if len(g) > 1 else np.nan
         peak = g["peak memory (bytes)"].mean()
+        timed = g[g["seed"].isin(wall_seeds)] if device == "GPU" and wall_seeds else g
+        timed = timed if len(timed) else g
         out.append({"group": group, "device": " / ".join(sorted(set(g["device name"]))),
                     "runs": len(g),
                     "test acc (%)": seedstats.fmt_mean_std(g["test"].mean(), sd, len(g),
                                                            digits=1).split(" (")[0]
                     .replace(" ± ", NBSP + "±" + NBSP),
                     "best epoch": f"{g['best epoch'].mean():.1f}",
-                    "wall time per run (min)": f"{g['wall (s)'].mean() / 60:.1f}",
+                    "wall time per run (min)": f"{timed['wall (s)'].mean() / 60:.1f}",
                     "peak memory (MiB)": "–" if np.isnan(peak) else f"{peak / 2**20:,.0f}"})
     return pd.DataFrame(out)
 
@@ -158,10 +167,12 @@ def gaps_sentence(gaps: list[DeviceGap]) -> str:
     same = [g.group for g in gaps if g.within_noise]
     if not apart:
         widest = max(gaps, key=lambda g: g.ci_high - g.ci_low)
-        return (f"GPU − CPU has a 95 % interval that contains 0 for {names(same)}: these seeds "
-                "cannot tell the devices apart. The widest interval "
-                f"({widest.group}: {_signed(widest.ci_low)} to {_signed(widest.ci_high)} points) "
-                "says how large a difference they could miss.")
+        which = (f"all {len(same)} groups" if len(same) > 2 else names(same))
+        return (f"GPU − CPU has a 95 % interval that contains 0 for {which}: these seeds "
+                "cannot tell the devices apart. "
+                + ("The widest interval" if len(gaps) > 1 else "The interval")
+                + f" ({widest.group}: {_signed(widest.ci_low)} to {_signed(widest.ci_high)} "
+                "points) says how large a difference they could miss.")
     return (f"GPU − CPU differs by more than the seeds explain for {names(apart)}"
             + (f", and lies within seed noise for {names(same)}." if same else "."))
 
@@ -310,30 +321,22 @@ PART_NAMES = {"fairseq": "fairseq", "transformers": "Transformers", "lora": "LoR
 PREP_JOBS = ("binarize-cls", "convert-hf")
 
 
-def seed_calls_sentence(calls: list[SeedCall]) -> str:
-    """What the later calls added, and what failed in them, in a sentence or two ("" when there
-    were none)."""
+def seed_calls_sentence(calls: list[SeedCall], lab_seeds: tuple[int, ...]) -> str:
+    """Which seeds later commands added, and so how many runs a GPU row has against a CPU row
+    ("" when no command added any)."""
     if not calls:
         return ""
-    seeds = tuple(sorted({s for c in calls for s in c.seeds}))
+    later = tuple(sorted({s for c in calls for s in c.seeds} - set(lab_seeds)))
+    if not later:
+        return ""
     grids = " and ".join(PART_NAMES[p] for p in PARTS if any(p in c.parts for c in calls))
     many = len(calls) > 1
-    text = (f"{'Two' if len(calls) == 2 else len(calls)} later call{'s' if many else ''} ran "
-            f"the {grids} grids again with seeds {seed_range(seeds)}, so their GPU rows have "
-            "more runs than the CPU rows.")
-    for i, c in enumerate(calls):
-        runs = [j for j in c.failed if j not in PREP_JOBS]
-        if not c.failed:
-            continue
-        later = {j for d in calls[i + 1:] for j in d.done_jobs}
-        what = ("the checkpoint's conversion to Transformers failed, and with it the "
-                f"{len(runs)} runs that read it" if "convert-hf" in c.failed
-                else f"{len(runs)} run{'s' if len(runs) > 1 else ''} failed")
-        redone = all(j in later for j in runs)
-        text += (f" In {'the first' if many and i == 0 else 'one'} of them {what}; "
-                 + ("a later call ran them again." if redone else
-                    "they are missing from the tables."))
-    return text
+    count = {1: "A", 2: "Two", 3: "Three"}.get(len(calls), str(len(calls)))
+    return (f"{count} later command{'s' if many else ''} "
+            f"ran the {grids} grids with seeds {seed_range(later)} as well, so a GPU row of "
+            f"{'these grids' if ' and ' in grids else 'this grid'} has seeds "
+            f"{seed_range(tuple(sorted(set(lab_seeds) | set(later))))} and a CPU row seeds "
+            f"{seed_range(lab_seeds)}.")
 
 
 def finetune_flops(tokenization: dict, epochs: int) -> float:
