@@ -685,12 +685,12 @@ def test_a_rejected_run_vouches_for_no_checkpoint(tiny_pipeline, tmp_path, monke
     monkeypatch.setattr(trust, "_run_gate", None)  # nothing judged the runs: fail closed
     with pytest.raises(trust.UntrustedCheckpointError, match="no run was judged"):
         trust.check_trusted(best)
-    monkeypatch.setattr(trust, "_run_gate", registry.accepts_manifest)
+    monkeypatch.setattr(trust, "_run_gate", registry.accepted_manifests)
 
     event = next(manifest.parent.rglob("events.out.tfevents.*"))
     with open(event, "ab") as fh:
         fh.write(b"\0" * 16)
-    assert not registry.accepts_manifest(manifest)
+    assert registry.accepted_manifests([manifest]) == []
     with pytest.raises(trust.UntrustedCheckpointError,
                        match=f"run {manifest.parent.parent.name}/tiny, which the registry rejects"):
         trust.check_trusted(best)

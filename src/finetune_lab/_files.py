@@ -109,10 +109,7 @@ def read_json(path: Path) -> Any:
         try:
             return json.load(handle, parse_constant=_no_constant)
         except (UnicodeDecodeError, ValueError) as exc:
-            why = str(exc).splitlines()[0]
-            raise DamagedFileError(f"{path} cannot be read as JSON ({why}): restore it (`git "
-                                   "checkout -- FILE` if it is committed) or run the step that "
-                                   "writes it again") from None
+            raise DamagedFileError(path, str(exc).splitlines()[0]) from None
 
 
 def _no_constant(name: str) -> Any:

@@ -11,6 +11,11 @@ class DamagedFileError(UserError, ValueError):
     """A file the project wrote that does not parse: a ValueError to code that expects one (a
     damaged marker or manifest read as "not ours"), one line naming the file to a user."""
 
+    def __init__(self, path: object, why: str) -> None:
+        super().__init__(f"{path} cannot be read as JSON ({why}): restore it (`git checkout -- "
+                         "FILE` if it is committed) or run the step that writes it again")
+        self.why = why
+
 
 class DataRootError(UserError, FileNotFoundError):
     """The raw-data root is missing or incomplete."""

@@ -18,13 +18,12 @@ import numpy as np
 import pandas as pd
 
 from finetune_lab.book.lora_cls_runs import cached_runs, per_run_table
-from finetune_lab.book.summary_files import set_aside_markdown
+from finetune_lab.book.summary_files import read_json_files, set_aside_markdown
 from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.models import params
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.gpu_archive import CALL_RECORDS, call_record_problem
 from finetune_lab.runs.gpu_plan import GPU_SUFFIX
-from finetune_lab.runs.manifest import loads_strict
 from finetune_lab.runs.registry import discover_runs, valid_runs
 from finetune_lab.runs.runspeed import device_name
 from finetune_lab.runs.tblogs import load_scalars
@@ -217,19 +216,7 @@ def lab_call(meta: dict) -> bool:
 def _read_call_records(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
     """The call records that parse (strict JSON) with what the book reads, in time order; and
     one line per record set aside."""
-    good, bad = [], []
-    for path in sorted((root / CALL_RECORDS).glob("*Z.json")):
-        try:
-            meta = loads_strict(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            bad.append(f"`{path.name}` cannot be read as JSON ({str(exc).splitlines()[0]})")
-            continue
-        problem = call_record_problem(meta)
-        if problem:
-            bad.append(f"`{path.name}` {problem}")
-        else:
-            good.append((path, meta))
-    return good, bad
+    return read_json_files(root / CALL_RECORDS, call_record_problem, "*Z.json")
 
 
 def _call_records(root: Path) -> list[tuple[Path, dict]]:

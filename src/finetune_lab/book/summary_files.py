@@ -39,24 +39,33 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return names.get(kind, getattr(kind, "__name__", str(kind)))  # type: ignore[arg-type]
 
 
-def read_records(folder: Path, fields: Sequence[Field],
-                 more: Any = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every ``*.json`` of ``folder`` that parses (strict JSON: no NaN) and has ``fields``, in
-    name order; and one line per file set aside. ``more(record)`` may return a further problem
-    (or None)."""
+def read_json_files(folder: Path, problem: Any, pattern: str = "*.json"
+                    ) -> tuple[list[tuple[Path, Any]], list[str]]:
+    """Every file of ``folder`` matching ``pattern`` that parses (strict JSON: no NaN) and of
+    which ``problem(record)`` says nothing (None), with its path, in name order; and one line
+    per file set aside."""
     good, bad = [], []
-    for path in sorted(Path(folder).glob("*.json")):
+    for path in sorted(Path(folder).glob(pattern)):
         try:
             record = loads_strict(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             bad.append(f"`{path.name}` cannot be read as JSON ({str(exc).splitlines()[0]})")
             continue
-        problem = summary_problem(record, fields) or (more(record) if more else None)
-        if problem:
-            bad.append(f"`{path.name}` {problem}")
+        if (why := problem(record)) is not None:
+            bad.append(f"`{path.name}` {why}")
         else:
-            good.append(record)
+            good.append((path, record))
     return good, bad
+
+
+def read_records(folder: Path, fields: Sequence[Field],
+                 more: Any = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every ``*.json`` of ``folder`` that parses (strict JSON: no NaN) and has ``fields``, in
+    name order; and one line per file set aside. ``more(record)`` may return a further problem
+    (or None)."""
+    good, bad = read_json_files(folder, lambda record: summary_problem(record, fields)
+                                or (more(record) if more else None))
+    return [record for _, record in good], bad
 
 
 def set_aside_markdown(bad: Sequence[str], what: str, fix: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from finetune_lab._files import (
     atomic_dir,
+    read_json,
     check_replaceable,
     sha256_file,
     tree_entries,
@@ -25,7 +26,7 @@ from finetune_lab._files import (
     write_json_atomic,
 )
 from finetune_lab.config import PROJECT_ROOT, paths
-from finetune_lab.errors import UserError
+from finetune_lab.errors import DamagedFileError, UserError
 from finetune_lab.models.fairseq_compat import preserved_root_logger
 from finetune_lab.models.trust import MANIFEST_FILE, load_trusted, trusting
 
@@ -59,9 +60,9 @@ def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
     if not manifest.is_file():
         return None
     try:
-        data = json.loads(manifest.read_text(encoding="utf-8"), parse_constant=_no_constant)
-    except ValueError as exc:  # not UTF-8, not JSON, or NaN/Infinity
-        raise _damaged(manifest, f"not JSON: {exc}") from None
+        data = read_json(manifest)  # strict: not UTF-8, not JSON, NaN or Infinity all fail
+    except DamagedFileError as exc:
+        raise _damaged(manifest, f"not JSON: {exc.why}") from None
     if not isinstance(data, dict):
         raise _damaged(manifest, "not a JSON object")
     files = data.get("files")
@@ -74,10 +75,6 @@ def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
     if any(not isinstance(step, dict) for step in data.get("lineage") or []):
         raise _damaged(manifest, "its lineage holds an entry that is not an object")
     return data
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"it holds {name}")
 
 
 def _damaged(manifest: Path, why: str) -> UserError:

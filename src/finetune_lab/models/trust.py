@@ -63,13 +63,13 @@ def manifest_hashes(manifest_paths: Iterable[Path]) -> set[str]:
 RUN_CHECKPOINT_KEYS = ("checkpoints", "saved_checkpoints")
 """The sections of a run manifest that list checkpoints (its ``outputs`` are event files)."""
 
-RunGate = Callable[[Path], bool]
+RunGate = Callable[[list[Path]], list[Path]]
 _run_gate: RunGate | None = None
 
 
 def gate_run_manifests(gate: RunGate | None) -> None:
-    """Say which run manifests may vouch for a checkpoint: the run stage installs its
-    registry's verdict here (this module sits below it). Until one is installed, no run
+    """Say which run manifests may vouch for a checkpoint (the gate keeps those of accepted runs
+    from a list): the run stage installs its registry's verdict here (this module sits below it). Until one is installed, no run
     manifest does, so a process that never judged its runs trusts only packaged checkpoints,
     the environment's manifests and its own save folders."""
     global _run_gate
@@ -95,8 +95,7 @@ def package_manifests() -> list[Path]:
 def accepted_run_manifests() -> list[Path]:
     """The manifests of runs the registry accepts that list a checkpoint (only those: a
     rejected run's hashes vouch for nothing)."""
-    gate = _run_gate
-    return [m for m in run_manifests() if gate is not None and gate(m)]
+    return _run_gate(run_manifests()) if _run_gate is not None else []
 
 
 def default_manifests() -> list[Path]:

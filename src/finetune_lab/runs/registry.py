@@ -310,15 +310,22 @@ def find_run(key: str, root: Path | str | None = None) -> RunRecord | None:
     return next((r for r in discover_runs(base, [experiment]) if r.name == name), None)
 
 
-def accepts_manifest(manifest: Path) -> bool:
-    """Whether the registry accepts the run this manifest belongs to: only then may the
-    checkpoints it lists be unpickled (installed below as :func:`trust.gate_run_manifests`)."""
-    run = Path(manifest).parent
-    rec = find_run(f"{run.parent.name}/{run.name}", run.parent.parent)
-    return rec is not None and rec.valid
+def accepted_manifests(manifests: list[Path]) -> list[Path]:
+    """The manifests whose runs the registry accepts, each experiment judged once: only these
+    may vouch for the checkpoints they list (installed below as
+    :func:`trust.gate_run_manifests`)."""
+    by_experiment: dict[Path, list[Path]] = {}
+    for m in manifests:
+        by_experiment.setdefault(Path(m).parent.parent, []).append(Path(m))
+    valid = set()
+    for exp, listed in by_experiment.items():
+        wanted = {m.parent.name for m in listed}
+        valid |= {r.path / "manifest.json" for r in discover_runs(exp.parent, [exp.name])
+                  if r.valid and r.name in wanted}
+    return [Path(m) for m in manifests if Path(m) in valid]
 
 
-trust.gate_run_manifests(accepts_manifest)
+trust.gate_run_manifests(accepted_manifests)
 
 
 def valid_runs(records: Iterable[RunRecord]) -> list[RunRecord]:
