@@ -631,6 +631,11 @@ def test_a_damaged_call_record_is_set_aside_by_name(tmp_path: Path) -> None:
     assert not (root / CALL_RECORDS).exists() or not list((root / CALL_RECORDS).iterdir())
 
 
+def _with_seed(command: list[str], seed: int) -> list[str]:
+    """A recorded command line with its ``--seed`` value replaced."""
+    return [str(seed) if i and command[i - 1] == "--seed" else t for i, t in enumerate(command)]
+
+
 def test_a_copy_marked_failed_is_no_neighbour(cache: Path) -> None:
     """random-seed0 copied as random-seed7 with status `failed`: `runs` listed it BAD, yet the
     machine-layout table counted it as a run beside random-seed0 (Intel 1x1: 3 runs -> 2)."""
@@ -638,7 +643,8 @@ def test_a_copy_marked_failed_is_no_neighbour(cache: Path) -> None:
     copy = cache / "fairseq" / "random-seed7"
     shutil.copytree(cache / "fairseq" / "random-seed0", copy, copy_function=_link_events)
     man = json.loads((copy / "manifest.json").read_text())
-    man.update(run="random-seed7", seed=7, status="failed", exit_code=1)
+    man.update(run="random-seed7", seed=7, status="failed", exit_code=1,
+               command=_with_seed(man["command"], 7))  # only its bytes give it away
     (copy / "manifest.json").write_text(json.dumps(man))
     rec = {r.key: r for r in discover_runs(cache)}["fairseq/random-seed7"]
     assert not rec.valid and not rec.unfinished and "byte-identical" in rec.reason, rec.reason
@@ -671,3 +677,102 @@ def test_a_damaged_data_summary_is_one_line_naming_it(tmp_path: Path, text: str)
     with pytest.raises(UserError, match=re.escape(str(path))) as raised:
         train_size(path)
     assert "\n" not in str(raised.value)
+
+
+def test_an_edited_log_rejects_its_run_and_leaves_the_budget(cache: Path) -> None:
+    """Issue 35: the budget's passes over the task's texts (and the corpus blocks, the plateau
+    table's rates) are read from a pretraining run's train.log, which no hash covered, so an
+    edited log changed the book while the registry still called the run valid."""
+    run = cache / "pretrain" / "cpu-sinpos1-bow"
+    before = pretrain_budget(cache)
+    assert before is not None and before.tapt_passes is not None
+    log = run / "train.log"
+    log.write_text(log.read_text(encoding="utf-8") + "an edited line\n", encoding="utf-8")
+    rec = {r.key: r for r in discover_runs(cache)}["pretrain/cpu-sinpos1-bow"]
+    assert not rec.valid and "train.log changed after the run ended" in rec.reason, rec.reason
+    assert pretrain_budget(cache) != before  # the run is absent now, never a new number
+    log.unlink()
+    rec = {r.key: r for r in discover_runs(cache)}["pretrain/cpu-sinpos1-bow"]
+    assert not rec.valid and "train.log listed in the manifest is missing" in rec.reason
+
+
+def test_every_committed_run_that_ended_hashes_its_log() -> None:
+    """The migration added `logs` to the manifests made before it; a run recorded from now on
+    gets it when it ends (recording._finish)."""
+    missing = []
+    for man_path in sorted(COMMITTED.glob("*/*/manifest.json")):
+        man = json.loads(man_path.read_text(encoding="utf-8"))
+        if man.get("status") != "running" and (man_path.parent / "train.log").is_file():
+            if set((man.get("logs") or {})) != {"train.log"}:
+                missing.append(man_path.parent.relative_to(COMMITTED).as_posix())
+    assert missing == []
+
+
+# --- fault trial 3: fields that contradict what else records the same fact --------------------
+
+
+def _throughput(m: dict) -> dict:
+    return {**m, "throughput": {**m["throughput"], "updates_per_s": 50.0}}
+
+
+def _timed(m: dict) -> dict:
+    return {**m, "extra": {**m["extra"], "time_s": 1.0}}
+
+
+def _trainable(m: dict) -> dict:
+    return {**m, "extra": {**m["extra"], "parameters": {**m["extra"]["parameters"],
+                                                        "trainable": 1}}}
+
+
+CONTRADICTIONS: dict[str, tuple[str, Callable[[dict], dict], str]] = {
+    # name: (run, how its manifest changes, what the reason names)
+    "a wall time past its own end": ("fairseq/random-seed1", _edit("wall_time_s", 60000.0),
+                                     "longer than"),
+    "a rate its log does not give": ("fairseq/random-seed1", _throughput,
+                                     "disagrees with its train.log"),
+    "a timed part of one second": ("lora/lora-qv-seed0", _timed, "extra.time_s"),
+    "one trainable parameter": ("lora/lora-qv-seed0", _trainable, "extra.parameters"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTRADICTIONS))
+def test_a_field_that_contradicts_its_run_rejects_it(cache: Path, tmp_path: Path,
+                                                     name: str) -> None:
+    """Fault trial 3, S2, S4, S6, S7: each edit stayed in the schema's ranges, `runs` said ok,
+    and a table showed 1000.0 min, 50.00 updates/s, "1–394,754" trainable, 18.8 min."""
+    key, how, says = CONTRADICTIONS[name]
+    chapter = fairseq_chapter if key.startswith("fairseq") else lora_chapter
+    gone = tmp_path / "gone"
+    shutil.copytree(cache, gone, copy_function=_link_events)
+    shutil.rmtree(gone / key)
+    path = cache / key / "manifest.json"
+    path.write_text(json.dumps(how(json.loads(path.read_text()))))
+    rec = {r.key: r for r in discover_runs(cache)}[key]
+    assert not rec.valid and says in rec.reason, rec.reason
+    assert chapter(cache) == chapter(gone)
+
+
+def test_a_copied_run_renamed_to_a_new_seed_is_rejected(cache: Path) -> None:
+    """Fault trial 3, S9: pretrained-seed0 copied to pretrained-seed3 with its run and seed
+    edited made n = 4 and moved every fairseq table (78.13 to 78.20)."""
+    before = fairseq_chapter(cache)
+    copy = cache / "fairseq" / "pretrained-seed3"
+    shutil.copytree(cache / "fairseq" / "pretrained-seed0", copy)
+    man = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**man, "run": copy.name, "seed": 3}))
+    rec = {r.key: r for r in discover_runs(cache)}["fairseq/pretrained-seed3"]
+    assert not rec.valid and "contradicts its command line (--seed 0)" in rec.reason
+    assert fairseq_chapter(cache) == before
+
+
+def test_two_self_consistent_runs_with_the_same_events_are_both_rejected(cache: Path) -> None:
+    """A copy edited everywhere (command too) cannot be told from its original: both are set
+    aside, named, rather than one of them counted twice."""
+    copy = cache / "fairseq" / "pretrained-seed3"
+    shutil.copytree(cache / "fairseq" / "pretrained-seed0", copy)
+    man = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**man, "run": copy.name, "seed": 3,
+                                                    "command": _with_seed(man["command"], 3)}))
+    records = {r.key: r for r in discover_runs(cache)}
+    for key in ("fairseq/pretrained-seed3", "fairseq/pretrained-seed0"):
+        assert not records[key].valid and "byte-identical" in records[key].reason

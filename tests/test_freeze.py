@@ -232,6 +232,8 @@ def test_machine_local_inputs_gone_on_a_clean_clone_are_no_change(tmp_path: Path
     assert "data/work/tok/manifest.json (changed)" in stale.describe()
     shutil.rmtree(root / "data" / "work")  # as on a clean clone
     assert fz.check_freeze(root) == []
+    (root / "data" / "work" / "tokenizer").mkdir(parents=True)  # made empty: nothing to read
+    assert fz.check_freeze(root) == []
     (root / "data" / "summary.json").unlink()  # a tracked-side input gone still counts
     (stale,) = fz.check_freeze(root)
     assert "data/summary.json (removed)" in stale.describe()

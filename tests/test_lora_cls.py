@@ -198,11 +198,10 @@ def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs, monkeypatch
     originals = [read_manifest(d) for d in pair]
     start = max(pd.Timestamp(read_manifest(d)["end_time"]) for d in dirs.values()) \
         + pd.Timedelta(hours=1)  # after every other run, and after the package's creation
-    side_by_side = {"start_time": start.isoformat(),
-                    "end_time": (start + pd.Timedelta(minutes=10)).isoformat()}
     try:
-        for d, m in zip(pair, originals):
-            write_manifest(d, {**m, **side_by_side})
+        for d, m in zip(pair, originals):  # both start together, each lasting its wall time
+            end = start + pd.Timedelta(seconds=m["wall_time_s"])
+            write_manifest(d, {**m, "start_time": start.isoformat(), "end_time": end.isoformat()})
         text = lora_cls_report.gaps_markdown(lora_cls_runs.cached_runs(runs_root))
         assert "and 2 of them shared the machine with other runs of this chapter" in text
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -400,7 +401,9 @@ def test_a_run_from_a_converted_model_names_the_checkpoint_behind_it(tmp_path: P
     for item in man["inputs"]["data"]:  # inputs absent here, as on a fresh clone
         item["path"] = str(tmp_path / "absent" / Path(item["path"]).name)
     man["inputs"]["checkpoint"]["path"] = str(tmp_path / "absent" / "hf")
-    man["start_time"] = "2026-01-02T00:00:00+00:00"
+    start = datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc)
+    man["start_time"] = start.isoformat()
+    man["end_time"] = (start + datetime.timedelta(seconds=man["wall_time_s"])).isoformat()
     man.setdefault("extra", {}).pop(CONVERTED_FROM, None)
 
     def check(created=None):

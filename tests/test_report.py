@@ -7,6 +7,8 @@ import math
 import pandas as pd
 
 from finetune_lab.book.report import (
+    minus_signs,
+    signed,
     LINE_CHARS,
     MAX_COLUMN_WEIGHT,
     column_weights,
@@ -71,3 +73,13 @@ def test_upper_case_identifiers_get_the_width_they_take():
     assert upper[1] > lower[1] == len("'feature_extraction'") + 2
     assert text_width("AB_c") == math.ceil(4 + 2 * (UPPER_WIDTH - 1)) > 4
     assert sum(upper) == sum(lower) == LINE_CHARS
+
+
+def test_negative_numbers_get_a_minus_sign_but_code_and_dates_do_not():
+    """Tables of differences printed "-1.5 (-3.4 to +0.4)" beside "− full"."""
+    assert minus_signs("-1.5 (95 % CI -3.4 to +0.4)") == "\u22121.5 (95 % CI \u22123.4 to +0.4)"
+    kept = "`--seed -1`, seed-1, 1e-5, 2026-11-26, pretrain-gpu"
+    assert minus_signs(kept) == kept
+    assert [signed(x) for x in (1.46, -0.44, -0.04, 0.0)] == ["+1.5", "\u22120.4", "0.0", "0.0"]
+    table = markdown_table(pd.DataFrame({"gap": [-1.47], "code": ["`-1`"]}))
+    assert "\u22121.47" in table and "`-1`" in table

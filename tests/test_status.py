@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from finetune_lab.book.report import signed
 from finetune_lab.book.status import lab_status
 
 
@@ -57,16 +58,16 @@ def test_results_at_a_glance_give_accuracies_and_signed_named_gaps():
     gap = hf_compare.framework_gaps(hf_compare.load_comparison()).set_index("init")
     g = gap.loc["pretrained"]
     assert rows.loc["Transformers − fairseq (pretrained, same recipe)", PROJECT] == (
-        f"{g['difference']:+.1f}\u00a0points (95\u00a0% CI {g['ci_low']:+.1f} to "
-        f"{g['ci_high']:+.1f})")
+        f"{signed(g['difference'])}\u00a0points (95\u00a0% CI {signed(g['ci_low'])} to "
+        f"{signed(g['ci_high'])})")
     pre = rows.loc["fairseq, pretrained stand-in: test accuracy"]
     assert re.fullmatch(r"\d+\.\d\s±\s\d+\.\d\s%\s\(n\s=\s\d+\)", pre[PROJECT])
     assert pre[COURSE] == COURSE_TEST_ACCURACY["pretrained"].text()
-    assert re.search(r"^[+-]\d+\.\d\spoints \(95\s% CI [+-]\d+\.\d to [+-]\d+\.\d\)$",
+    assert re.search(r"^[+−]?\d+\.\d\spoints \(95\s% CI [+−]?\d+\.\d to [+−]?\d+\.\d\)$",
                      rows.loc["fairseq: pretrained − random", PROJECT])
     lora = [r for r in rows.index if "− full fine-tuning" in r]
-    assert lora and all(re.fullmatch(r"[+-]\d+\.\d\spoints \(95\s% CI [+-]\d+\.\d to "
-                                     r"[+-]\d+\.\d\)", rows.loc[r, PROJECT]) for r in lora)
+    assert lora and all(re.fullmatch(r"[+−]?\d+\.\d\spoints \(95\s% CI [+−]?\d+\.\d to "
+                                     r"[+−]?\d+\.\d\)", rows.loc[r, PROJECT]) for r in lora)
 
 
 def test_results_at_a_glance_name_runs_left_behind_by_a_new_checkpoint(tmp_path, monkeypatch):

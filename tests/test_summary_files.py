@@ -63,3 +63,33 @@ def test_a_damaged_fill_mask_record_is_set_aside_and_the_others_read(tmp_path):
     assert bad[0].startswith("`empty.json` cannot be read as JSON")
     assert bad[1] == ("`odd.json` has a prediction (item 2) that has probability = 'high', "
                       "not a finite number")
+
+
+def test_a_probe_of_other_splits_and_answers_out_of_range_are_set_aside(tmp_path):
+    """Fault trial 3: a probe of a 12-review `cls.books` became a row of the probe table, and
+    a fill-mask record with a probability of 7.5 and a rank of 0 was read as any other."""
+    src = paths().summaries / "probes"
+    folder = tmp_path / "probes"
+    shutil.copytree(src, folder)
+    small = json.loads((src / "random.json").read_text())
+    small["sizes"] = {"train": 12, "valid": 12, "test": 12}
+    (folder / "small.json").write_text(json.dumps({**small, "name": "small"}))
+    bad: list[str] = []
+    table = probe_report.probe_table(folder, set_aside=bad)
+    assert "small" not in set(table["weights"]) and len(table) == len(list(src.glob("*.json")))
+    assert bad == ["`small.json` probed splits of {'train': 12, 'valid': 12, 'test': 12} "
+                   "reviews, not CLS-Books' (1800 train, 2000 test)"]
+
+    fm_src = fill_mask.fill_mask_dir()
+    fm = tmp_path / "fill-mask"
+    shutil.copytree(fm_src, fm)
+    good = json.loads(next(iter(sorted(fm_src.glob("*.json")))).read_text())
+    for name, key, value in (("p.json", "probability", 7.5), ("r.json", "rank", 0)):
+        record = json.loads(json.dumps(good))
+        record["predictions"][0][key] = value
+        (fm / name).write_text(json.dumps({**record, "name": name[0]}))
+    bad = []
+    assert sorted(fill_mask.recorded_fill_masks(fm, set_aside=bad)) == sorted(
+        p.stem for p in fm_src.glob("*.json"))
+    assert bad == ["`p.json` has a prediction (item 0) that has probability = 7.5, outside 0 to 1",
+                   "`r.json` has a prediction (item 0) that has rank = 0, outside 1 to 5"]

@@ -178,6 +178,27 @@ def data_step_output(*steps: str) -> Recognizer:
     return recognize
 
 
+def check_new_record(path: Path, what: str, *, force: bool = False) -> None:
+    """A named record of ``data/summaries/`` (the book may cite it) is replaced only with
+    ``--force``: refused before any work, naming it."""
+    if (os.path.exists(path) or os.path.islink(path)) and not force:
+        raise UserError(f"{path} exists ({what}): it was left as it is; choose another --name, "
+                        "or pass --force to replace it")
+
+
+def not_there(path: Path | str, want: str = "file") -> str:
+    """How ``path`` fails to be the ``want`` (``"file"`` or ``"folder"``) a command needs, for a
+    one-line error: a folder given for a file was once reported as "does not exist"."""
+    p = Path(path)
+    if os.path.islink(p) and not p.exists():
+        return "is a link to nothing"
+    if not p.exists():
+        return "does not exist"
+    if want == "folder":
+        return "is a file, not a folder"
+    return "is a folder, not a file" if p.is_dir() else "is not a regular file"
+
+
 def _refusal(dest: Path, problem: str, force_hint: bool) -> UserError:
     fix = ("pass --force to replace it and everything in it" if force_hint else
            "choose another output folder, or move it away first")
@@ -185,7 +206,7 @@ def _refusal(dest: Path, problem: str, force_hint: bool) -> UserError:
 
 
 def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
-                      earlier: Recognizer | None = None) -> None:
+                      earlier: Recognizer | None = None, can_force: bool = True) -> None:
     """Refuse (a one-line :class:`UserError` naming ``dest``) to replace anything the command
     ``owner`` did not make itself, unless ``force``.
 
@@ -193,14 +214,15 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
     holds only paths the command wrote (a file dropped in later is the user's, and refuses the
     whole); a folder without a marker that ``earlier`` recognizes (outputs written before markers
     existed: by default a data step's manifest naming ``owner``). ``owner`` None (a caller that
-    has not named its command): a folder made by any command of this project.
+    has not named its command): a folder made by any command of this project. ``can_force``
+    False: the calling command has no ``--force``, so the refusal does not advise one.
     """
     if force or not os.path.lexists(dest):
         return
     who = f"`finetune-lab {owner}`" if owner else "finetune-lab"
     if os.path.islink(dest) or not dest.is_dir():
         kind = "is a link" if os.path.islink(dest) else "is a file"
-        raise _refusal(dest, f"{kind}, not a folder {who} made", owner is not None)
+        raise _refusal(dest, f"{kind}, not a folder {who} made", owner is not None and can_force)
     marker = dest / OUTPUT_MARKER
     if marker.is_file():
         try:
@@ -208,10 +230,10 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
             made_by, wrote = str(record["command"]), set(record["entries"])
         except (OSError, ValueError, TypeError, KeyError):
             raise _refusal(dest, f"has a damaged {OUTPUT_MARKER}, so who made it is not known",
-                           owner is not None) from None
+                           owner is not None and can_force) from None
         if owner is not None and made_by != owner:
             raise _refusal(dest, f"was made by `finetune-lab {made_by}` (its {OUTPUT_MARKER} "
-                           f"says so), not by {who}", True)
+                           f"says so), not by {who}", can_force)
         extra = _within(tree_entries(dest), wrote)
     elif _empty(dest):  # nothing to lose
         return
@@ -219,11 +241,11 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
         return
     else:
         raise _refusal(dest, f"exists and was not made by {who} (it has no "
-                       f"{OUTPUT_MARKER})", owner is not None)
+                       f"{OUTPUT_MARKER})", owner is not None and can_force)
     if extra:
         more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
         raise _refusal(dest, f"holds {extra[0]}{more}, which {who} did not write",
-                       owner is not None)
+                       owner is not None and can_force)
 
 
 def _empty(folder: Path) -> bool:

@@ -96,22 +96,25 @@ WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    light = LIGHT_COMMANDS.get(words[0]) if words else None
-    parser = build_parser([light] if light else COMMAND_MODULES)
-    args = parser.parse_args(argv)
     # SIGTERM as an exception, like Ctrl-C: what a command was writing is removed or marked on
-    # the way out (a half-made output folder is deleted), and the message is one line.
+    # the way out (a half-made output folder is deleted), and the message is one line. Both are
+    # handled from the start: importing the commands' modules takes seconds.
     previous = (signal.signal(signal.SIGTERM, _terminated)
                 if threading.current_thread() is threading.main_thread() else None)
+    command = words[0] if words and not words[0].startswith("-") else "command"
     try:
+        light = LIGHT_COMMANDS.get(words[0]) if words else None
+        parser = build_parser([light] if light else COMMAND_MODULES)
+        args = parser.parse_args(argv)
+        command = args.command
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try, so that a closed pipe is handled below
         return code
     except UserError as exc:
-        print(f"finetune-lab {args.command}: error: {exc}", file=sys.stderr)
+        print(f"finetune-lab {command}: error: {exc}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C, or SIGTERM during a run
-        print(f"finetune-lab {args.command}: {_interrupted(exc)}", file=sys.stderr)
+        print(f"finetune-lab {command}: {_interrupted(exc)}", file=sys.stderr)
         return 128 + int(getattr(exc, "signum", signal.SIGINT))
     except BrokenPipeError:  # `finetune-lab runs | head`: the reader has had enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -121,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         name = os.fsdecode(exc.filename) if exc.filename is not None else None
         verb = "write" if exc.errno in WRITE_FAULTS else "read or write"
-        print(f"finetune-lab {args.command}: error: cannot {verb} {name or 'a file'}: "
+        print(f"finetune-lab {command}: error: cannot {verb} {name or 'a file'}: "
               f"{exc.strerror}; {fault_advice(exc.errno, name)}", file=sys.stderr)
         return 2
     finally:

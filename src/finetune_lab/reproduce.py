@@ -21,8 +21,10 @@ from finetune_lab.models import checkpoints
 from finetune_lab.train.lora_cls import DEFAULT_METHODS as LORA_METHODS
 
 
-def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path) -> bool:
-    """Make the work tokenizer the checkpoint's own (sentencepiece model + dict); True if copied."""
+def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path, *,
+                               force: bool = False) -> bool:
+    """Make the work tokenizer the checkpoint's own (sentencepiece model + dict); True if copied.
+    ``force``: replace ``tokenizer_dir`` even if no tokenizer step of this project made it."""
     src_model = checkpoint_dir / checkpoints.SPM_FILE
     src_dict = checkpoint_dir / checkpoints.DICT_FILE
     if not (src_model.is_file() and src_dict.is_file()):
@@ -36,7 +38,7 @@ def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path) -> boo
         return False
     # swapped in whole, and only over a tokenizer folder of this project (trained or adopted)
     mine = data_step_output(tokenizer.COMMAND, tokenizer.ADOPTED_STEP)
-    with atomic_dir(tokenizer_dir, tokenizer.COMMAND, earlier=mine) as tmp:
+    with atomic_dir(tokenizer_dir, tokenizer.COMMAND, earlier=mine, force=force) as tmp:
         for src, dst in ((src_model, dst_model), (src_dict, dst_dict)):
             shutil.copyfile(src, tmp / dst.name)
         write_json_atomic(tmp / "manifest.json", {
@@ -92,7 +94,7 @@ def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = No
 def _cmd_adopt(args) -> int:
     ckpt = args.checkpoint or checkpoints.packaged_dir()
     out = args.out or tokenizer.default_output()
-    copied = adopt_checkpoint_tokenizer(ckpt, out)
+    copied = adopt_checkpoint_tokenizer(ckpt, out, force=args.force)
     print(f"{tokenizer.ADOPT_COMMAND}: {out} {'now holds' if copied else 'already holds'} the "
           f"tokenizer of {ckpt}")
     return 0
@@ -106,6 +108,8 @@ def add_parser(sub) -> None:
                    help="packaged checkpoint folder (default: data/checkpoints/roberta-small-fr)")
     a.add_argument("--out", type=Path, default=None,
                    help="tokenizer folder (default: data/work/tokenizer)")
+    a.add_argument("--force", action="store_true",
+                   help="replace --out even if no tokenizer step of this project made it")
     a.set_defaults(func=_cmd_adopt)
     p = sub.add_parser("reproduce", help="run every experiment of the book in order (resumable)")
     p.add_argument("--from-scratch", action="store_true",

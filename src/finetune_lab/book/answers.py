@@ -19,7 +19,7 @@ from finetune_lab.book.lora_cls_report import gaps_to_full
 from finetune_lab.book.lora_cls_runs import cached_runs as lora_cached_runs
 from finetune_lab.book.pretrain_candidates import candidate_table
 from finetune_lab.book.pretrain_report import load_pretrain_runs
-from finetune_lab.book.report import fmt_int
+from finetune_lab.book.report import fmt_int, signed
 from finetune_lab.models import params
 
 
@@ -38,8 +38,8 @@ class Gap:
 
     def text(self, digits: int = 1) -> str:
         # no-break spaces keep a number with its unit on one line (and size a PDF column)
-        return (f"{self.diff:+.{digits}f}\u00a0points (95\u00a0% CI {self.low:+.{digits}f} to "
-                f"{self.high:+.{digits}f})")
+        return (f"{signed(self.diff, digits)}\u00a0points (95\u00a0% CI "
+                f"{signed(self.low, digits)} to {signed(self.high, digits)})")
 
 
 @dataclass(frozen=True)

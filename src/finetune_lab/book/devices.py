@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from finetune_lab.book.lora_cls_runs import cached_runs, per_run_table
+from finetune_lab.book.report import signed
 from finetune_lab.book.summary_files import read_json_files, set_aside_markdown
 from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.models import params
@@ -139,16 +140,12 @@ def device_gaps(runs: pd.DataFrame) -> list[DeviceGap]:
     return out
 
 
-def _signed(x: float) -> str:
-    return f"{x:+.1f}".replace("-", "−")
-
-
 def gaps_table(gaps: list[DeviceGap]) -> pd.DataFrame:
     """The gaps for display: points, interval, and whether the seeds tell the devices apart."""
     return pd.DataFrame([{
         "group": g.group, "runs (GPU, CPU)": f"{g.n_gpu}, {g.n_cpu}",
-        "GPU − CPU (points)": _signed(g.diff),
-        "95 % Welch CI": f"{_signed(g.ci_low)} to {_signed(g.ci_high)}",
+        "GPU − CPU (points)": signed(g.diff),
+        "95 % Welch CI": f"{signed(g.ci_low)} to {signed(g.ci_high)}",
         "reading": "within seed noise" if g.within_noise else "the devices differ"}
         for g in gaps], columns=["group", "runs (GPU, CPU)", "GPU − CPU (points)",
                                  "95 % Welch CI", "reading"])
@@ -170,7 +167,7 @@ def gaps_sentence(gaps: list[DeviceGap]) -> str:
         return (f"GPU − CPU has a 95 % interval that contains 0 for {which}: these seeds "
                 "cannot tell the devices apart. "
                 + ("The widest interval" if len(gaps) > 1 else "The interval")
-                + f" ({widest.group}: {_signed(widest.ci_low)} to {_signed(widest.ci_high)} "
+                + f" ({widest.group}: {signed(widest.ci_low)} to {signed(widest.ci_high)} "
                 "points) says how large a difference they could miss.")
     return (f"GPU − CPU differs by more than the seeds explain for {names(apart)}"
             + (f", and lies within seed noise for {names(same)}." if same else "."))

@@ -19,7 +19,7 @@ import pandas as pd
 from finetune_lab.book.course_reference import COURSE_COLUMN, COURSE_TEST_ACCURACY, course_gap
 from finetune_lab.book.fairseq_command import (
     EXPERIMENT, FINETUNE_COMMAND, INITS, SEEDS, default_checkpoint)
-from finetune_lab.book.report import project_path
+from finetune_lab.book.report import minus_signs, project_path, signed
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.registry import (discover_runs, exclusions_markdown, sound_runs,
@@ -254,7 +254,8 @@ def gap_verdict(g: seedstats.InitGap | None) -> str:
     if g is None:
         return ("Whether fine-tuning from the stand-in beats random initialisation is not known "
                 "yet: that needs at least two valid seeds per initialisation.")
-    ci = f"95 % Welch CI {g.ci_low:.1f} to {g.ci_high:.1f}; n = {g.n_a} and {g.n_b} seeds"
+    ci = minus_signs(f"95 % Welch CI {g.ci_low:.1f} to {g.ci_high:.1f}; "
+                     f"n = {g.n_a} and {g.n_b} seeds")
     if g.ci_low > 0:
         return (f"Fine-tuning from the stand-in beats random initialisation by {g.diff:.1f} "
                 f"points of test accuracy ({ci}): a margin the seeds clearly show.")
@@ -263,5 +264,5 @@ def gap_verdict(g: seedstats.InitGap | None) -> str:
                 f"{-g.diff:.1f} points of test accuracy ({ci}): this checkpoint does not do "
                 "what pretraining is for.")
     return (f"Fine-tuning from the stand-in and from a random initialisation differ by "
-            f"{g.diff:+.1f} points of test accuracy ({ci}): within seed noise, so this "
+            f"{signed(g.diff)} points of test accuracy ({ci}): within seed noise, so this "
             "checkpoint does not beat random initialisation by a margin the seeds can show.")

@@ -16,11 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab._files import sha256_file, utc_now, write_json_atomic
+from finetune_lab._files import check_new_record, sha256_file, utc_now, write_json_atomic
 from finetune_lab.argtypes import record_name
-from finetune_lab.book.summary_files import NUMBER, read_records, summary_problem
+from finetune_lab.book.summary_files import NUMBER, PROBABILITY, read_records, summary_problem
 from finetune_lab.config import paths
-from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import (
     DICT_FILE,
     MODEL_FILE,
@@ -41,8 +40,12 @@ DEMO_SENTENCES = (
 """Review-like sentences (the lab's task) and narrative ones (the pretraining domain)."""
 
 
+TOPK = 5
+"""Answers kept per sentence (ranks 1 to 5)."""
+
+
 @per_render
-def fill_mask_table(sentences: tuple[str, ...] = DEMO_SENTENCES, topk: int = 5,
+def fill_mask_table(sentences: tuple[str, ...] = DEMO_SENTENCES, topk: int = TOPK,
                     folder: Path | None = None) -> pd.DataFrame:
     """Top-k completions of each sentence, computed now on CPU from a packaged checkpoint (the
     committed one by default)."""
@@ -102,9 +105,7 @@ def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None, *,
     record_name(name)
     folder = Path(folder)
     out = Path(out_dir or fill_mask_dir()) / f"{name}.json"
-    if (out.exists() or out.is_symlink()) and not force:
-        raise UserError(f"{out} exists (the answers of the weights recorded as {name!r}): choose "
-                        "another --name, or pass --force to replace it")
+    check_new_record(out, f"the answers of the weights recorded as {name!r}", force=force)
     start = time.monotonic()
     table = fill_mask_table(folder=folder)
     result = {"schema": 1, "name": name,
@@ -118,8 +119,8 @@ def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None, *,
 
 
 RECORD_FIELDS = ((("name",), str), (("checkpoint", "sha256"), str), (("predictions",), list))
-PREDICTION_FIELDS = ((("sentence",), str), (("predicted piece",), str), (("rank",), NUMBER),
-                     (("probability",), NUMBER))
+PREDICTION_FIELDS = ((("sentence",), str), (("predicted piece",), str),
+                     (("rank",), int, (1, TOPK)), (("probability",), NUMBER, PROBABILITY))
 
 
 def _predictions_problem(record: dict[str, Any]) -> str | None:

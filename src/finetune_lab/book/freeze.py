@@ -43,7 +43,7 @@ from typing import Any
 from finetune_lab import render_cache
 from finetune_lab._files import digest_of, utc_now, write_json_atomic
 from finetune_lab.book import prewarm
-from finetune_lab.book.chapter_inputs import MISSING, chapter_inputs, chapters
+from finetune_lab.book.chapter_inputs import EMPTY_FOLDER, MISSING, chapter_inputs, chapters
 from finetune_lab.book.freeze_env import record_inputs
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
@@ -168,9 +168,11 @@ def diff_files(recorded: dict[str, str], current: dict[str, str],
 
     With ``project``, a recorded file that is gone and that git ignores there (the machine-local
     ``data/work/``, which a chapter reads where it exists) is no change: a clean clone never has
-    it, and its frozen page is the one to publish. Its edits, where it exists, still count."""
+    it, and its frozen page is the one to publish. Its edits, where it exists, still count. An
+    empty folder that appeared there holds nothing a chapter reads (``mkdir -p data/work``)."""
     gone = [p for p in recorded if recorded[p] != MISSING and current.get(p) in (None, MISSING)]
-    local = git_ignored(project, gone) if project is not None else set()
+    emptied = [p for p in current if current[p] == EMPTY_FOLDER and p not in recorded]
+    local = git_ignored(project, gone + emptied) if project is not None else set()
     out = []
     for path in sorted(set(recorded) | set(current)):
         old, new = recorded.get(path), current.get(path)

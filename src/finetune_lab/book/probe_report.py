@@ -13,18 +13,26 @@ from pathlib import Path
 import pandas as pd
 
 from finetune_lab.book import fairseq_report as fr
-from finetune_lab.book.summary_files import NUMBER, read_records, summary_problem
+from finetune_lab.book.summary_files import NUMBER, PERCENT, read_records, summary_problem
+from finetune_lab.data.cls_splits import split_sizes
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.run_inputs import recorded_checkpoint_sha
 from finetune_lab.train.finetune_fairseq import candidate_experiments
 from finetune_lab.train.linear_probe import probe_dir
 
-PROBE_FIELDS = ((("name",), str), (("init",), str), (("wall_time_s",), NUMBER),
-                (("probes", "<s>", "test_accuracy"), NUMBER),
-                (("probes", "mean", "test_accuracy"), NUMBER))
+PROBE_FIELDS = ((("name",), str), (("init",), str), (("wall_time_s",), NUMBER, (0, 1e7)),
+                (("probes", "<s>", "test_accuracy"), NUMBER, PERCENT),
+                (("probes", "mean", "test_accuracy"), NUMBER, PERCENT))
 
 
 def _checkpoint_problem(record: dict) -> str | None:
+    """A pretrained probe names its weights; every probe was run on the lab's splits (a probe
+    of a few reviews was a number in the table like any other)."""
+    sizes = record.get("sizes")
+    lab = split_sizes()
+    if not isinstance(sizes, dict) or any(sizes.get(s) != lab[s] for s in ("train", "test")):
+        return (f"probed splits of {sizes} reviews, not CLS-Books' ({lab['train']} train, "
+                f"{lab['test']} test)")
     if record["init"] == "random":
         return None
     return summary_problem(record, ((("checkpoint", "sha256"), str),))

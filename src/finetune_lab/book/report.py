@@ -58,7 +58,7 @@ def markdown_table(
     shown = shown.rename(columns=escape_tags).map(
         lambda v: escape_tags(v) if isinstance(v, str) else v)
     text = shown.to_markdown(index=index, disable_numparse=True)
-    lines = text.split("\n")
+    lines = [line if i == 1 else minus_signs(line) for i, line in enumerate(text.split("\n"))]
     if len(lines) > 1:
         cells = [cell for cell in lines[1].strip("|").split("|")]
         table = shown.reset_index() if index else shown
@@ -70,6 +70,22 @@ def markdown_table(
 
 _CODE_SPAN = re.compile(r"(`[^`]*`)")
 _TAG_START = re.compile(r"<(?=[A-Za-z/!])")
+_HYPHEN_MINUS = re.compile(r"(?<![\w\-−.])-(?=\d)")
+
+
+def minus_signs(text: str) -> str:
+    """Each negative number's hyphen-minus as a minus sign (U+2212), outside code spans: a table
+    of differences read "-1.5" beside "+1.5" and "− full", and a hyphen can break a line."""
+    parts = _CODE_SPAN.split(text)
+    return "".join(part if i % 2 else _HYPHEN_MINUS.sub("−", part)
+                   for i, part in enumerate(parts))
+
+
+def signed(value: float, digits: int = 1) -> str:
+    """A difference with its sign, + or −: ``+1.5``, ``−0.4`` (``0.0`` when it rounds to 0)."""
+    if round(value, digits) == 0:
+        return f"{0:.{digits}f}"
+    return minus_signs(f"{value:+.{digits}f}")
 
 
 def escape_tags(text: object) -> object:

@@ -11,16 +11,19 @@ from typing import Any
 
 from finetune_lab.runs.manifest import loads_strict
 
-Field = tuple[tuple[str, ...], type | tuple[type, ...]]
-"""A path of keys into the record and the type(s) its value must have."""
+Field = tuple[Any, ...]
+"""A path of keys into the record, the type(s) its value must have, and optionally the closed
+range ``(low, high)`` a number must lie in (a probability of 7.5 was a number too)."""
 NUMBER = (int, float)
+PERCENT = (0.0, 100.0)
+PROBABILITY = (0.0, 1.0)
 
 
 def summary_problem(record: Any, fields: Sequence[Field]) -> str | None:
     """What is wrong with ``record`` for a reader of ``fields`` (None: nothing)."""
     if not isinstance(record, dict):
         return f"holds a {type(record).__name__}, not a record"
-    for path, kind in fields:
+    for path, kind, *within in fields:
         value: Any = record
         for key in path:
             if not isinstance(value, dict) or key not in value:
@@ -29,6 +32,9 @@ def summary_problem(record: Any, fields: Sequence[Field]) -> str | None:
         if not isinstance(value, kind) or isinstance(value, bool) or (
                 isinstance(value, float) and not math.isfinite(value)):
             return f"has {'.'.join(path)} = {value!r}, not {_kind_name(kind)}"
+        if within and not within[0][0] <= value <= within[0][1]:
+            low, high = within[0]
+            return f"has {'.'.join(path)} = {value!r}, outside {low:g} to {high:g}"
     return None
 
 

@@ -121,7 +121,8 @@ def binarize_cls(
     tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else tokenizer.default_output()
     out = Path(out) if out is not None else default_output()
     if not cls_dir.is_dir():
-        raise UserError(f"{cls_dir} does not exist. Run `finetune-lab prepare-cls` first.")
+        raise UserError(f"{cls_dir} {_files.not_there(cls_dir, 'folder')}: run `finetune-lab "
+                        "prepare-cls` first, or pass the folder it wrote")
     model_path, dict_path = tokenizer.require_tokenizer(tok_dir)
     for split in SPLITS:  # cheap structural check before hashing or encoding anything
         check_same_length(cls_dir / f"{split}.review", count_lines(cls_dir / f"{split}.review"),

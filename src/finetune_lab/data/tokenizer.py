@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from finetune_lab import _files
+from finetune_lab.data.child import ChildFailed, in_child
 from finetune_lab.argtypes import positive_int
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
@@ -108,26 +109,34 @@ def train_spm(
 
     if not sentences:
         raise UserError("the tokenizer corpus is empty; check the data root")
-    model = io.BytesIO()
-    spm.set_random_generator_seed(seed)
+
+    def trained() -> bytes:
+        model = io.BytesIO()
+        spm.set_random_generator_seed(seed)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            model_type="bpe",
+            vocab_size=vocab_size,
+            character_coverage=CHARACTER_COVERAGE,
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            max_sentence_length=16384,
+            num_threads=num_threads,
+            minloglevel=2,
+            **SPM_SPECIAL_IDS,
+        )
+        return model.getvalue()
+
     started = time.perf_counter()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        model_type="bpe",
-        vocab_size=vocab_size,
-        character_coverage=CHARACTER_COVERAGE,
-        input_sentence_size=0,
-        shuffle_input_sentence=False,
-        max_sentence_length=16384,
-        num_threads=num_threads,
-        minloglevel=2,
-        **SPM_SPECIAL_IDS,
-    )
+    try:  # in a child: the trainer is one C++ call, which no signal handler interrupts
+        model = in_child(trained)
+    except ChildFailed as exc:
+        raise UserError(f"sentencepiece could not train the tokenizer: {exc}") from None
     elapsed = time.perf_counter() - started
     prefix = Path(model_prefix)
-    prefix.with_name(prefix.name + ".model").write_bytes(model.getvalue())
-    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    prefix.with_name(prefix.name + ".model").write_bytes(model)
+    sp = spm.SentencePieceProcessor(model_proto=model)
     with open(prefix.with_name(prefix.name + ".vocab"), "w", encoding="utf-8", newline="\n") as fh:
         fh.writelines(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n"
                       for i in range(sp.get_piece_size()))

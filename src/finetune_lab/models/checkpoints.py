@@ -20,6 +20,7 @@ from finetune_lab._files import (
     atomic_dir,
     read_json,
     check_replaceable,
+    not_there,
     sha256_file,
     tree_entries,
     utc_now,
@@ -136,12 +137,17 @@ def check_package_source(source: Path, dest: Path | None = None) -> None:
     """A checkpoint file to package, and not one inside the folder it would replace."""
     dest = Path(dest) if dest is not None else packaged_dir()
     if not Path(source).is_file():
-        raise UserError(f"{source} " + ("is a folder" if Path(source).is_dir() else
-                                        "does not exist")
-                        + ": pass a fairseq checkpoint file (checkpoint_best.pt, model.pt)")
+        raise UserError(f"{source} {not_there(source)}: pass a fairseq checkpoint file (checkpoint_best.pt, model.pt)")
     if Path(source).resolve().is_relative_to(dest.resolve()):
         raise UserError(f"{source} lies in {dest}, the folder package-checkpoint would replace "
                         "(its manifest's lineage and run would be lost): pass another --dest")
+
+
+def check_package_dest(dest: Path | None) -> None:
+    """Refuse, before a training that would package its weights there, a ``dest`` that is not
+    a packaged checkpoint (``pretrain --package-to``, which has no ``--force``)."""
+    check_replaceable(Path(dest) if dest is not None else packaged_dir(), COMMAND,
+                      earlier=packaged_output, can_force=False)
 
 
 def package_checkpoint(
@@ -194,10 +200,12 @@ def load_hub_model(folder: Path | None = None):
 
     Its file must be listed by a manifest of the project or by the folder's own manifest."""
     folder = Path(folder) if folder is not None else packaged_dir()
+    if folder.is_file():
+        raise UserError(f"{folder} is a file, not a folder: pass the folder that holds "
+                        f"{MODEL_FILE} ({folder.parent})")
     if not (folder / MODEL_FILE).is_file():
-        raise UserError(
-            f"{folder / MODEL_FILE} does not exist: run `finetune-lab pretrain` (see README)"
-        )
+        raise UserError(f"{folder / MODEL_FILE} {not_there(folder / MODEL_FILE)}: run "
+                        "`finetune-lab pretrain` (see README)")
     with preserved_root_logger():  # fairseq logs its missing optional packages on import
         # registers roberta_small and the checkpoint loader
         from fairseq.models.roberta import RobertaModel

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import sha256_file
+from finetune_lab._files import not_there, sha256_file
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 
@@ -126,7 +126,7 @@ def check_trusted(path: Path | str, manifests: Iterable[Path] | None = None) -> 
     """Return the file's sha256 if a manifest lists it (or it lies in a declared save folder)."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist")
+        raise UserError(f"checkpoint {path} {not_there(path)}")
     sha = sha256_file(path)
     if _in_trusted_dir(path):
         return sha
@@ -199,7 +199,8 @@ def fairseq_safe_globals(path: Path | str | None = None):
     with torch.serialization.safe_globals(list(SAFE_EXTRA_GLOBALS)):
         try:
             yield
-        except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile) as exc:
+        except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile,
+                KeyError, ValueError, IndexError) as exc:  # garbage fails in any of these ways
             raise unreadable(path, exc) from None
 
 
@@ -218,7 +219,8 @@ def unreadable(path: Path | str | None, exc: BaseException) -> UserError:
             f"refusing to load {what}: it is a file holding code{held}, which loading would "
             "run; this project loads tensors and fairseq's configuration only, never code. "
             "Delete the file, or restore the checkpoint from where it was made.")
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    first = (text.strip().splitlines()[0] if text.strip() and not isinstance(exc, KeyError)
+             else "not a file torch.save wrote")
     return UserError(
         f"{what} cannot be read: the file is damaged or cut short ({first[:160]}). Restore it "
         "(`git checkout -- data/checkpoints/` for the committed one) or make it again.")
@@ -233,9 +235,14 @@ def load_trusted(path: Path | str, manifests: Iterable[Path] | None = None, *,
     if not trust:
         check_trusted(path, manifests)
     elif not Path(path).is_file():
-        raise UserError(f"checkpoint {path} does not exist")
+        raise UserError(f"checkpoint {path} {not_there(path)}")
     with fairseq_safe_globals(path):
-        return torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if not (isinstance(state, dict) and isinstance(state.get("model"), dict)
+            and all(isinstance(v, torch.Tensor) for v in state["model"].values())):
+        raise UserError(f"{path} is not a fairseq checkpoint (it holds no 'model' mapping of "
+                        "weights): give the model.pt or checkpoint_best.pt a run wrote")
+    return state
 
 
 def install_fairseq_loader() -> None:

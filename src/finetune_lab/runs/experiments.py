@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from finetune_lab._files import write_json_atomic
 from finetune_lab.errors import UserError
 from finetune_lab.runs import manifest as mf
 
@@ -64,6 +65,22 @@ def differing_hyperparameters(config: dict[str, Any], hp: dict[str, Any]) -> lis
     got = {k: v for k, v in hp.items() if k not in ignore}
     return sorted(k for k in set(expected) | set(got)
                   if k not in expected or k not in got or _canon(got[k]) != _canon(expected[k]))
+
+
+def pin_config(experiment_dir: Path, config: dict[str, Any]) -> None:
+    """Write ``experiment.json`` where the experiment has none. One that is there is never
+    rewritten (the experiment's runs were judged by it): a recipe it does not allow is refused
+    here, before any work, naming the keys."""
+    current = read_experiment_config(experiment_dir)
+    if current is None:
+        write_json_atomic(experiment_dir / EXPERIMENT_CONFIG, config)
+        return
+    allowed = {**current, "varying": [*current.get("varying", []), *config.get("varying", [])]}
+    differ = differing_hyperparameters(allowed, config["hyperparameters"])
+    if differ:
+        raise UserError(f"{experiment_dir / EXPERIMENT_CONFIG} pins another recipe for this "
+                        f"experiment's runs (it differs in {', '.join(differ)}): it was left as "
+                        "it is; choose another --experiment (or --run folder)")
 
 
 def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] | None) -> None:

@@ -12,6 +12,7 @@ files), optionally a slice of the binarized pretraining corpus, and the plan
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import atomic_dir, check_replaceable, tree_entries
+from finetune_lab._files import atomic_dir, check_replaceable, not_there, tree_entries
 from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.data import cls_books, pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
@@ -51,16 +52,24 @@ SLICE_CHUNK = 1000
 COMMAND = "gpu-bundle"
 
 
+SLICE_ENTRIES = frozenset({"bin/", "bin/dict.txt"} | {
+    f"bin/{split}.{ext}" for split in ("train", "valid", "valid1") for ext in ("bin", "idx")})
+"""Everything :func:`corpus_slice` writes."""
+
+
 def bundle_output(folder: Path) -> bool:
-    """A bundle folder or corpus slice written before output markers: only what :func:`bundle`
-    writes there (so a user's folder given as ``--out`` is never taken for one)."""
-    if (folder / PLAN_FILE).is_file():
-        entries = tree_entries(folder)
-        return entries <= {PLAN_FILE, "data.tar.xz", "fairseq-src.tar.xz", "wheels/"} | {
+    """A bundle folder or corpus slice written before output markers, where :func:`bundle`
+    writes them (``.gpu/``, the work dir's slice) and holding only what it writes: a user's
+    folder given as ``--out`` is never taken for one, whatever it holds."""
+    where = Path(os.path.abspath(folder))
+    entries = tree_entries(folder)
+    if where == Path(os.path.abspath(PROJECT_ROOT / BUNDLE_DIR)):
+        return PLAN_FILE in entries and entries <= {
+            PLAN_FILE, "data.tar.xz", "fairseq-src.tar.xz", "wheels/"} | {
             e for e in entries if e.startswith("wheels/") and e.endswith(".whl")}
-    if not (folder / "bin" / "dict.txt").is_file():
-        return False
-    return all(e.startswith("bin/") for e in tree_entries(folder))
+    if where == Path(os.path.abspath(paths().work / GPU_CORPUS)):
+        return "bin/dict.txt" in entries and entries <= SLICE_ENTRIES
+    return False
 
 
 def _pip(*args: str) -> None:
@@ -228,7 +237,7 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
     for what, path, fix in (("CLS-Books texts", cls_dir, "finetune-lab prepare-cls"),
                             ("tokenizer", tok_dir, "finetune-lab adopt-tokenizer")):
         if not path.is_dir():
-            raise UserError(f"{path} ({what}) does not exist: run `{fix}` first")
+            raise UserError(f"{path} ({what}) {not_there(path, 'folder')}: run `{fix}` first")
     if "pretrain" in plan.steps:  # refused now, not after the downloads
         check_replaceable(paths().work / GPU_CORPUS, COMMAND, force=force, earlier=bundle_output)
     tree = tree_bytes()  # before the bundle's half-made folder, which git does not ignore

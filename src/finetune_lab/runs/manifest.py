@@ -308,6 +308,17 @@ def output_hashes(run_dir: Path | str) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): sha256_file(p) for p in event_files(root)}
 
 
+LOG_FILES = ("train.log",)
+"""Logs the chapters read facts from (a pretraining run's corpus blocks, passes, rates): hashed
+when a run ends, like its event files, so an edited log is a rejected run, not a new number."""
+
+
+def log_hashes(run_dir: Path | str) -> dict[str, str]:
+    """sha256 of each of :data:`LOG_FILES` present in the run folder."""
+    root = Path(run_dir)
+    return {name: sha256_file(root / name) for name in LOG_FILES if (root / name).is_file()}
+
+
 def checkpoint_hashes(run_dir: Path | str) -> dict[str, str]:
     """sha256 of each ``*.pt`` checkpoint a run saved under its folder (relative paths)."""
     root = Path(run_dir)

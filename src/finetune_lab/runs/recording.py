@@ -47,6 +47,20 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 TRAIN_LOG = "train.log"
 
 
+def _exists(run_dir: Path) -> RunExistsError:
+    return RunExistsError(f"{run_dir} already holds a run: it was left as it is; choose another "
+                          "--run, or pass --overwrite to redo it")
+
+
+def refuse_existing_run(experiment: str, run: str, runs_root: Path | None = None, *,
+                        overwrite: bool = False) -> None:
+    """:func:`record_run`'s refusal of a run folder that holds a run, asked before any work (a
+    pretraining's scratch folder, its calibration, its experiment's ``experiment.json``)."""
+    run_dir = run_dir_for(experiment, run, runs_root)
+    if not overwrite and run_dir.is_dir() and any(run_dir.iterdir()):
+        raise _exists(run_dir)
+
+
 class RunExistsError(UserError):
     """The run folder already holds a run."""
 
@@ -178,9 +192,7 @@ def record_run(
                                       hyperparameters=hyperparameters) if resume else None
         if previous is None and run_dir.exists() and any(run_dir.iterdir()):
             if not overwrite:
-                raise RunExistsError(
-                    f"{run_dir} already holds a run; delete it or pass overwrite=True to redo it"
-                )
+                raise _exists(run_dir)
             set_aside(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -225,6 +237,7 @@ def record_run(
                                                 exit_code=exit_code, ended=status)
             manifest["exit_code"] = exit_code
             manifest["outputs"] = mf.output_hashes(run_dir)
+            manifest["logs"] = mf.log_hashes(run_dir)
             manifest["checkpoints"] = mf.checkpoint_hashes(run_dir)
             if error:
                 manifest["error"] = error

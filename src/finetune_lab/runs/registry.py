@@ -20,6 +20,7 @@ from finetune_lab.errors import UserError
 from finetune_lab.models import trust
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
+from finetune_lab.runs.consistency import count_problems, manifest_contradictions
 from finetune_lab.runs.eventfiles import checked_events
 from finetune_lab.runs.experiments import EXPERIMENT_CONFIG as EXPERIMENT_CONFIG
 from finetune_lab.runs.experiments import VARYING_KEYS as VARYING_KEYS
@@ -192,6 +193,7 @@ def _validate_run(path: Path, *, check_inputs: bool) -> RunRecord:
         rec.problems += [problem] if problem else []
 
     man = rec.manifest if shape_ok else {}  # a damaged manifest's fields are never read
+    rec.problems += manifest_contradictions(path, man) if shape_ok else []
     rec.problems += _forced_exit_problems(path, man, last_step)
     outputs = man.get("outputs")
     if man.get("status") == mf.STATUS_COMPLETE and isinstance(outputs, dict):
@@ -208,6 +210,13 @@ def _validate_run(path: Path, *, check_inputs: bool) -> RunRecord:
             rec.problems.append(
                 f"event file {path / rel} is not in the manifest (written after the run ended?)"
             )
+    for name, want in sorted((man.get("logs") or {}).items()):
+        log = path / name
+        if not log.is_file():
+            rec.problems.append(f"log {log} listed in the manifest is missing")
+        elif cached_sha256(log) != want:
+            rec.problems.append(f"log {log} changed after the run ended (its sha256 is not the "
+                                f"one the manifest recorded)")
 
     if check_inputs and shape_ok:
         checkpoint = man["inputs"].get("checkpoint")
@@ -261,11 +270,12 @@ def discover_runs(
         ]
         try:
             check_hyperparameters(exp_records, read_experiment_config(exp_dir))
+            count_problems(exp_records)
         except UserError as exc:  # a damaged experiment.json rejects its own experiment only
             for rec in exp_records:
                 rec.problems.append(f"its experiment cannot be checked: {exc}")
         records += [seal(rec) for rec in exp_records]
-    _reject_unfinished_copies(records)
+    _reject_copies(records)
     if wanted:
         missing = wanted - {r.experiment for r in records}
         if missing:
@@ -273,11 +283,14 @@ def discover_runs(
     return records
 
 
-def _reject_unfinished_copies(records: list[RunRecord]) -> None:
-    """An unfinished run counts as having shared the machine (:func:`sound_runs`); one whose
-    event file is byte-identical to another run's is a copy of that run, not a run of its own,
-    and is rejected. (A complete copy is rejected already: its folder or hashes disagree.)"""
-    suspects = [r for r in records if r.unfinished]
+def _reject_copies(records: list[RunRecord]) -> None:
+    """A run whose event file is byte-identical to another run's is a copy, not a run of its
+    own (an event file holds the times it was written): an unfinished one (which counts as
+    having shared the machine, :func:`sound_runs`) is rejected beside any run; two valid runs
+    are both rejected, since nothing tells the original from a copy edited everywhere. (A copy
+    that contradicts its folder, hashes or command is rejected already, its original kept.)"""
+    suspects = [r for r in records if r.unfinished or r.valid]
+    valid = {id(r) for r in records if r.valid}
     if not suspects:
         return
     by_size: dict[int, list[tuple[RunRecord, Path]]] = {}
@@ -288,7 +301,8 @@ def _reject_unfinished_copies(records: list[RunRecord]) -> None:
         for r in suspects:
             for f in mf.event_files(r.path):
                 twin = next(((o, g) for o, g in by_size.get(f.stat().st_size, [])
-                             if o is not r and cached_sha256(g) == cached_sha256(f)), None)
+                             if o is not r and (r.unfinished or id(o) in valid)
+                             and cached_sha256(g) == cached_sha256(f)), None)
                 if twin is not None:
                     r.problems.append(f"event file {f} is byte-identical to {twin[1]} of run "
                                       f"{twin[0].key}: a copy, not a run of its own")

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import sha256_file
+from finetune_lab._files import not_there, sha256_file
 from finetune_lab.argtypes import non_negative_int, positive_int, resolved_path
 from finetune_lab.config import paths
 from finetune_lab.data import binarize
@@ -178,7 +178,8 @@ def finetune_grid(
     model_pt = ckpt_dir / checkpoints.MODEL_FILE
     if "pretrained" in inits:
         if not model_pt.is_file():
-            raise UserError(f"{model_pt} does not exist: run `finetune-lab pretrain` first")
+            raise UserError(f"{model_pt} {not_there(model_pt)}: give the folder of a packaged "
+                            "checkpoint, or run `finetune-lab pretrain` first")
         check_same_dictionary(bin_dir, ckpt_dir)
         trust.check_trusted(model_pt, [ckpt_dir / checkpoints.MANIFEST_FILE])
     source = checkpoint_source(ckpt_dir) if "pretrained" in inits else None

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from finetune_lab.argtypes import record_name
-from finetune_lab._files import sha256_file, utc_now, write_json_atomic
+from finetune_lab._files import check_new_record, sha256_file, utc_now, write_json_atomic
 from finetune_lab.config import paths
 from finetune_lab.data.cls_books import default_output as default_cls_dir
 from finetune_lab.data.cls_books import read_split
@@ -94,12 +94,15 @@ def randomised(hub: Any, seed: int) -> Any:
 
 
 def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: int = 0,
-              cls_dir: Path | None = None, out_dir: Path | None = None) -> Path:
+              cls_dir: Path | None = None, out_dir: Path | None = None,
+              force: bool = False) -> Path:
     """Probe the weights in ``checkpoint`` (or a random initialisation of their architecture)
-    and write ``<out_dir>/<name>.json`` with what was probed, on what, and the accuracies."""
+    and write ``<out_dir>/<name>.json`` with what was probed, on what, and the accuracies. An
+    existing record of that name (the book may cite it) is replaced only with ``force``."""
     record_name(name)
     checkpoint, cls_dir = Path(checkpoint), Path(cls_dir or default_cls_dir())
     out = Path(out_dir or probe_dir()) / f"{name}.json"
+    check_new_record(out, f"the probe recorded as {name!r}", force=force)
     splits = {split: read_split(cls_dir, split) for split in ("train", "valid", "test")}
     start = time.monotonic()
     hub = load_hub_model(checkpoint)
@@ -142,11 +145,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="probe a random initialisation of the checkpoint's architecture")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
     p.add_argument("--cls-dir", type=Path, default=None, help="cls.books folder (default: work dir)")
+    p.add_argument("--force", action="store_true", help="replace an existing record of NAME")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     out = run_probe(args.checkpoint or packaged_dir(), name=args.name, random_init=args.random,
-                    seed=args.seed, cls_dir=args.cls_dir)
+                    seed=args.seed, cls_dir=args.cls_dir, force=args.force)
     print(f"probe: {out}")
     return 0

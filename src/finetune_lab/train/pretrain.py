@@ -19,15 +19,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import sha256_file, write_json_atomic
+from finetune_lab._files import sha256_file
 from finetune_lab.config import paths
 from finetune_lab.data import pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
 from finetune_lab.runs.fairseq_logs import last_update
 from finetune_lab.runs.manifest import device_info, portable_path
-from finetune_lab.runs.recording import record_run, run_fairseq_train
-from finetune_lab.runs.registry import EXPERIMENT_CONFIG
+from finetune_lab.runs.experiments import pin_config
+from finetune_lab.runs.recording import record_run, refuse_existing_run, run_fairseq_train
 from finetune_lab.train.pretrain_fairseq import (
     calibrate,
     corpus_entry,
@@ -100,6 +100,12 @@ def pretrain(
     if parent is not None and run is None:
         run = continued_run_name(str(parent["run"] or device), len(parent["lineage"]))
     run = run or f"{device}-seed{seed}"
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    # refused before any work: the run, the experiment's recipe, where the weights would go
+    refuse_existing_run(experiment, run, root, overwrite=overwrite)
+    pin_config(root / experiment, experiment_config(recipe))
+    if package:
+        checkpoints.check_package_dest(package_to)
     save_dir = state_dir(run if experiment == EXPERIMENT else f"{experiment}-{run}")
     save_dir.mkdir(parents=True, exist_ok=True)
 
@@ -135,8 +141,6 @@ def pretrain(
     hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget,
              **launch.hyperparameters(per_process)}
     env = {trust.TRUSTED_DIRS_ENV: str(save_dir)}
-    root = Path(runs_root) if runs_root is not None else paths().runs
-    write_json_atomic(root / experiment / EXPERIMENT_CONFIG, experiment_config(recipe))
     extra: dict[str, Any] = {"calibration": calibration, "corpora": [corpus_entry(bin_dir)]}
     if parent is not None:
         extra["continued_from"] = {k: parent[k] for k in ("sha256", "run", "lineage")}

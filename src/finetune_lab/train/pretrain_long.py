@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import sha256_file, write_json_atomic
+from finetune_lab._files import sha256_file
 from finetune_lab.config import paths
 from finetune_lab.data import pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
@@ -30,7 +30,7 @@ from finetune_lab.models import position_init as position_inits
 from finetune_lab.runs.fairseq_logs import line_stat
 from finetune_lab.runs.manifest import device_info, portable_path, read_manifest
 from finetune_lab.runs.recording import record_run, run_fairseq_train
-from finetune_lab.runs.registry import EXPERIMENT_CONFIG
+from finetune_lab.runs.experiments import pin_config
 from finetune_lab.train.pretrain_fairseq import (
     corpus_entry,
     echoing,
@@ -182,6 +182,10 @@ def pretrain_long(
     if seed is None:  # as `pretrain`: never replay the samples the weights were trained on
         seed = 1 + (len(parent["lineage"]) if parent is not None else 0)
 
+    root = Path(runs_root) if runs_root is not None else paths().runs
+    pin_config(root / EXPERIMENT, experiment_config(recipe))  # before any work, as the next
+    if package:
+        checkpoints.check_package_dest(package_to)
     save_dir = state_dir(run)
     save_dir.mkdir(parents=True, exist_ok=True)
     point = resume_point(save_dir)
@@ -192,7 +196,6 @@ def pretrain_long(
              "phases": phase_records(phases)}
     if position_init != "keep":  # absent from the runs before the option, which kept them
         hyper["position_init"] = position_init
-    root = Path(runs_root) if runs_root is not None else paths().runs
     run_manifest = root / EXPERIMENT / run / "manifest.json"
     if point is not None and not run_manifest.is_file():
         raise UserError(f"{save_dir} holds the state of a run that {run_manifest.parent} does "
@@ -204,7 +207,6 @@ def pretrain_long(
                 f"({save_dir / LAST}) is not on this machine. It cannot resume; start a new run "
                 "from the weights it last packaged (`--continue-from DIR --run NEW`), or "
                 "delete the run folder to start it over")
-    write_json_atomic(root / EXPERIMENT / EXPERIMENT_CONFIG, experiment_config(recipe))
 
     init_copy = save_dir / "init_model.pt"
     # from scratch with sinusoids: the random weights fairseq would draw, in a file to rewrite

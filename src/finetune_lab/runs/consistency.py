@@ -1,0 +1,153 @@
+"""What a run's manifest says twice must agree with itself (issue 35, silent wrong results).
+
+The schema checks each field alone; an edited field that stays in range (a wall time of 60,000 s,
+50 updates/s, a seed renamed in a copied run) passed it and changed a table. These checks
+compare the fields the book reads with what else records the same fact: the start and end
+times, the command line, the run's own ``train.log`` (hashed since it is read), and, across an
+experiment, the other runs of the same method.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from finetune_lab.runs.fairseq_logs import log_rates
+
+CLOCK_SLACK_S = 2.0
+"""Start and end times are recorded to the second; a wall time is measured to the millisecond."""
+RATE_TOLERANCE = 0.01
+"""A recorded rate and the one its log gives again: the same median, up to a log line written
+after the rate was taken (0.35 % in the one committed run where that happened)."""
+TIMED_SHARE = 0.8
+"""The least share of a run's wall time that ``extra.time_s`` (the timed training and
+evaluation) covers: 98 to 100 % in every recorded run; loading lies outside both."""
+
+
+class Judged(Protocol):
+    """The registry's record, as these checks read and fill it."""
+
+    experiment: str
+    name: str
+    manifest: dict[str, Any] | None
+    problems: list[str]
+
+    @property
+    def valid(self) -> bool: ...
+
+
+def _time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
+def time_problems(man: dict[str, Any]) -> list[str]:
+    """The wall time against the run's start and end (and its launches' own wall times)."""
+    start, end, wall = _time(man.get("start_time")), _time(man.get("end_time")), \
+        _number(man.get("wall_time_s"))
+    if start is None or end is None or wall is None:
+        return []
+    span = (end - start).total_seconds()
+    if wall > span + CLOCK_SLACK_S:
+        return [f"wall_time_s {wall:g} s is longer than the {span:g} s from its start_time to "
+                "its end_time"]
+    segments = man.get("segments") or []
+    walls = [_number(s.get("wall_time_s")) for s in segments if isinstance(s, dict)]
+    if segments and walls and None not in walls:
+        if abs(sum(walls) - wall) > CLOCK_SLACK_S:  # type: ignore[arg-type]
+            return [f"wall_time_s {wall:g} s is not the sum of its launches' wall times "
+                    f"({sum(walls):g} s)"]  # type: ignore[arg-type]
+    elif not segments and abs(span - wall) > CLOCK_SLACK_S:
+        return [f"wall_time_s {wall:g} s disagrees with the {span:g} s from its start_time to "
+                "its end_time (one launch)"]
+    extra = man.get("extra") or {}
+    timed = _number(extra.get("time_s")) if isinstance(extra, dict) else None
+    if timed is not None and not TIMED_SHARE * wall <= timed <= wall + CLOCK_SLACK_S:
+        return [f"extra.time_s {timed:g} s is not the {int(100 * TIMED_SHARE)} to 100 % of "
+                f"wall_time_s ({wall:g} s) that the timed part of a run takes"]
+    return []
+
+
+def seed_problems(man: dict[str, Any]) -> list[str]:
+    """The seed against the command line that ran the run (``--seed N``, ``--seeds A B``)."""
+    command = [str(t) for t in man.get("command") or []]
+    seed = str(man.get("seed"))
+    for i, token in enumerate(command):
+        if token == "--seed" and i + 1 < len(command) and command[i + 1] != seed:
+            return [f"seed {seed} contradicts its command line (--seed {command[i + 1]})"]
+        if token == "--seeds":
+            listed = [t for t in _values_after(command, i)]
+            if listed and seed not in listed:
+                return [f"seed {seed} is not among its command line's --seeds "
+                        f"({' '.join(listed)})"]
+    return []
+
+
+def _values_after(command: Sequence[str], i: int) -> Iterable[str]:
+    for token in command[i + 1:]:
+        if token.startswith("--"):
+            return
+        yield token
+
+
+def throughput_problems(path: Path, man: dict[str, Any]) -> list[str]:
+    """fairseq's median rates recorded in ``throughput`` against the run's ``train.log``, where
+    the manifest hashes the log (so the log itself has been checked)."""
+    recorded, log = man.get("throughput") or {}, path / "train.log"
+    if not isinstance(recorded, dict) or "train.log" not in (man.get("logs") or {}) \
+            or not log.is_file():  # a listed log that is gone: the registry says so
+        return []
+    wanted = {k: _number(recorded.get(k)) for k in ("updates_per_s", "tokens_per_s")}
+    wanted = {k: v for k, v in wanted.items() if v is not None}
+    if not wanted:
+        return []
+    rates = log_rates(log.read_text(encoding="utf-8", errors="replace"))
+    return [f"throughput.{k} {v:g} disagrees with its train.log ({rates.get(k, 'no rate'):g})"
+            if k in rates else f"throughput.{k} {v:g} but its train.log logs no rate"
+            for k, v in wanted.items()
+            if k not in rates or abs(rates[k] - v) > RATE_TOLERANCE * max(abs(v), 1e-12)]
+
+
+def manifest_contradictions(path: Path, man: dict[str, Any]) -> list[str]:
+    """Every check above, on a manifest whose shape passed the schema."""
+    return time_problems(man) + seed_problems(man) + throughput_problems(path, man)
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def count_problems(records: Sequence[Judged]) -> None:
+    """Runs of one experiment and method (the same hyperparameters, the seed and init aside)
+    have the same model, so the same ``extra.parameters``: a run whose counts differ from a
+    strict majority of its group is flagged (with no majority, every run that disagrees)."""
+    groups: dict[str, list[Judged]] = defaultdict(list)
+    for rec in records:
+        man = rec.manifest or {}
+        extra = man.get("extra") if isinstance(man.get("extra"), dict) else {}
+        if rec.valid and isinstance(extra.get("parameters"), dict):
+            hp = {k: v for k, v in (man.get("hyperparameters") or {}).items()}
+            groups[_canon([rec.experiment, extra.get("method"), hp])].append(rec)
+    for group in groups.values():
+        counts = Counter(_canon(r.manifest["extra"]["parameters"]) for r in group)  # type: ignore[index]
+        if len(counts) < 2:
+            continue
+        top, n = counts.most_common(1)[0]
+        majority = top if n * 2 > len(group) else None
+        for rec in group:
+            mine = _canon(rec.manifest["extra"]["parameters"])  # type: ignore[index]
+            if mine != majority:
+                rec.problems.append(
+                    f"extra.parameters {mine} differ from those of the other runs of the same "
+                    f"method in {rec.experiment} ({len(group) - 1} others)")
