@@ -724,7 +724,32 @@ def _trainable(m: dict) -> dict:
                                                         "trainable": 1}}}
 
 
+def _peak(m: dict) -> dict:
+    peak = m["extra"]["peak_memory"]
+    return {**m, "extra": {**m["extra"], "peak_memory": {**peak, "bytes": peak["bytes"] // 4}}}
+
+
+def _a_day_later(m: dict) -> dict:
+    later = {k: (pd.Timestamp(m[k]) + pd.Timedelta(days=1)).isoformat()
+             for k in ("start_time", "end_time")}
+    return {**m, **later}
+
+
+def _cpu_name(m: dict) -> dict:
+    return {**m, "device": {**m["device"], "name": "AMD EPYC"}}
+
+
+def _lr(m: dict) -> dict:
+    return {**m, "hyperparameters": {**m["hyperparameters"], "lr": 0.001}}
+
+
 CONTRADICTIONS: dict[str, tuple[str, Callable[[dict], dict], str]] = {
+    # trial 4, f01, f02, f03, f05
+    "a quarter of the peak memory": ("lora/lora-qv-seed0", _peak, "extra.peak_memory.bytes"),
+    "another CPU's name": ("fairseq/random-seed0", _cpu_name, "is not its device.cpu"),
+    "a run moved a day": ("fairseq-candidate/pretrained-seed1", _a_day_later,
+                          "outside the run's start_time to end_time"),
+    "one seed's own learning rate": ("lora/lora-qv-seed0", _lr, "hyperparameters"),
     # name: (run, how its manifest changes, what the reason names)
     "a wall time past its own end": ("fairseq/random-seed1", _edit("wall_time_s", 60000.0),
                                      "longer than"),

@@ -1,9 +1,11 @@
-"""The third fault trial (50 faults no test covered), fixed by class: a user's folder or record
-is never replaced, work is refused before it starts, and every fault is one line naming it."""
+"""The third and fourth fault trials (faults no test covered), fixed by class: a user's
+folder or record is never replaced, work is refused before it starts, and every fault is one
+line naming it."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,9 +114,14 @@ def test_a_package_folder_the_user_made_is_refused_before_training(tiny_corpus, 
 
 
 @pytest.mark.parametrize("content", ["text", "mapping"])
-def test_a_file_that_is_no_checkpoint_is_one_line(tmp_path, capsys, content):
+def test_a_file_that_is_no_checkpoint_is_one_line(tmp_path, capsys, monkeypatch, content):
     """T10, T11: `package-checkpoint FILE --trust` of a text file (KeyError: 101) or of a torch
     file without weights (KeyError: 'model') printed a traceback."""
+    tok = tmp_path / "work" / "tokenizer"  # the tokenizer it packages with (a clean clone has none)
+    tok.mkdir(parents=True)
+    shutil.copy2(PACKAGED / "sentencepiece.bpe.model", tok / "spm.model")
+    shutil.copy2(PACKAGED / "dict.txt", tok / "dict.txt")
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
     source = tmp_path / "t.pt"
     if content == "text":
         source.write_text("hello\n")
@@ -145,9 +152,12 @@ def test_a_folder_for_a_file_and_a_file_for_a_folder_are_named_so(tmp_path, caps
     (tmp_path / "g" / "gpu-lab.json").mkdir(parents=True)
     assert main(["gpu-unpack", str(tmp_path / "g")]) == 2
     assert "gpu-lab.json is a folder, not a file" in _one_line(capsys)
-    assert main(["fill-mask", "--checkpoint", str(PACKAGED / "model.pt"), "--name", "zz"]) == 2
-    assert "model.pt is a file, not a folder: pass the folder that holds model.pt" \
-        in _one_line(capsys)
+    with pytest.raises(SystemExit):  # refused as the command line is read
+        main(["fill-mask", "--checkpoint", str(PACKAGED / "model.pt"), "--name", "zz"])
+    assert "model.pt is a file, not a folder" in _one_line(capsys)
+    from finetune_lab.models.checkpoints import load_hub_model  # and by the function itself
+    with pytest.raises(UserError, match="is a file, not a folder: pass the folder that holds"):
+        load_hub_model(PACKAGED / "model.pt")
 
 
 def test_adopt_tokenizer_has_the_force_its_refusal_names(tmp_path, capsys):
@@ -160,3 +170,90 @@ def test_adopt_tokenizer_has_the_force_its_refusal_names(tmp_path, capsys):
     assert main(["adopt-tokenizer", "--out", str(user), "--force"]) == 0
     assert sorted(p.name for p in user.iterdir()) == [
         ".finetune-lab-output", "dict.txt", "manifest.json", "spm.model"]
+
+
+# --- fault trial 4 -------------------------------------------------------------------------
+
+
+def test_data_summary_keeps_a_file_that_is_not_a_summary(tmp_path, capsys):
+    """f06: `data-summary --out notes.txt` replaced the user's file, exit 0."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("notes")
+    assert main(["data-summary", "--out", str(notes)]) == 2
+    assert "is not a data summary: it was left as it is" in _one_line(capsys)
+    assert notes.read_text() == "notes"
+
+
+@pytest.mark.parametrize("argv", [
+    ["finetune", "lora", "--runs-root", "FILE"], ["finetune", "transformers", "--cls-dir", "FILE"],
+    ["finetune", "lora", "--model-dir", "FILE"], ["finetune", "fairseq", "--data", "FILE"],
+    ["data-summary", "--work", "FILE"], ["probe", "--name", "x", "--cls-dir", "FILE"],
+    ["convert-hf", "--tokenizer-dir", "FILE"], ["gpu-unpack", "FILE"]])
+def test_a_file_given_for_a_folder_is_named_before_any_work(tmp_path, capsys, argv):
+    """f11, f13, f23-f26, f34: a file where a folder is wanted was "missing", "lacks
+    input0/train.bin", or a NotADirectoryError traceback after a run folder was made."""
+    file = tmp_path / "passwd"
+    file.write_text("root:x:0:0")
+    with pytest.raises(SystemExit) as stopped:
+        main([str(file) if a == "FILE" else a for a in argv])
+    assert stopped.value.code == 2
+    assert f"{file} is a file, not a folder" in _one_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["passwd"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["finetune", "lora", "--lora-lr", "nan"], "must be more than 0"),
+    (["finetune", "lora", "--lora-lr", "-1"], "must be more than 0"),
+    (["finetune", "lora", "--logging-steps", "0"], "must be 1 or more"),
+    (["finetune", "transformers", "--logging-steps", "0"], "must be 1 or more"),
+    (["pretrain", "--tapt-fraction", "1.5"], "must be from 0 to 1")])
+def test_bad_values_of_the_fine_tuning_flags_are_refused_at_once(argv, says, capsys):
+    """f08-f10, f15: NaN and negative learning rates and 0 logging steps made a run folder, then
+    a torch or transformers traceback (and a manifest holding NaN)."""
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and says in _one_line(capsys)
+
+
+def test_a_tapt_fraction_without_a_long_run_is_refused(capsys):
+    """f15: without --tokens, --tapt-fraction was ignored and a short run started."""
+    assert main(["pretrain", "--tapt-fraction", "0.5"]) == 2
+    assert "--tapt-fraction needs a long run (--tokens N)" in _one_line(capsys)
+
+
+def test_a_path_through_a_file_is_one_line(monkeypatch, capsys):
+    """f11: a path whose folder part is a file (`/etc/passwd/x`) ended in a NotADirectoryError
+    traceback: it is a fault of the machine's kind, one line with the fix."""
+    import argparse
+
+    def parser(_modules):
+        p = argparse.ArgumentParser()
+        p.set_defaults(command="runs", func=lambda _a: (_ for _ in ()).throw(
+            NotADirectoryError(20, "Not a directory", "/etc/passwd/x")))
+        return p
+
+    monkeypatch.setattr(cli, "build_parser", parser)
+    assert main([]) == 2
+    assert "/etc/passwd/x: Not a directory; a part of that path is a file" in _one_line(capsys)
+
+
+def test_damaged_prepared_data_is_one_line(tmp_path):
+    """f18, f19, f21: a `cls.books/manifest.json` of `[]`, a garbage `spm.model` and `"counts":
+    "many"` gave a TypeError, a sentencepiece RuntimeError, and a data.json that broke a
+    chapter."""
+    from finetune_lab._files import read_record
+    from finetune_lab.data import tokenizer
+    from finetune_lab.errors import DamagedFileError
+
+    manifest = tmp_path / "manifest.json"
+    for text, says in (("[]", "it holds a list, not an object"),
+                       ('{"counts": "many", "commands": []}', "its 'counts' is 'many'")):
+        manifest.write_text(text)
+        with pytest.raises(DamagedFileError, match=says):
+            read_record(manifest, {"counts": dict, "commands": list})
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "spm.model").write_bytes(b"garbage")
+    (tok / "dict.txt").write_text("a 1\n")
+    with pytest.raises(UserError, match="spm.model is not a sentencepiece model"):
+        tokenizer.load_processor(tok)

@@ -93,3 +93,33 @@ def test_a_probe_of_other_splits_and_answers_out_of_range_are_set_aside(tmp_path
         p.stem for p in fm_src.glob("*.json"))
     assert bad == ["`p.json` has a prediction (item 0) that has probability = 7.5, outside 0 to 1",
                    "`r.json` has a prediction (item 0) that has rank = 0, outside 1 to 5"]
+
+
+def test_a_record_copied_under_another_name_or_not_a_count_is_set_aside(tmp_path):
+    """Fault trial 4, f31-f33: a probe copied as cpu-zcopy.json showed its weights twice; a
+    fill-mask record copied and edited replaced the committed answers of the name it carries;
+    an accuracy of 74.37 % (no count of 2,000 reviews gives it) was shown."""
+    src = paths().summaries / "probes"
+    folder = tmp_path / "probes"
+    shutil.copytree(src, folder)
+    shutil.copy2(src / "cpu-sinpos1-bow.json", folder / "cpu-zcopy.json")
+    odd = json.loads((src / "cpu-long.json").read_text())
+    odd["probes"]["mean"]["test_accuracy"] = 74.37
+    (folder / "cpu-long.json").write_text(json.dumps(odd))
+    bad: list[str] = []
+    table = probe_report.probe_table(folder, set_aside=bad)
+    assert sorted(table["weights"]) == sorted(p.stem for p in src.glob("*.json")
+                                              if p.stem != "cpu-long")
+    assert [line.split("`")[1] for line in bad] == ["cpu-long.json", "cpu-zcopy.json"]
+    assert "which no count of 2000 test reviews gives" in bad[0]
+    assert "is the record of 'cpu-sinpos1-bow'" in bad[1]
+
+    fm_src = fill_mask.fill_mask_dir()
+    fm = tmp_path / "fill-mask"
+    shutil.copytree(fm_src, fm)
+    shutil.copy2(fm_src / "cpu-sinpos1.json", fm / "zz-copy.json")
+    bad = []
+    found = fill_mask.recorded_fill_masks(fm, set_aside=bad)
+    assert sorted(found) == sorted(p.stem for p in fm_src.glob("*.json"))
+    assert bad == ["`zz-copy.json` is the record of 'cpu-sinpos1' (a copy under another name?): "
+                   "a record is kept as NAME.json"]

@@ -112,6 +112,19 @@ def read_json(path: Path) -> Any:
             raise DamagedFileError(path, str(exc).splitlines()[0]) from None
 
 
+def read_record(path: Path, fields: Mapping[str, type | tuple[type, ...]]) -> dict[str, Any]:
+    """:func:`read_json` of a JSON object that must hold ``fields`` (name to type): one that
+    parses but has another shape (``[]``, ``"counts": "many"``) is damaged too, named here, not
+    a TypeError in the code that reads it."""
+    record = read_json(path)
+    if not isinstance(record, dict):
+        raise DamagedFileError(path, f"it holds a {type(record).__name__}, not an object")
+    for name, kind in fields.items():
+        if not isinstance(record.get(name), kind):
+            raise DamagedFileError(path, f"its {name!r} is {record.get(name)!r}")
+    return record
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"it holds {name}")
 

@@ -52,6 +52,28 @@ def probability(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A share from 0 to 1, both included (``--tapt-fraction 1``: task texts only)."""
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, not {text}")
+    return value
+
+
+def folder(text: str) -> Path:
+    """A folder argument: a file there is refused now, said as it is (it was reported as a
+    folder that "is missing", or ended in a NotADirectoryError traceback)."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    return path
+
+
+def resolved_folder(text: str) -> Path:
+    """:func:`folder`, resolved as :func:`resolved_path` is."""
+    return folder(text).resolve()
+
+
 def resolved_path(text: str) -> Path:
     """A path resolved against the current directory now, so that a step that runs a tool in
     another folder (``fairseq-preprocess`` runs in a scratch folder) still finds it."""

@@ -85,6 +85,8 @@ OS_FAULTS = {
                  "FINETUNE_LAB_WORK_DIR / FINETUNE_LAB_RUNS_DIR at a folder you can use",
     errno.EROFS: "it is on a read-only file system: point FINETUNE_LAB_WORK_DIR / "
                  "FINETUNE_LAB_RUNS_DIR at a writable one",
+    errno.ENOTDIR: "a part of that path is a file, not a folder: give a path through folders",
+    errno.EISDIR: "it is a folder where a file is wanted: give the file",
 }
 """Faults of the machine rather than of the project, told in one line with the path and the fix
 (runs write atomically or are marked failed, so a fault leaves nothing half-written behind)."""
@@ -141,7 +143,7 @@ def fault_advice(code: int, filename: str | os.PathLike | None) -> str:
     only with a file inside them; a read-only checkout (Quarto's .quarto/ and _freeze/, say)
     needs a writable copy, whatever the environment says."""
     advice = OS_FAULTS[code]
-    if filename is None:
+    if filename is None or code in (errno.ENOTDIR, errno.EISDIR):  # the path is the fault
         return advice
     where, p = Path(os.path.abspath(filename)), paths()
     movable = any(where.is_relative_to(os.path.abspath(d)) for d in (p.work, p.runs))

@@ -12,8 +12,8 @@ class DamagedFileError(UserError, ValueError):
     damaged marker or manifest read as "not ours"), one line naming the file to a user."""
 
     def __init__(self, path: object, why: str) -> None:
-        super().__init__(f"{path} cannot be read as JSON ({why}): restore it (`git checkout -- "
-                         "FILE` if it is committed) or run the step that writes it again")
+        super().__init__(f"{path} is damaged ({why}): restore it (`git checkout -- FILE` if it "
+                         "is committed) or run the step that writes it again")
         self.why = why
 
 

@@ -24,7 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from finetune_lab._files import sha256_file
-from finetune_lab.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from finetune_lab.argtypes import (
+    folder,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
@@ -59,19 +65,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", nargs="+", type=non_negative_int, default=None)
     p.add_argument("--inits", nargs="+", choices=("pretrained", "random"), default=None,
                    help="the initialisations of the fairseq and Transformers runs (default both)")
-    p.add_argument("--checkpoint", type=Path, default=None,
+    p.add_argument("--checkpoint", type=folder, default=None,
                    help="packaged weights under data/ (a candidate) for the fairseq pretrained "
                         "runs; they go to the next fairseq-candidate experiment")
     p.add_argument("--python", default=GPU_PYTHON, help="the device's Python, for the wheels")
     p.add_argument("--from-environment", action="store_true",
                    help="a rehearsal where the call runs on a machine that has fairseq and the "
                         "wheels' packages (the tests): download nothing, carry no wheels")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=folder, default=None)
     p.add_argument("--force", action="store_true",
                    help="replace --out even if gpu-bundle did not make it")
     p.set_defaults(func=_bundle)
     u = sub.add_parser("gpu-unpack", help="move a device call's runs into the run cache")
-    u.add_argument("files", type=Path, help="the folder the call's files came back in")
+    u.add_argument("files", type=folder, help="the folder the call's files came back in")
     u.set_defaults(func=_unpack)
 
 

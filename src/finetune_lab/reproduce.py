@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from finetune_lab._files import atomic_dir, data_step_output, sha256_file, write_json_atomic
-from finetune_lab.argtypes import positive_float, positive_int
+from finetune_lab.argtypes import folder, positive_float, positive_int
 from finetune_lab.cli import main
 from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
@@ -104,9 +104,9 @@ def add_parser(sub) -> None:
     a = sub.add_parser(tokenizer.ADOPT_COMMAND,
                        help="make the work tokenizer the committed checkpoint's own (what every "
                             "committed run read; train-tokenizer makes a new one)")
-    a.add_argument("--checkpoint", type=Path, default=None,
+    a.add_argument("--checkpoint", type=folder, default=None,
                    help="packaged checkpoint folder (default: data/checkpoints/roberta-small-fr)")
-    a.add_argument("--out", type=Path, default=None,
+    a.add_argument("--out", type=folder, default=None,
                    help="tokenizer folder (default: data/work/tokenizer)")
     a.add_argument("--force", action="store_true",
                    help="replace --out even if no tokenizer step of this project made it")

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from finetune_lab.argtypes import folder
 from finetune_lab import _files
 from finetune_lab.config import paths
 from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
@@ -100,10 +101,14 @@ def compute_summary(work: Path | None = None) -> dict[str, Any]:
         raise UserError(f"prepared data missing: {', '.join(missing)}. Run `finetune-lab "
                         "reproduce` (it makes what is missing and skips the rest), or in order: "
                         + "; ".join(REGENERATE[:-1]))
-    cls_manifest = _files.read_json(folders["cls"] / "manifest.json")
-    trained = tokenizer_training(_files.read_json(folders["tokenizer"] / "manifest.json"))
-    bin_manifest = _files.read_json(folders["cls_bin"] / "manifest.json")
-    pre_manifest = _files.read_json(folders["pretrain"] / "manifest.json")
+    cls_manifest = _files.read_record(folders["cls"] / "manifest.json",
+                                      {"seed": int, "parameters": dict})
+    trained = tokenizer_training(_files.read_record(folders["tokenizer"] / "manifest.json", {}))
+    bin_manifest = _files.read_record(folders["cls_bin"] / "manifest.json",
+                                      {"counts": dict, "commands": list})
+    pre_manifest = _files.read_record(folders["pretrain"] / "manifest.json",
+                                      {"counts": dict, "parameters": dict, "timings_s": dict,
+                                       "commands": list})
 
     splits, lengths, length_stats, texts = [], {}, {}, {}
     for split in SPLITS:
@@ -184,12 +189,36 @@ def tokenizer_training(tok_manifest: dict[str, Any]) -> dict[str, Any]:
     return {**committed["tokenizer"], "tool_versions": committed["tool_versions"]}
 
 
-def write_summary(summary: dict[str, Any], dest: Path | None = None) -> Path:
-    """Write the committed aggregate summary (``data/summaries/data.json``)."""
-    dest = Path(dest) if dest is not None else summary_path()
+def write_summary(summary: dict[str, Any], dest: Path | None = None, *,
+                  force: bool = False) -> Path:
+    """Write the committed aggregate summary (``data/summaries/data.json``). A file there that
+    is not a data summary (a user's ``--out``) is replaced only with ``force``."""
+    dest = check_summary_dest(dest, force=force)
     _files.check_writable(dest.parent)
     _files.write_json_atomic(dest, summary)
     return dest
+
+
+def check_summary_dest(dest: Path | None, *, force: bool = False) -> Path:
+    """Where the summary goes, refused (one line) when it is a folder, or a file that is not a
+    data summary and ``force`` is not given."""
+    dest = Path(dest) if dest is not None else summary_path()
+    if dest.is_dir():
+        raise UserError(f"{dest} is a folder, not a file: give --out a file name")
+    if (dest.exists() or dest.is_symlink()) and not force and not _is_summary(dest):
+        raise UserError(f"{dest} exists and is not a data summary: it was left as it is; "
+                        "choose another --out, or pass --force to replace it")
+    return dest
+
+
+def _is_summary(path: Path) -> bool:
+    """Whether ``path`` holds what :func:`write_summary` writes: a JSON object with the
+    CLS-Books and tokenizer sections."""
+    try:
+        record = _files.read_json(path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and {"cls", "tokenizer"} <= set(record)
 
 
 def load_summary(work: Path | None = None, committed: Path | None = None) -> dict[str, Any]:
@@ -212,13 +241,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="compute the data chapter's statistics from the prepared data and write data.json",
         description=compute_summary.__doc__,
     )
-    parser.add_argument("--work", type=Path, default=None, help="work dir (default: data/work)")
+    parser.add_argument("--work", type=folder, default=None, help="work dir (default: data/work)")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"summary file (default: data/summaries/{SUMMARY_NAME})")
+    parser.add_argument("--force", action="store_true",
+                        help="replace --out even if it is not a data summary")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    dest = write_summary(compute_summary(args.work), args.out)
+    check_summary_dest(args.out, force=args.force)  # refused before the statistics are made
+    dest = write_summary(compute_summary(args.work), args.out, force=args.force)
     print(f"data-summary: wrote {dest}")
     return 0

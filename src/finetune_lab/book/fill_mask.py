@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab._files import check_new_record, sha256_file, utc_now, write_json_atomic
-from finetune_lab.argtypes import record_name
+from finetune_lab.argtypes import folder, record_name
 from finetune_lab.book.summary_files import NUMBER, PROBABILITY, read_records, summary_problem
 from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import (
@@ -170,7 +170,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "fill-mask", help="ask packaged weights to fill the book's masked sentences; keep the "
                           "answers in data/summaries/fill-mask/NAME.json")
-    p.add_argument("--checkpoint", type=Path, required=True,
+    p.add_argument("--checkpoint", type=folder, required=True,
                    help="packaged checkpoint folder (model.pt, dict.txt, manifest.json)")
     p.add_argument("--name", required=True, help="record name (the weights' name in the book)")
     p.add_argument("--force", action="store_true", help="replace an existing record of NAME")

@@ -27,12 +27,19 @@ PROBE_FIELDS = ((("name",), str), (("init",), str), (("wall_time_s",), NUMBER, (
 
 def _checkpoint_problem(record: dict) -> str | None:
     """A pretrained probe names its weights; every probe was run on the lab's splits (a probe
-    of a few reviews was a number in the table like any other)."""
+    of a few reviews was a number in the table like any other), and its accuracies are counts
+    of their test reviews."""
     sizes = record.get("sizes")
     lab = split_sizes()
     if not isinstance(sizes, dict) or any(sizes.get(s) != lab[s] for s in ("train", "test")):
         return (f"probed splits of {sizes} reviews, not CLS-Books' ({lab['train']} train, "
                 f"{lab['test']} test)")
+    for feature in ("<s>", "mean"):  # an accuracy is a count of the test reviews, in %
+        correct = record["probes"][feature]["test_accuracy"] * lab["test"] / 100
+        if abs(correct - round(correct)) > 0.01:
+            return (f"has probes.{feature}.test_accuracy = "
+                    f"{record['probes'][feature]['test_accuracy']}, which no count of "
+                    f"{lab['test']} test reviews gives")
     if record["init"] == "random":
         return None
     return summary_problem(record, ((("checkpoint", "sha256"), str),))

@@ -66,12 +66,19 @@ def read_json_files(folder: Path, problem: Any, pattern: str = "*.json"
 
 def read_records(folder: Path, fields: Sequence[Field],
                  more: Any = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every ``*.json`` of ``folder`` that parses (strict JSON: no NaN) and has ``fields``, in
-    name order; and one line per file set aside. ``more(record)`` may return a further problem
-    (or None)."""
+    """Every ``*.json`` of ``folder`` that parses (strict JSON: no NaN), has ``fields`` and is
+    named as it names itself, in name order; and one line per file set aside, in name order.
+    ``more(record)`` may return a further problem (or None)."""
     good, bad = read_json_files(folder, lambda record: summary_problem(record, fields)
                                 or (more(record) if more else None))
-    return [record for _, record in good], bad
+    kept = []
+    for path, record in good:  # NAME.json names itself NAME: a renamed copy read as its source
+        if isinstance(record.get("name"), str) and record["name"] != path.stem:
+            bad.append(f"`{path.name}` is the record of {record['name']!r} (a copy under another "
+                       "name?): a record is kept as NAME.json")
+        else:
+            kept.append(record)
+    return kept, sorted(bad)
 
 
 def set_aside_markdown(bad: Sequence[str], what: str, fix: str) -> str:

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from finetune_lab.argtypes import positive_int, resolved_path
+from finetune_lab.argtypes import folder, positive_int, resolved_folder
 from finetune_lab import _files
 from finetune_lab.data import cls_books, tokenizer
 from finetune_lab.data.cls_books import SPLITS, check_same_length, count_lines, read_split
@@ -185,11 +185,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="sentencepiece-encode cls.books and run fairseq-preprocess (input0 + label)",
         description=binarize_cls.__doc__,
     )
-    parser.add_argument("--cls", type=Path, default=None, dest="cls_dir",
+    parser.add_argument("--cls", type=folder, default=None, dest="cls_dir",
                         help="cls.books folder (default: <work dir>/cls.books)")
-    parser.add_argument("--tokenizer", type=resolved_path, default=None,
+    parser.add_argument("--tokenizer", type=resolved_folder, default=None,
                         help="folder with spm.model and dict.txt (default: <work dir>/tokenizer)")
-    parser.add_argument("--out", type=resolved_path, default=None,
+    parser.add_argument("--out", type=resolved_folder, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
     parser.add_argument("--workers", type=positive_int, default=2)
     parser.add_argument("--force", action="store_true",

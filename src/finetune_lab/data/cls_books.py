@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune_lab.argtypes import non_negative_int
+from finetune_lab.argtypes import folder, non_negative_int
 from finetune_lab import _files
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
@@ -240,9 +240,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="build cls.books/{train,valid,test}.{review,label} from the Webis-CLS-10 books XML",
         description=prepare_cls.__doc__,
     )
-    parser.add_argument("--data-root", type=Path, default=None,
+    parser.add_argument("--data-root", type=folder, default=None,
                         help="raw data root (default: $FINETUNE_LAB_DATA_ROOT or ../shared/data)")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", type=folder, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
     parser.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
     parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)

@@ -24,7 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.argtypes import non_negative_int, positive_int, resolved_path
+from finetune_lab.argtypes import (
+    folder,
+    non_negative_int,
+    positive_int,
+    resolved_folder,
+)
 from finetune_lab import _files
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.data import binarize, tokenizer
@@ -174,10 +179,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="split ELTeC by novel, spm-encode it and binarize it for fairseq masked_lm",
         description=prepare_pretrain.__doc__,
     )
-    parser.add_argument("--data-root", type=Path, default=None)
-    parser.add_argument("--tokenizer", type=resolved_path, default=None,
+    parser.add_argument("--data-root", type=folder, default=None)
+    parser.add_argument("--tokenizer", type=resolved_folder, default=None,
                         help="folder with spm.model and dict.txt (default: <work dir>/tokenizer)")
-    parser.add_argument("--out", type=resolved_path, default=None,
+    parser.add_argument("--out", type=resolved_folder, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
     parser.add_argument("--seed", type=non_negative_int, default=DEFAULT_SEED)
     parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from finetune_lab import _files
 from finetune_lab.data.child import ChildFailed, in_child
-from finetune_lab.argtypes import positive_int
+from finetune_lab.argtypes import folder, positive_int
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
 from finetune_lab.data import eltec
@@ -148,7 +148,12 @@ def load_processor(tokenizer_dir: Path):
     import sentencepiece as spm
 
     model_path, _ = require_tokenizer(tokenizer_dir)
-    return spm.SentencePieceProcessor(model_file=str(model_path))
+    try:
+        return spm.SentencePieceProcessor(model_file=str(model_path))
+    except (RuntimeError, OSError) as exc:  # a damaged model is sentencepiece's RuntimeError
+        raise UserError(f"{model_path} is not a sentencepiece model ({str(exc).strip()[:120]}): "
+                        "restore the tokenizer (`finetune-lab adopt-tokenizer --force`) or train "
+                        "it again") from None
 
 
 def require_tokenizer(tokenizer_dir: Path) -> tuple[Path, Path]:
@@ -293,8 +298,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="train the 32k sentencepiece BPE model and fairseq dict.txt on the pretraining corpus",
         description=train_tokenizer.__doc__,
     )
-    parser.add_argument("--data-root", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--data-root", type=folder, default=None)
+    parser.add_argument("--out", type=folder, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--vocab-size", type=positive_int, default=DEFAULT_VOCAB_SIZE,

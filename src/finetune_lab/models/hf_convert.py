@@ -32,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from finetune_lab.argtypes import folder
 from finetune_lab._files import (CONVERSION_RECORD, atomic_dir, check_replaceable, sha256_file,
                                  tree_entries, utc_now)
 from finetune_lab.config import paths
@@ -373,9 +374,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=convert_checkpoint.__doc__)
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="fairseq checkpoint (default: data/checkpoints/roberta-small-fr/model.pt)")
-    p.add_argument("--tokenizer-dir", type=Path, default=None,
+    p.add_argument("--tokenizer-dir", type=folder, default=None,
                    help="folder with the spm model and dict.txt (default: the checkpoint's folder)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: "
+    p.add_argument("--out", type=folder, default=None, help="output folder (default: "
                    "<work dir>/hf/roberta-small-fr)")
     p.add_argument("--force", action="store_true",
                    help="replace --out even if convert-hf did not make it")

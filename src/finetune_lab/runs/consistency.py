@@ -10,12 +10,14 @@ experiment, the other runs of the same method.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.fairseq_logs import log_rates
 
 CLOCK_SLACK_S = 2.0
@@ -119,35 +121,96 @@ def throughput_problems(path: Path, man: dict[str, Any]) -> list[str]:
             if k not in rates or abs(rates[k] - v) > RATE_TOLERANCE * max(abs(v), 1e-12)]
 
 
+_EVENT_TIME = re.compile(r"events\.out\.tfevents\.(\d+)\.")
+
+
+def event_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
+    """The start and end times against the event files' own names, which hold the second each
+    was created (hashed when the run ended): a run moved in time moved between machine layouts."""
+    start, end = _time(man.get("start_time")), _time(man.get("end_time"))
+    if start is None:
+        return []
+    for f in mf.event_files(path):
+        if (found := _EVENT_TIME.match(f.name)) is None:
+            continue
+        made = datetime.fromtimestamp(int(found[1]), tz=timezone.utc)
+        if (start - made).total_seconds() > CLOCK_SLACK_S or (
+                end is not None and (made - end).total_seconds() > CLOCK_SLACK_S):
+            return [f"event file {f.name} was created at {made.isoformat()}, outside the run's "
+                    f"start_time to end_time"]
+    return []
+
+
+def device_problems(man: dict[str, Any]) -> list[str]:
+    """The device's name against what else names it: the CPU's model on a CPU run, the GPUs'
+    names on a GPU run, the device its peak memory was measured on."""
+    device = man.get("device") or {}
+    name = device.get("name")
+    if device.get("type") == "cpu" and device.get("cpu") not in (None, name):
+        return [f"device.name {name!r} is not its device.cpu {device.get('cpu')!r}"]
+    if device.get("type") == "cuda" and device.get("names") and name not in device["names"]:
+        return [f"device.name {name!r} is not among its device.names {device['names']}"]
+    extra = man.get("extra") if isinstance(man.get("extra"), dict) else {}
+    peak, rss = extra.get("peak_memory"), extra.get("cpu_peak_rss")
+    if isinstance(peak, dict) and peak.get("device") not in (None, device.get("type")):
+        return [f"extra.peak_memory was measured on {peak.get('device')!r}, not on its device "
+                f"({device.get('type')!r})"]
+    if isinstance(peak, dict) and isinstance(rss, dict) and peak.get("device") == "cpu" \
+            and peak.get("bytes") != rss.get("bytes"):
+        return [f"extra.peak_memory.bytes {peak.get('bytes')} is not its extra.cpu_peak_rss "
+                f"({rss.get('bytes')}), the same measure on a CPU run"]
+    return []
+
+
 def manifest_contradictions(path: Path, man: dict[str, Any]) -> list[str]:
     """Every check above, on a manifest whose shape passed the schema."""
-    return time_problems(man) + seed_problems(man) + throughput_problems(path, man)
+    return (time_problems(man) + event_time_problems(path, man) + seed_problems(man)
+            + throughput_problems(path, man) + device_problems(man))
 
 
 def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def _flag_minority(group: Sequence[Judged], value: Any, what: str) -> None:
+    """Flag each run of ``group`` whose ``value(run)`` differs from a strict majority's (with no
+    majority, every run that disagrees)."""
+    counts = Counter(_canon(value(r)) for r in group)
+    if len(counts) < 2:
+        return
+    top, n = counts.most_common(1)[0]
+    majority = top if n * 2 > len(group) else None
+    for rec in group:
+        if _canon(value(rec)) != majority:
+            rec.problems.append(f"{what} {_canon(value(rec))} differ from those of the other "
+                                f"runs of the same method in {rec.experiment} "
+                                f"({len(group) - 1} others)")
+
+
+def _extra(rec: Judged) -> dict[str, Any]:
+    extra = (rec.manifest or {}).get("extra")
+    return extra if isinstance(extra, dict) else {}
+
+
+def _hyperparameters(rec: Judged) -> dict[str, Any]:
+    return dict((rec.manifest or {}).get("hyperparameters") or {})
+
+
 def count_problems(records: Sequence[Judged]) -> None:
-    """Runs of one experiment and method (the same hyperparameters, the seed and init aside)
-    have the same model, so the same ``extra.parameters``: a run whose counts differ from a
-    strict majority of its group is flagged (with no majority, every run that disagrees)."""
-    groups: dict[str, list[Judged]] = defaultdict(list)
-    for rec in records:
-        man = rec.manifest or {}
-        extra = man.get("extra") if isinstance(man.get("extra"), dict) else {}
-        if rec.valid and isinstance(extra.get("parameters"), dict):
-            hp = {k: v for k, v in (man.get("hyperparameters") or {}).items()}
-            groups[_canon([rec.experiment, extra.get("method"), hp])].append(rec)
-    for group in groups.values():
-        counts = Counter(_canon(r.manifest["extra"]["parameters"]) for r in group)  # type: ignore[index]
-        if len(counts) < 2:
-            continue
-        top, n = counts.most_common(1)[0]
-        majority = top if n * 2 > len(group) else None
-        for rec in group:
-            mine = _canon(rec.manifest["extra"]["parameters"])  # type: ignore[index]
-            if mine != majority:
-                rec.problems.append(
-                    f"extra.parameters {mine} differ from those of the other runs of the same "
-                    f"method in {rec.experiment} ({len(group) - 1} others)")
+    """Runs of one experiment and method have the same recipe (the seed and init aside; the
+    experiment's ``experiment.json`` lets methods differ, not seeds of one method) and the same
+    model, so the same ``extra.parameters``: a run that differs from a strict majority of its
+    group is flagged."""
+    valid = [r for r in records if r.valid]
+    by_method: dict[str, list[Judged]] = defaultdict(list)
+    by_recipe: dict[str, list[Judged]] = defaultdict(list)
+    for rec in valid:
+        method = _extra(rec).get("method")
+        if isinstance(method, str):
+            by_method[_canon([rec.experiment, method])].append(rec)
+        if isinstance(_extra(rec).get("parameters"), dict):
+            by_recipe[_canon([rec.experiment, method, _hyperparameters(rec)])].append(rec)
+    for group in by_method.values():
+        _flag_minority(group, _hyperparameters, "hyperparameters")
+    for group in by_recipe.values():
+        _flag_minority(group, lambda r: _extra(r)["parameters"], "extra.parameters")

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import not_there, sha256_file
-from finetune_lab.argtypes import non_negative_int, positive_int, resolved_path
+from finetune_lab.argtypes import (
+    folder,
+    non_negative_int,
+    positive_int,
+    resolved_folder,
+)
 from finetune_lab.config import paths
 from finetune_lab.data import binarize
 from finetune_lab.errors import UserError
@@ -227,8 +232,8 @@ def add_finetune_parser(sub) -> None:
     p = sub.add_parser("fairseq", help="Tasks 3-4: the lab's fairseq-train recipe, seeds x inits")
     p.add_argument("--init", nargs="+", choices=INITS, default=list(INITS))
     p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0, 1, 2])
-    p.add_argument("--data", type=resolved_path, help="binarized CLS-Books (default: binarize-cls's)")
-    p.add_argument("--checkpoint", type=Path,
+    p.add_argument("--data", type=resolved_folder, help="binarized CLS-Books (default: binarize-cls's)")
+    p.add_argument("--checkpoint", type=folder,
                    help="packaged checkpoint folder (default: data/checkpoints/roberta-small-fr)")
     p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test (the lab: 5)")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import sha256_file
-from finetune_lab.argtypes import non_negative_int, positive_int
+from finetune_lab.argtypes import folder, non_negative_int, positive_int
 from finetune_lab.data.cls_books import SPLITS, read_split
 from finetune_lab.data.cls_books import default_output as default_cls
 from finetune_lab.data.tokenizer import default_output as default_tok
@@ -343,12 +343,12 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
     p.add_argument("--init", choices=INITS, nargs="+", default=["pretrained"],
                    help="pretrained (converted checkpoint) and/or random")
     p.add_argument("--seeds", type=non_negative_int, nargs="+", default=list(DEFAULT_SEEDS))
-    p.add_argument("--cls-dir", type=Path, default=None, help="cls.books folder (default: work dir)")
-    p.add_argument("--model-dir", type=Path, default=None,
+    p.add_argument("--cls-dir", type=folder, default=None, help="cls.books folder (default: work dir)")
+    p.add_argument("--model-dir", type=folder, default=None,
                    help="converted model (default: <work dir>/hf/roberta-small-fr)")
-    p.add_argument("--tokenizer-dir", type=Path, default=None)
-    p.add_argument("--logging-steps", type=int, default=DEFAULT_LOGGING_STEPS)
-    p.add_argument("--runs-root", type=Path, default=None)
+    p.add_argument("--tokenizer-dir", type=folder, default=None)
+    p.add_argument("--logging-steps", type=positive_int, default=DEFAULT_LOGGING_STEPS)
+    p.add_argument("--runs-root", type=folder, default=None)
     p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test, recorded as transformers-<N>ep (the lab: 5)")
     p.add_argument("--experiment", help=f"run-cache folder (default: {EXPERIMENT}, or "

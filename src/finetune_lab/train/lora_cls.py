@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import write_json_atomic
-from finetune_lab.argtypes import non_negative_int, positive_int
+from finetune_lab.argtypes import folder, non_negative_int, positive_float, positive_int
 from finetune_lab.errors import UserError
 from finetune_lab.models.four_bit import bitsandbytes_available, keep_cpu_4bit_trainable
 from finetune_lab.models.lora_configs import LAB_BNB, LAB_LORA, bnb_config, lora_config
@@ -264,15 +264,15 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS),
                    help="qlora-qv needs bitsandbytes (a GPU, or its 4-bit CPU kernels)")
     p.add_argument("--seeds", type=non_negative_int, nargs="+", default=list(DEFAULT_SEEDS))
-    p.add_argument("--lora-lr", type=float, default=LORA_LR,
+    p.add_argument("--lora-lr", type=positive_float, default=LORA_LR,
                    help=f"peak learning rate of the LoRA methods (default {LORA_LR:g}; "
                         f"full fine-tuning keeps the lab's {LAB_RECIPE.lr:g})")
-    p.add_argument("--cls-dir", type=Path, default=None, help="cls.books folder (default: work dir)")
-    p.add_argument("--model-dir", type=Path, default=None,
+    p.add_argument("--cls-dir", type=folder, default=None, help="cls.books folder (default: work dir)")
+    p.add_argument("--model-dir", type=folder, default=None,
                    help="converted model (default: <work dir>/hf/roberta-small-fr)")
-    p.add_argument("--tokenizer-dir", type=Path, default=None)
-    p.add_argument("--logging-steps", type=int, default=None)
-    p.add_argument("--runs-root", type=Path, default=None)
+    p.add_argument("--tokenizer-dir", type=folder, default=None)
+    p.add_argument("--logging-steps", type=positive_int, default=None)
+    p.add_argument("--runs-root", type=folder, default=None)
     p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test, recorded as lora-<N>ep (the lab: 5)")
     p.add_argument("--experiment", help=f"run-cache folder (default: {EXPERIMENT}, with "

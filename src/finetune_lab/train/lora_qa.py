@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finetune_lab.argtypes import folder
 from finetune_lab._files import write_json_atomic
 from finetune_lab.data.qa_prompts import (
     CausalLMCollator,
@@ -317,7 +318,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
                    help="BLOOM-560m (local folder or hub name) or any BLOOM-architecture model")
     p.add_argument("--run", default=None, help="run folder name (default: from the model)")
-    p.add_argument("--runs-root", type=Path, default=None, help="default: data/runs")
+    p.add_argument("--runs-root", type=folder, default=None, help="default: data/runs")
     p.add_argument("--faq", type=Path, default=None,
                    help="FAQ JSON (default: qa/ecommerce-faq.en.json under the data root)")
     p.add_argument("--no-4bit", action="store_true", help="load in full precision (LoRA)")

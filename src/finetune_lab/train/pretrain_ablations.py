@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from finetune_lab.argtypes import positive_float, positive_int
+from finetune_lab.argtypes import folder, positive_float, positive_int
 from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import packaged_dir
 from finetune_lab.runs import jobs as parallel
@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--names", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS))
     p.add_argument("--minutes", type=positive_float, default=8.0, help="wall time of each ablation")
     p.add_argument("--jobs", type=positive_int, default=2, help="ablations side by side")
-    p.add_argument("--checkpoint", type=Path, default=None,
+    p.add_argument("--checkpoint", type=folder, default=None,
                    help="packaged weights to start from (default: the committed checkpoint)")
     p.set_defaults(func=_run)
 

@@ -12,12 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from finetune_lab.argtypes import (
+    folder,
+    fraction,
     non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
     probability,
-    resolved_path,
+    resolved_folder,
 )
 from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
@@ -43,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "it (see --segment-minutes, --tapt-fraction)")
     p.add_argument("--segment-minutes", type=positive_float,
                    help="with --tokens: stop this launch (saving, resumable) after this long")
-    p.add_argument("--tapt-fraction", type=float, default=0.0,
+    p.add_argument("--tapt-fraction", type=fraction, default=0.0,
                    help="with --tokens: the last fraction of the budget (1: all of it) is "
                         "task-adaptive, on `prepare-pretrain --tapt`'s corpus (the CLS-Books "
                         "training texts)")
@@ -78,10 +80,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=PRECISIONS,
                    help="default: bf16 on a GPU that has it (else fp16), and on a CPU with AMX "
                         "or AVX512-BF16; fp32 on other CPUs")
-    p.add_argument("--data", type=resolved_path, help="binarized corpus (default: prepare-pretrain's)")
+    p.add_argument("--data", type=resolved_folder, help="binarized corpus (default: prepare-pretrain's)")
     p.add_argument("--no-package", action="store_true",
                    help="do not replace data/checkpoints/roberta-small-fr")
-    p.add_argument("--package-to", type=Path, metavar="DIR",
+    p.add_argument("--package-to", type=folder, metavar="DIR",
                    help="package the result here instead of data/checkpoints/roberta-small-fr: "
                         "a candidate to fine-tune (`finetune fairseq --checkpoint DIR "
                         "--experiment fairseq-candidate`) before it replaces the committed one")
@@ -97,7 +99,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     dist.add_argument("--node-rank", type=non_negative_int, default=0, help="this machine's rank")
     dist.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address")
     dist.add_argument("--master-port", type=positive_int, default=29500)
-    p.add_argument("--continue-from", type=Path, metavar="CHECKPOINT_DIR",
+    p.add_argument("--continue-from", type=folder, metavar="CHECKPOINT_DIR",
                    help="continue pretraining from a packaged checkpoint folder (e.g. "
                         "data/checkpoints/roberta-small-fr) with a fresh warm-up and decay, so "
                         "CPU sessions add up; the new package records the lineage")
@@ -106,7 +108,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pk = sub.add_parser("package-checkpoint",
                         help="package a trusted fairseq checkpoint as model.pt + dict + spm")
     pk.add_argument("source", type=Path)
-    pk.add_argument("--dest", type=Path)
+    pk.add_argument("--dest", type=folder)
     pk.add_argument("--force", action="store_true",
                     help="replace --dest even if it is not a packaged checkpoint")
     pk.add_argument("--trust", action="store_true",
@@ -126,8 +128,10 @@ def _run(args: argparse.Namespace) -> int:
     launch = Launch(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                     node_rank=args.node_rank, master_addr=args.master_addr,
                     master_port=args.master_port)
-    if args.position_init != "keep" and args.tokens is None:
-        raise UserError("--position-init needs a long run (--tokens N)")
+    for flag, given in (("--position-init", args.position_init != "keep"),
+                        ("--tapt-fraction", args.tapt_fraction > 0)):
+        if given and args.tokens is None:  # a short run would train without it, silently
+            raise UserError(f"{flag} needs a long run (--tokens N)")
     if args.tokens is not None:
         run_dir = pretrain_long(run=args.run or f"{d['device']}-long", tokens=int(args.tokens),
                                 continue_from=args.continue_from, seed=args.seed,
