@@ -228,11 +228,14 @@ def test_a_rating_out_of_range_names_file_and_item(tmp_path, rating):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_data_root_that_is_a_file_says_so(tmp_path, capsys):
+def test_a_data_root_that_is_a_file_says_so(tmp_path, capsys, monkeypatch):
     root = tmp_path / "root"
     root.write_text("not a folder")
-    assert cli.main(["prepare-cls", "--data-root", str(root), "--out",
-                     str(tmp_path / "out")]) == 2
+    with pytest.raises(SystemExit) as stopped:  # --data-root: refused as it is read
+        cli.main(["prepare-cls", "--data-root", str(root), "--out", str(tmp_path / "out")])
+    assert stopped.value.code == 2 and f"{root} is a file, not a folder" in capsys.readouterr().err
+    monkeypatch.setenv("FINETUNE_LAB_DATA_ROOT", str(root))  # the environment's: when used
+    assert cli.main(["prepare-cls", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert f"data root {root} is a file, not a folder" in err and "does not exist" not in err
 

@@ -229,7 +229,9 @@ def test_every_command_that_writes_a_folder_refuses_a_foreign_one(argv, tmp_path
     _untouched(user)
     file = tmp_path / "a-file"
     file.write_text("keep\n")
-    assert main([*argv, "--out", str(file)]) == 2
+    with pytest.raises(SystemExit) as stopped:  # a file for --out: refused as it is read
+        main([*argv, "--out", str(file)])
+    assert stopped.value.code == 2
     assert "is a file" in capsys.readouterr().err and file.read_text() == "keep\n"
 
 

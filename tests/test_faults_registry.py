@@ -749,7 +749,7 @@ CONTRADICTIONS: dict[str, tuple[str, Callable[[dict], dict], str]] = {
     "another CPU's name": ("fairseq/random-seed0", _cpu_name, "is not its device.cpu"),
     "a run moved a day": ("fairseq-candidate/pretrained-seed1", _a_day_later,
                           "outside the run's start_time to end_time"),
-    "one seed's own learning rate": ("lora/lora-qv-seed0", _lr, "hyperparameters"),
+    "one seed's own learning rate": ("lora/lora-qv-seed0", _lr, "hyperparameter 'lr'"),
     # name: (run, how its manifest changes, what the reason names)
     "a wall time past its own end": ("fairseq/random-seed1", _edit("wall_time_s", 60000.0),
                                      "longer than"),

@@ -401,9 +401,8 @@ def test_a_run_from_a_converted_model_names_the_checkpoint_behind_it(tmp_path: P
     for item in man["inputs"]["data"]:  # inputs absent here, as on a fresh clone
         item["path"] = str(tmp_path / "absent" / Path(item["path"]).name)
     man["inputs"]["checkpoint"]["path"] = str(tmp_path / "absent" / "hf")
-    start = datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc)
-    man["start_time"] = start.isoformat()
-    man["end_time"] = (start + datetime.timedelta(seconds=man["wall_time_s"])).isoformat()
+    start = datetime.datetime.fromisoformat(man["start_time"])  # its event files' own time
+    before, after = ((start + datetime.timedelta(days=d)).isoformat() for d in (-1, 1))
     man.setdefault("extra", {}).pop(CONVERTED_FROM, None)
 
     def check(created=None):
@@ -411,13 +410,13 @@ def test_a_run_from_a_converted_model_names_the_checkpoint_behind_it(tmp_path: P
         monkeypatch.setattr(run_inputs, "package_manifest", lambda: {"created": created})
         return _only(discover_runs(tmp_path / "runs"), real.name)
 
-    assert check("2026-01-01T00:00:00+00:00").valid  # packaged before the run: may be its source
-    rec = check("2026-01-03T00:00:00+00:00")
+    assert check(before).valid  # packaged before the run: may be its source
+    rec = check(after)
     assert not rec.valid and rec.stale_checkpoint and "before the packaged checkpoint" in rec.reason
     model = tmp_path / "model.pt"
     model.write_bytes(b"the weights it was converted from")
     man["extra"][CONVERTED_FROM] = {"path": str(model), "sha256": sha256_file(model)}
-    assert check("2026-01-03T00:00:00+00:00").valid  # the record decides, not the dates
+    assert check(after).valid  # the record decides, not the dates
     model.write_bytes(b"a new pretraining")
     rec = check()
     assert not rec.valid and "the checkpoint was replaced after the run" in rec.reason

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from finetune_lab.runs import manifest as mf
+from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
 
 CLOCK_SLACK_S = 2.0
@@ -210,7 +211,7 @@ def count_problems(records: Sequence[Judged]) -> None:
             by_method[_canon([rec.experiment, method])].append(rec)
         if isinstance(_extra(rec).get("parameters"), dict):
             by_recipe[_canon([rec.experiment, method, _hyperparameters(rec)])].append(rec)
-    for group in by_method.values():
-        _flag_minority(group, _hyperparameters, "hyperparameters")
+    for group in by_method.values():  # as an experiment without experiment.json is judged
+        check_hyperparameters(group, None)
     for group in by_recipe.values():
         _flag_minority(group, lambda r: _extra(r)["parameters"], "extra.parameters")
