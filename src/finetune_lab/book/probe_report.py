@@ -25,12 +25,11 @@ PROBE_FIELDS = ((("name",), str), (("init",), str), (("wall_time_s",), NUMBER, (
                 (("probes", "mean", "test_accuracy"), NUMBER, PERCENT))
 
 
-def _checkpoint_problem(record: dict) -> str | None:
+def _probe_problem(record: dict, lab: dict[str, int]) -> str | None:
     """A pretrained probe names its weights; every probe was run on the lab's splits (a probe
     of a few reviews was a number in the table like any other), and its accuracies are counts
     of their test reviews."""
     sizes = record.get("sizes")
-    lab = split_sizes()
     if not isinstance(sizes, dict) or any(sizes.get(s) != lab[s] for s in ("train", "test")):
         return (f"probed splits of {sizes} reviews, not CLS-Books' ({lab['train']} train, "
                 f"{lab['test']} test)")
@@ -53,7 +52,8 @@ def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None,
     A damaged probe file is left out, with one line in ``set_aside`` naming it.
     """
     folder = Path(probes_dir) if probes_dir is not None else probe_dir()
-    probes, bad = read_records(folder, PROBE_FIELDS, more=_checkpoint_problem)
+    lab = split_sizes()  # the lab's splits, read once for every record
+    probes, bad = read_records(folder, PROBE_FIELDS, more=lambda r: _probe_problem(r, lab))
     if set_aside is not None:
         set_aside += bad
     # checkpoint sha256 (or "random") -> seed -> test accuracy; the same weights fine-tuned

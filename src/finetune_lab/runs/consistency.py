@@ -17,9 +17,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
+from finetune_lab.runs.run_inputs import cached_sha256
 
 CLOCK_SLACK_S = 2.0
 """Start and end times are recorded to the second; a wall time is measured to the millisecond."""
@@ -104,6 +104,18 @@ def _values_after(command: Sequence[str], i: int) -> Iterable[str]:
         yield token
 
 
+_RATES: dict[str, dict[str, float]] = {}
+"""fairseq's rates by the sha256 of the log they were read from: every listing of the runs
+checks them, and the registry has hashed the log already."""
+
+
+def _log_rates(log: Path) -> dict[str, float]:
+    digest = cached_sha256(log)
+    if digest not in _RATES:
+        _RATES[digest] = log_rates(log.read_text(encoding="utf-8", errors="replace"))
+    return _RATES[digest]
+
+
 def throughput_problems(path: Path, man: dict[str, Any]) -> list[str]:
     """fairseq's median rates recorded in ``throughput`` against the run's ``train.log``, where
     the manifest hashes the log (so the log itself has been checked)."""
@@ -115,7 +127,7 @@ def throughput_problems(path: Path, man: dict[str, Any]) -> list[str]:
     wanted = {k: v for k, v in wanted.items() if v is not None}
     if not wanted:
         return []
-    rates = log_rates(log.read_text(encoding="utf-8", errors="replace"))
+    rates = _log_rates(log)
     return [f"throughput.{k} {v:g} disagrees with its train.log ({rates.get(k, 'no rate'):g})"
             if k in rates else f"throughput.{k} {v:g} but its train.log logs no rate"
             for k, v in wanted.items()
@@ -125,13 +137,13 @@ def throughput_problems(path: Path, man: dict[str, Any]) -> list[str]:
 _EVENT_TIME = re.compile(r"events\.out\.tfevents\.(\d+)\.")
 
 
-def event_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
+def event_time_problems(events: Sequence[Path], man: dict[str, Any]) -> list[str]:
     """The start and end times against the event files' own names, which hold the second each
     was created (hashed when the run ended): a run moved in time moved between machine layouts."""
     start, end = _time(man.get("start_time")), _time(man.get("end_time"))
     if start is None:
         return []
-    for f in mf.event_files(path):
+    for f in events:
         if (found := _EVENT_TIME.match(f.name)) is None:
             continue
         made = datetime.fromtimestamp(int(found[1]), tz=timezone.utc)
@@ -163,9 +175,11 @@ def device_problems(man: dict[str, Any]) -> list[str]:
     return []
 
 
-def manifest_contradictions(path: Path, man: dict[str, Any]) -> list[str]:
-    """Every check above, on a manifest whose shape passed the schema."""
-    return (time_problems(man) + event_time_problems(path, man) + seed_problems(man)
+def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Path]
+                            ) -> list[str]:
+    """Every check above, on a manifest whose shape passed the schema (``events``: the run's
+    event files, which the registry has listed already)."""
+    return (time_problems(man) + event_time_problems(events, man) + seed_problems(man)
             + throughput_problems(path, man) + device_problems(man))
 
 

@@ -193,7 +193,7 @@ def _validate_run(path: Path, *, check_inputs: bool) -> RunRecord:
         rec.problems += [problem] if problem else []
 
     man = rec.manifest if shape_ok else {}  # a damaged manifest's fields are never read
-    rec.problems += manifest_contradictions(path, man) if shape_ok else []
+    rec.problems += manifest_contradictions(path, man, files) if shape_ok else []
     rec.problems += _forced_exit_problems(path, man, last_step)
     outputs = man.get("outputs")
     if man.get("status") == mf.STATUS_COMPLETE and isinstance(outputs, dict):
