@@ -144,3 +144,34 @@ def write_package(root, modules: dict[str, str]):
 def quarto_hash(chapter) -> str:
     """What Quarto's freeze records of a chapter's text: the md5 of its file."""
     return hashlib.md5(chapter.read_bytes()).hexdigest()
+
+
+# --- a private copy of the committed run cache, for tests that damage it ----------------------
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A private copy of the committed run cache, which the book reads (the env variable)."""
+    import shutil
+
+    from finetune_lab.config import PROJECT_ROOT, RUNS_DIR_ENV
+
+    root = tmp_path / "runs"
+    shutil.copytree(PROJECT_ROOT / "data" / "runs", root, copy_function=link_events)
+    monkeypatch.setenv(RUNS_DIR_ENV, str(root))
+    return root
+
+
+def link_events(src: str, dst: str) -> None:
+    """Event files hard-linked (never written by these tests; the registry checks a file once
+    per process), everything else copied."""
+    import shutil
+    from pathlib import Path
+
+    if "tfevents" in Path(src).name:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)

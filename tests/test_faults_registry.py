@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from conftest import link_events
 from finetune_lab.book import fairseq_report as fr
 from finetune_lab.book import hf_compare
 from finetune_lab.book import lora_cls_report, lora_cls_runs
@@ -34,27 +35,6 @@ from finetune_lab.models import trust
 from finetune_lab.runs.registry import discover_runs
 
 COMMITTED = PROJECT_ROOT / "data" / "runs"
-
-
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private copy of the committed run cache, which the book reads (the env variable)."""
-    root = tmp_path / "runs"
-    shutil.copytree(COMMITTED, root, copy_function=_link_events)
-    monkeypatch.setenv(RUNS_DIR_ENV, str(root))
-    return root
-
-
-def _link_events(src: str, dst: str) -> None:
-    """Event files hard-linked (never written by these tests; the registry checks a file once
-    per process), everything else copied."""
-    if "tfevents" in Path(src).name:
-        try:
-            os.link(src, dst)
-            return
-        except OSError:
-            pass
-    shutil.copy2(src, dst)
 
 
 def _frames(root: Path, values: dict[str, Any]) -> dict[str, str]:
@@ -142,7 +122,7 @@ def test_a_damaged_run_counts_as_absent(cache: Path, tmp_path: Path) -> None:
     a run that is not there."""
     run = cache / "fairseq" / "random-seed1"
     gone = tmp_path / "gone"
-    shutil.copytree(cache, gone, copy_function=_link_events)
+    shutil.copytree(cache, gone, copy_function=link_events)
     shutil.rmtree(gone / "fairseq" / "random-seed1")
     for sub in [p for p in run.iterdir() if p.is_dir()]:
         shutil.rmtree(sub)
@@ -319,7 +299,7 @@ def test_migrating_an_old_manifest_keeps_it_valid(tmp_path: Path, monkeypatch) -
 
     root = tmp_path / "runs"
     shutil.copytree(COMMITTED / "fairseq" / "random-seed0", root / "fairseq" / "random-seed0",
-                    copy_function=_link_events)
+                    copy_function=link_events)
     path = root / "fairseq" / "random-seed0" / "manifest.json"
     old = json.loads(path.read_text())
     old["command"] = ["/srv/ck/.venv/bin/python", "-m", "fairseq_cli.train",
@@ -493,7 +473,7 @@ def test_a_run_folder_that_cannot_be_read_is_rejected_alone(cache: Path, capsys,
 
     before = fairseq_chapter(cache)
     odd = cache / "fairseq" / os.fsdecode(b"copy\xffseed0")
-    shutil.copytree(cache / "fairseq" / "random-seed0", odd, copy_function=_link_events)
+    shutil.copytree(cache / "fairseq" / "random-seed0", odd, copy_function=link_events)
     run = cache / "fairseq" / "random-seed1"
     man = json.loads((run / "manifest.json").read_text())
     man["inputs"]["data"] = [{"path": "/proc/1", "sha256": {"x": "0" * 64}}]
@@ -641,7 +621,7 @@ def test_a_copy_marked_failed_is_no_neighbour(cache: Path) -> None:
     machine-layout table counted it as a run beside random-seed0 (Intel 1x1: 3 runs -> 2)."""
     before = fairseq_chapter(cache)
     copy = cache / "fairseq" / "random-seed7"
-    shutil.copytree(cache / "fairseq" / "random-seed0", copy, copy_function=_link_events)
+    shutil.copytree(cache / "fairseq" / "random-seed0", copy, copy_function=link_events)
     man = json.loads((copy / "manifest.json").read_text())
     man.update(run="random-seed7", seed=7, status="failed", exit_code=1,
                command=_with_seed(man["command"], 7))  # only its bytes give it away
@@ -739,8 +719,8 @@ def _cpu_name(m: dict) -> dict:
     return {**m, "device": {**m["device"], "name": "AMD EPYC"}}
 
 
-def _lr(m: dict) -> dict:
-    return {**m, "hyperparameters": {**m["hyperparameters"], "lr": 0.001}}
+def _weight_decay(m: dict) -> dict:
+    return {**m, "hyperparameters": {**m["hyperparameters"], "weight_decay": 0.1}}
 
 
 CONTRADICTIONS: dict[str, tuple[str, Callable[[dict], dict], str]] = {
@@ -749,7 +729,8 @@ CONTRADICTIONS: dict[str, tuple[str, Callable[[dict], dict], str]] = {
     "another CPU's name": ("fairseq/random-seed0", _cpu_name, "is not its device.cpu"),
     "a run moved a day": ("fairseq-candidate/pretrained-seed1", _a_day_later,
                           "outside the run's start_time to end_time"),
-    "one seed's own learning rate": ("lora/lora-qv-seed0", _lr, "hyperparameter 'lr'"),
+    "one seed's own weight decay": ("lora/lora-qv-seed0", _weight_decay,
+                                    "hyperparameter 'weight_decay'"),
     # name: (run, how its manifest changes, what the reason names)
     "a wall time past its own end": ("fairseq/random-seed1", _edit("wall_time_s", 60000.0),
                                      "longer than"),
@@ -768,7 +749,7 @@ def test_a_field_that_contradicts_its_run_rejects_it(cache: Path, tmp_path: Path
     key, how, says = CONTRADICTIONS[name]
     chapter = fairseq_chapter if key.startswith("fairseq") else lora_chapter
     gone = tmp_path / "gone"
-    shutil.copytree(cache, gone, copy_function=_link_events)
+    shutil.copytree(cache, gone, copy_function=link_events)
     shutil.rmtree(gone / key)
     path = cache / key / "manifest.json"
     path.write_text(json.dumps(how(json.loads(path.read_text()))))

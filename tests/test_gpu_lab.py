@@ -133,7 +133,7 @@ def test_the_call_runs_every_job_and_returns_pieces_within_the_limits(smoke_call
 def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
     home = smoke_call["home"]
     done = _cli(home, "gpu-unpack", str(smoke_call["out"]))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
     runs = home / "data" / "runs"
     # --then-finetune: the fairseq pretrained seed starts from the weights the call just made
     expected = ["fairseq-candidate-gpu-smoke/pretrained-seed0", "fairseq-gpu-smoke/random-seed0",

@@ -82,7 +82,7 @@ def test_a_fairseq_grid_of_two_at_once_reports_the_one_that_failed(tiny_pipeline
     assert "does not exist" in (tmp_path / "work" / "job-logs" / "grid" /
                                 "pretrained-seed0.log").read_text()
     done = runs / "grid" / "random-seed0"
-    assert validate_run(done).valid
+    assert validate_run(done).valid, validate_run(done).reason
     manifest = json.loads((done / "manifest.json").read_text())
     assert manifest["device"]["threads"] == max(1, jobs.cpu_threads() // 2)
     assert not (runs / "grid" / "pretrained-seed0" / "manifest.json").exists()

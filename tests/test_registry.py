@@ -371,7 +371,9 @@ def test_a_run_killed_as_done_must_have_reached_its_last_update(tmp_path: Path) 
     man["exit_forced"] = "logged 'done training' but had not exited 30 s later: killed"
     mf.write_manifest(run, man)
     assert validate_run(run, check_inputs=False).valid  # its valid and test events at `total`
-    man["hyperparameters"]["total_updates"] = total + 225  # an epoch it never ran
+    man["hyperparameters"]["total_updates"] = total + 225  # an epoch it never ran, and the
+    flag = man["command"].index("--total-num-update") + 1  # command that asked for it
+    man["command"][flag] = str(total + 225)
     mf.write_manifest(run, man)
     rec = validate_run(run, check_inputs=False)
     assert rec.problems == [f"{run} was killed as done ({man['exit_forced']}), but its event "

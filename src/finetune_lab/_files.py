@@ -102,12 +102,31 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> None:
         raise
 
 
+def parse_json(text: str, **options: Any) -> Any:
+    """``json.loads``, with a structure nested too deep for Python's parser (a RecursionError,
+    which no file the project writes has) raised as the JSONDecodeError any other damage is."""
+    try:
+        return json.loads(text, **options)
+    except RecursionError:  # a JSONDecodeError, which every caller of json.loads handles
+        raise json.JSONDecodeError("nested too deeply to be a record (a damaged file)",
+                                   text, 0) from None
+
+
+def read_utf8(path: Path, fix: str) -> str:
+    """A text file the project reads, as UTF-8; one that is not is one line naming it, the
+    byte where it stops being text, and ``fix`` (what to do), not a UnicodeDecodeError."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (byte {exc.start}): {fix}") from None
+
+
 def read_json(path: Path) -> Any:
     """A JSON file the project wrote, strictly (no NaN or Infinity, which no writer here
     means); a damaged one is one line naming it, not a traceback that does not."""
     with open(path, encoding="utf-8") as handle:
         try:
-            return json.load(handle, parse_constant=_no_constant)
+            return parse_json(handle.read(), parse_constant=_no_constant)
         except (UnicodeDecodeError, ValueError) as exc:
             raise DamagedFileError(path, str(exc).splitlines()[0]) from None
 

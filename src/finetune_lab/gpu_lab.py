@@ -112,10 +112,16 @@ def _bundle(args: argparse.Namespace) -> int:
         plan.pretrain_tokens = min(plan.pretrain_tokens, 20_000) if plan.pretrain_tokens else 0
     info = bundle(args.out, plan=plan, python=args.python, force=args.force,
                   from_environment=args.from_environment)
+    made = Path(info["bundle"]).resolve()
+    where = (made.relative_to(PROJECT_ROOT).as_posix() if made.is_relative_to(PROJECT_ROOT)
+             else None)
+    run = (f"run it with the device tool: command `bash scripts/gpu-lab.sh {where}`, carry "
+           f"[\"{where}\"]" if where else
+           f"the device tool carries folders of the checkout only: move it to "
+           f"{PROJECT_ROOT / BUNDLE_DIR}, then run `bash scripts/gpu-lab.sh {BUNDLE_DIR}` there, "
+           f"carrying [\"{BUNDLE_DIR}\"]")
     print(f"gpu-bundle: {info['bundle']} {info['carried_bytes'] / 2**20:.1f} MiB + working tree "
-          f"{info['tree_bytes'] / 2**20:.1f} MiB of {TRANSFER_LIMIT / 2**20:.0f} MiB; run it with "
-          f"the device tool: command `bash scripts/gpu-lab.sh {BUNDLE_DIR}`, carry "
-          f"[\"{BUNDLE_DIR}\"]")
+          f"{info['tree_bytes'] / 2**20:.1f} MiB of {TRANSFER_LIMIT / 2**20:.0f} MiB; {run}")
     return 0
 
 

@@ -134,14 +134,31 @@ def package_data(project: Path) -> list[str]:
                   and not _is_ignored(Path(rel := p.relative_to(project).as_posix())))
 
 
+_PREPARED = ("data/work/cls.books/*", "data/work/tokenizer/*", "data/work/cls-books-bin/**")
+MODULE_READS: dict[str, tuple[str, ...]] = {
+    # a run's validity: the device calls' records (a GPU run names its call's GPU), the
+    # packaged checkpoint and the pretraining runs (no run names weights made after it
+    # started), the prepared data its inputs are checked against
+    "src/finetune_lab/runs/registry.py": (
+        "data/summaries/gpu-lab/*", "data/checkpoints/roberta-small-fr/manifest.json",
+        "data/runs/pretrain/*/manifest.json", *_PREPARED, "data/work/hf/**"),
+    # the data chapter's statistics, from the prepared data when it is there
+    "src/finetune_lab/book/data_summary.py": (*_PREPARED, "data/work/pretrain-bin/manifest.json"),
+    "src/finetune_lab/data/cls_splits.py": ("data/summaries/data.json",),
+}
+"""Data a module reads whatever the chapter asks of it: a chapter whose code imports the
+module depends on it, declared or not."""
+
+
 def chapter_inputs(project: Path, chapter: str) -> list[str] | None:
     """What a chapter's output depends on: its declared ``inputs:`` (data, as globs), the
-    import closure of its code, and the package's data files when it runs any of that code.
-    None when it has none of these."""
+    data its modules read (:data:`MODULE_READS`), the import closure of its code, and the
+    package's data files when it runs any of that code. None when it has none of these."""
     declared = declared_inputs(project / chapter) or []
     code = import_closure(project, chapter_imports(project / chapter))
+    implied = [p for module in code for p in MODULE_READS.get(module, ())]
     code += package_data(project) if code else []
-    inputs = declared + [c for c in code if c not in declared]
+    inputs = list(dict.fromkeys(declared + implied + code))
     return inputs or None
 
 

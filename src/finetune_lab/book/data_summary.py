@@ -21,7 +21,7 @@ from finetune_lab import _files
 from finetune_lab.config import paths
 from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
 from finetune_lab.data.cls_books import SPLITS, read_split
-from finetune_lab.data.cls_splits import SUMMARY_NAME, summary_path
+from finetune_lab.data.cls_splits import SUMMARY_NAME, read_summary, summary_path
 from finetune_lab.errors import UserError
 
 MAX_POSITIONS = 256
@@ -232,7 +232,7 @@ def load_summary(work: Path | None = None, committed: Path | None = None) -> dic
     if not path.is_file():
         raise UserError(f"neither the prepared data nor {path} exist. Regenerate them with: "
                         + "; ".join(REGENERATE))
-    return {**_files.read_json(path), "source": "committed"}
+    return {**read_summary(path), "source": "committed"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

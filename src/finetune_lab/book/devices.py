@@ -240,15 +240,7 @@ def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
     path, meta = records[-1]
     timings = meta.get("timings_s") or {}
     lab = [j for j in meta["jobs"] if j["job"] not in ("binarize-cls", "convert-hf")]
-    busy = mem = None
-    smi = path.with_name(path.stem + "-nvidia-smi.csv")
-    if smi.is_file():
-        df = pd.read_csv(smi, skipinitialspace=True)
-        util = pd.to_numeric(df.iloc[:, 1].astype(str).str.rstrip(" %"), errors="coerce")
-        used = pd.to_numeric(df.iloc[:, 2].astype(str).str.rstrip(" MiB"), errors="coerce")
-        running = used > 0  # from the first process on the GPU to the last
-        busy = float(util[running].mean()) if running.any() else None
-        mem = float(used.max()) / 1024 if running.any() else None
+    busy, mem = gpu_use(path.with_name(path.stem + "-nvidia-smi.csv"))
     dev = meta.get("device") or {}
     return CallRecord(name=path.stem, device=f"{dev.get('count', 1)}× {dev.get('name')}",
                       torch=str(dev.get("torch", "?")),
@@ -259,6 +251,22 @@ def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
                       gpu_memory_max_gib=mem,
                       full_runs=sum(_is_full(j["job"]) for j in lab),
                       seeds=tuple(int(x) for x in (meta.get("plan") or {}).get("seeds") or ()))
+
+
+def gpu_use(smi: Path) -> tuple[float | None, float | None]:
+    """Mean utilisation (%) and peak memory (GiB) while a process held the GPU, from a call's
+    ``nvidia-smi`` samples; (None, None) when there are none, or when they cannot be right (a
+    utilisation outside 0 to 100 %, negative memory, a file that is no such table)."""
+    try:
+        df = pd.read_csv(smi, skipinitialspace=True)
+        util = pd.to_numeric(df.iloc[:, 1].astype(str).str.rstrip(" %"), errors="coerce")
+        used = pd.to_numeric(df.iloc[:, 2].astype(str).str.rstrip(" MiB"), errors="coerce")
+    except (OSError, ValueError, IndexError, pd.errors.ParserError):
+        return None, None
+    running = used > 0  # from the first process on the GPU to the last
+    if not running.any() or not util.dropna().between(0, 100).all() or (used < 0).any():
+        return None, None
+    return float(util[running].mean()), float(used.max()) / 1024
 
 
 @dataclass(frozen=True)

@@ -124,9 +124,25 @@ PREDICTION_FIELDS = ((("sentence",), str), (("predicted piece",), str),
 
 
 def _predictions_problem(record: dict[str, Any]) -> str | None:
-    for i, row in enumerate(record["predictions"]):
+    """Each prediction in range, and together the answers the command writes: the book's
+    sentences and no other, each one's ranks 1, 2, 3 ... once each, the probabilities falling
+    and adding up to at most 1."""
+    rows = record["predictions"]
+    for i, row in enumerate(rows):
         if (problem := summary_problem(row, PREDICTION_FIELDS)) is not None:
             return f"has a prediction (item {i}) that {problem}"
+    if {row["sentence"] for row in rows} != set(DEMO_SENTENCES):
+        return f"does not answer exactly the book's {len(DEMO_SENTENCES)} sentences"
+    for sentence in DEMO_SENTENCES:  # fairseq leaves special pieces out: up to TOPK answers
+        answers = sorted((row["rank"], row["probability"]) for row in rows
+                         if row["sentence"] == sentence)
+        if [rank for rank, _ in answers] != list(range(1, len(answers) + 1)):
+            return f"does not rank the answers to {sentence!r} 1, 2, 3 ... once each"
+        if any(b > a for (_, a), (_, b) in zip(answers, answers[1:])):
+            return f"does not rank the answers to {sentence!r} by probability"
+        if sum(p for _, p in answers) > 1 + 1e-6:  # the top answers of one distribution
+            return (f"does not give the answers to {sentence!r} probabilities adding up to 1 "
+                    "or less")
     return None
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab import render_cache
-from finetune_lab._files import digest_of, utc_now, write_json_atomic
+from finetune_lab._files import digest_of, parse_json, utc_now, write_json_atomic
 from finetune_lab.book import prewarm
 from finetune_lab.book.chapter_inputs import EMPTY_FOLDER, MISSING, chapter_inputs, chapters
 from finetune_lab.book.freeze_env import record_inputs
@@ -75,7 +74,7 @@ def damaged_results(project: Path, chapter: str) -> str | None:
     for path in sorted((entry / "execute-results").glob("*.json")):
         shown = path.relative_to(project).as_posix()
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_json(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             return f"{shown} cannot be read ({exc})"
         result = data.get("result") if isinstance(data, dict) else None
@@ -95,7 +94,7 @@ def text_changed(project: Path, chapter: str) -> str | None:
     which a publish job without torch cannot do."""
     now = hashlib.md5((project / chapter).read_bytes()).hexdigest()
     for path in sorted((freeze_entry(project, chapter) / "execute-results").glob("*.json")):
-        if json.loads(path.read_text(encoding="utf-8")).get("hash") != now:
+        if parse_json(path.read_text(encoding="utf-8")).get("hash") != now:
             return f"{path.relative_to(project).as_posix()} holds the md5 of another text"
     return None
 
@@ -109,7 +108,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
@@ -203,9 +202,13 @@ def stale_chapter(project: Path, chapter: str,
     if (edited := text_changed(project, chapter)) is not None:
         return StaleChapter(chapter, f"its text changed since it was executed ({edited}), so "
                                      "Quarto would execute it again")
-    record = read_record(record_path(project, chapter))
+    path = record_path(project, chapter)
+    record = read_record(path)
     if record is None:
-        return StaleChapter(chapter, "frozen without a record of its inputs' hashes")
+        return StaleChapter(chapter, "frozen without a record of its inputs' hashes"
+                            if not path.exists() else
+                            f"its record of its inputs' hashes ({path.relative_to(project)}) is "
+                            "damaged")
     current = record_inputs(project, chapter, patterns)
     if record.get("inputs") != patterns:
         changed = diff_files(record["files"], current, project)

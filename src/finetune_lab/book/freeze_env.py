@@ -30,6 +30,9 @@ IMPORT_NAMES = {"sklearn": "scikit-learn", "yaml": "pyyaml", "IPython": "ipython
                 "google": "protobuf", "dateutil": "python-dateutil", "mpl_toolkits": "matplotlib",
                 "Cython": "cython", "pkg_resources": "setuptools"}
 """Import names whose distribution is named otherwise (the rest: lower case, ``_`` → ``-``)."""
+LOADED_ON_DEMAND = {"pandas": ("tabulate",)}
+"""Optional dependencies a distribution imports only when called (``DataFrame.to_markdown``
+draws every table of the book with tabulate): no requirement and no import names them."""
 _ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 
@@ -101,7 +104,8 @@ def chapter_packages(project: Path, chapter: str, patterns: Iterable[str]) -> di
         dist = todo.pop()
         if dist not in seen:
             seen.add(dist)
-            todo += [d for d in requires.get(dist, ()) if d in versions]
+            todo += [d for d in (*requires.get(dist, ()), *LOADED_ON_DEMAND.get(dist, ()))
+                     if d in versions]
     return {f"{KEY}{d}": versions[d] for d in sorted(seen)}
 
 

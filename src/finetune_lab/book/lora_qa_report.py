@@ -8,12 +8,12 @@ and how each differs from the lab's recipe.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 
+from finetune_lab._files import parse_json
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.runs.registry import exclusions_markdown
@@ -108,7 +108,7 @@ def generations_table(record) -> pd.DataFrame:
     path = Path(record.path) / GENERATIONS_FILE
     if not path.is_file():
         raise UserError(f"{path} is missing: the run {record.name} saved no generations")
-    data = json.loads(path.read_text(encoding="utf-8"))
+    data = parse_json(path.read_text(encoding="utf-8"))
     rows = []
     for before, after in zip(data["before"], data["after"]):
         rows.append({"question": before["question"],

@@ -7,7 +7,6 @@ behind the packaged checkpoint and from the pretraining corpus's recorded counts
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from finetune_lab._files import parse_json
 from finetune_lab.book.course_reference import COURSE_COLUMN, COURSE_PRETRAINING
 from finetune_lab.data.cls_splits import summary_path
 from finetune_lab.book.report import project_path
@@ -76,17 +76,34 @@ class PretrainBudget:
 def _corpus_record() -> dict[str, Any]:
     """The pretraining corpus's record (prepared data's manifest, else the committed summary)."""
     prepared = _json_object(default_corpus() / "manifest.json")
-    if prepared is not None:
+    if prepared is not None and counts_agree(prepared):
         return prepared
     summary = _json_object(summary_path()) or {}
-    return summary.get("pretrain") if isinstance(summary.get("pretrain"), dict) else {}
+    committed = summary.get("pretrain") if isinstance(summary.get("pretrain"), dict) else {}
+    return committed if counts_agree(committed) else {}
+
+
+def counts_agree(record: dict[str, Any]) -> bool:
+    """Whether a corpus record's counts can be right: whole numbers, and in every split at
+    least as many sentencepiece tokens as words (a word is one piece or more; a hand-edited
+    count that halved the tokens doubled the passes over the corpus)."""
+    counts = record.get("counts")
+    if not isinstance(counts, dict):
+        return False
+    for split in counts.values():
+        tokens, words = (split.get(k) if isinstance(split, dict) else None
+                         for k in ("tokens", "words"))
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                   for v in (tokens, words)) or tokens < words:
+            return False
+    return True
 
 
 def _json_object(path: Path) -> dict[str, Any] | None:
     """A JSON object file, or None when it is absent or damaged (a damaged record of the
     prepared data falls back to the committed summary; it never stops a chapter)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     return data if isinstance(data, dict) else None

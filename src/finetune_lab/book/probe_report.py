@@ -14,8 +14,10 @@ import pandas as pd
 
 from finetune_lab.book import fairseq_report as fr
 from finetune_lab.book.summary_files import NUMBER, PERCENT, read_records, summary_problem
+from finetune_lab.config import paths
 from finetune_lab.data.cls_splits import split_sizes
 from finetune_lab.runs import seedstats
+from finetune_lab.runs.crosscheck import packaged_origin, weights_made_from
 from finetune_lab.runs.run_inputs import recorded_checkpoint_sha
 from finetune_lab.train.finetune_fairseq import candidate_experiments
 from finetune_lab.train.linear_probe import probe_dir
@@ -25,10 +27,11 @@ PROBE_FIELDS = ((("name",), str), (("init",), str), (("wall_time_s",), NUMBER, (
                 (("probes", "mean", "test_accuracy"), NUMBER, PERCENT))
 
 
-def _probe_problem(record: dict, lab: dict[str, int]) -> str | None:
+def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
+                   packaged: tuple[str, str] | None) -> str | None:
     """A pretrained probe names its weights; every probe was run on the lab's splits (a probe
-    of a few reviews was a number in the table like any other), and its accuracies are counts
-    of their test reviews."""
+    of a few reviews was a number in the table like any other), its accuracies are counts of
+    their test reviews, and it is no older than the weights it names."""
     sizes = record.get("sizes")
     if not isinstance(sizes, dict) or any(sizes.get(s) != lab[s] for s in ("train", "test")):
         return (f"probed splits of {sizes} reviews, not CLS-Books' ({lab['train']} train, "
@@ -41,7 +44,14 @@ def _probe_problem(record: dict, lab: dict[str, int]) -> str | None:
                     f"{lab['test']} test reviews gives")
     if record["init"] == "random":
         return None
-    return summary_problem(record, ((("checkpoint", "sha256"), str),))
+    problem = summary_problem(record, ((("checkpoint", "sha256"), str),))
+    made = weights_made_from(record["checkpoint"].get("path"), record["checkpoint"]["sha256"],
+                             runs_base, packaged) if problem is None else None
+    probed = pd.to_datetime(record.get("time"), utc=True, errors="coerce")
+    if made is not None and (pd.isna(probed) or probed < made):
+        return (f"probed at {record.get('time')} weights whose pretraining started at "
+                f"{made:%Y-%m-%d %H:%M}: its checkpoint path or sha256 was edited")
+    return problem
 
 
 def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None,
@@ -53,7 +63,10 @@ def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None,
     """
     folder = Path(probes_dir) if probes_dir is not None else probe_dir()
     lab = split_sizes()  # the lab's splits, read once for every record
-    probes, bad = read_records(folder, PROBE_FIELDS, more=lambda r: _probe_problem(r, lab))
+    base = Path(runs_root) if runs_root is not None else paths().runs
+    packaged = packaged_origin()
+    probes, bad = read_records(folder, PROBE_FIELDS,
+                               more=lambda r: _probe_problem(r, lab, base, packaged))
     if set_aside is not None:
         set_aside += bad
     # checkpoint sha256 (or "random") -> seed -> test accuracy; the same weights fine-tuned

@@ -42,7 +42,18 @@ def load_quarto_config(root: Path = PROJECT_ROOT) -> dict:
     except FileNotFoundError as exc:
         raise UserError(f"{path} is missing: this is not a finetune-lab checkout") from exc
     except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML: {exc}") from exc
+        raise UserError(f"{path} is not valid YAML ({yaml_problem(exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text (byte {exc.start}): restore it from git "
+                        "(`git checkout -- _quarto.yml`)") from None
+
+
+def yaml_problem(exc: yaml.YAMLError, first_line: int = 1) -> str:
+    """PyYAML's message in one line: its problem and the file's line (its own is several
+    lines); ``first_line``: the file's line the parsed text starts on."""
+    mark = getattr(exc, "problem_mark", None)
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{what}, line {mark.line + first_line}" if mark is not None else what
 
 
 class FrontMatterError(UserError):
@@ -51,7 +62,11 @@ class FrontMatterError(UserError):
 
 def front_matter(qmd: Path) -> dict[str, Any]:
     """The YAML front matter of a ``.qmd`` file (``{}`` when it has none)."""
-    lines = qmd.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = qmd.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise FrontMatterError(f"{qmd} is not UTF-8 text (byte {exc.start}): restore it from git "
+                               f"(`git checkout -- {qmd}`) or save it as UTF-8") from None
     if not lines or lines[0].strip() != "---":
         return {}
     for i, line in enumerate(lines[1:], start=1):
@@ -59,7 +74,8 @@ def front_matter(qmd: Path) -> dict[str, Any]:
             try:
                 meta = yaml.safe_load("\n".join(lines[1:i])) or {}
             except yaml.YAMLError as exc:
-                raise FrontMatterError(f"{qmd}: front matter is not valid YAML ({exc})") from exc
+                raise FrontMatterError(f"{qmd}: front matter is not valid YAML "
+                                       f"({yaml_problem(exc, first_line=2)})") from None
             if not isinstance(meta, dict):
                 raise FrontMatterError(f"{qmd}: front matter must be a YAML mapping")
             return meta

@@ -159,17 +159,19 @@ def read_split(folder: Path, split: str) -> tuple[list[str], list[int]]:
     for p in (review_path, label_path):
         if not p.is_file():
             raise ClsDataError(f"{p} is missing. Run `finetune-lab prepare-cls` first.")
-    reviews = review_path.read_text(encoding="utf-8").splitlines()
-    raw_labels = label_path.read_text(encoding="utf-8").splitlines()
+    regenerate = "regenerate the splits with `finetune-lab prepare-cls`"
+    reviews = _files.read_utf8(review_path, regenerate).splitlines()
+    raw_labels = _files.read_utf8(label_path, regenerate).splitlines()
     check_same_length(review_path, len(reviews), label_path, len(raw_labels))
     labels: list[int] = []
     for number, value in enumerate(raw_labels, start=1):
         if value not in ("0", "1"):
-            raise ClsDataError(f"{label_path}: line {number}: label {value!r} is not 0 or 1.")
+            raise ClsDataError(f"{label_path}: line {number}: label {value!r} is not 0 or 1: "
+                               f"{regenerate}")
         labels.append(int(value))
     for number, text in enumerate(reviews, start=1):
         if not text.strip():
-            raise ClsDataError(f"{review_path}: line {number}: empty review.")
+            raise ClsDataError(f"{review_path}: line {number}: empty review: {regenerate}")
     return reviews, labels
 
 

@@ -8,6 +8,7 @@ The runs read it from their prepared data; the chapters and the recipe compariso
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from finetune_lab._files import not_there, read_json
 from finetune_lab.config import paths
@@ -21,21 +22,57 @@ def summary_path() -> Path:
     return paths().summaries / SUMMARY_NAME
 
 
-def split_sizes(path: Path | None = None) -> dict[str, int]:
-    """CLS-Books reviews per split (train, valid, test), from the committed summary."""
+RESTORE = ("restore it (`git checkout -- data/summaries/data.json`) or run `finetune-lab "
+           "data-summary` again")
+
+
+def read_summary(path: Path | None = None) -> dict[str, Any]:
+    """The committed data summary, checked: the facts it records twice (each split's reviews,
+    its tokens against its mean length) must agree, or the file is refused in one line. The
+    chapters compute from it (the lab's schedule, the GPU's MFU), and an edited count would
+    otherwise move them silently."""
     path = Path(path) if path is not None else summary_path()
     if not path.is_file():
         raise UserError(f"{path} {not_there(path)}: run `finetune-lab data-summary` after preparing "
                         "the data (`finetune-lab prepare-cls`)")
+    record = read_json(path)
     try:
-        sizes = {str(s["split"]): int(s["reviews"]) for s in read_json(path)["cls"]["splits"]}
-        if "train" not in sizes:
-            raise KeyError("train")
-        return sizes
-    except (KeyError, TypeError, ValueError):
-        raise UserError(f"{path} lacks the splits' review counts (cls.splits): restore "
-                        "it (`git checkout -- data/summaries/data.json`) or run `finetune-lab "
-                        "data-summary` again") from None
+        problem = summary_contradiction(record)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
+        problem = "it lacks the splits' counts (cls.splits, cls.tokenization, lengths)"
+    if problem:
+        raise UserError(f"{path}: {problem}: {RESTORE}")
+    return record
+
+
+def summary_contradiction(record: dict[str, Any]) -> str | None:
+    """The first fact the summary records twice that disagrees with itself, said in words."""
+    lengths = record["lengths"]
+    special = int(lengths["special_tokens"])
+    splits = {str(s["split"]): s for s in record["cls"]["splits"]}
+    if "train" not in splits:
+        raise KeyError("train")
+    for name, split in splits.items():
+        n = int(split["reviews"])
+        counts = {"positive + negative": int(split["positive"]) + int(split["negative"]),
+                  "cls.tokenization's reviews": int(record["cls"]["tokenization"][name]["reviews"]),
+                  "the length histogram's total": sum(int(v) for v in lengths["histogram"][name])}
+        for what, value in counts.items():
+            if value != n:
+                return f"{name} has {n} reviews in cls.splits but {value} by {what}"
+        tokens = int(record["cls"]["tokenization"][name]["tokens"])
+        mean = float(lengths["stats"][name]["mean"])
+        if n <= 0 or abs(tokens / n + special - mean) > 0.006:  # the mean is kept to 2 decimals
+            return (f"{name}'s {tokens} tokens over {n} reviews do not give its mean length "
+                    f"{mean} ({special} special tokens each)")
+        if not 0 <= int(lengths["stats"][name]["truncated"]) <= n:
+            return f"{name} has more truncated reviews than reviews"
+    return None
+
+
+def split_sizes(path: Path | None = None) -> dict[str, int]:
+    """CLS-Books reviews per split (train, valid, test), from the committed summary."""
+    return {str(s["split"]): int(s["reviews"]) for s in read_summary(path)["cls"]["splits"]}
 
 
 def train_size(path: Path | None = None) -> int:

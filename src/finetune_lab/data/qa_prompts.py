@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from finetune_lab._files import parse_json
 from finetune_lab.config import DATA_ROOT_ENV, require_data_root
 from finetune_lab.errors import UserError
 
@@ -51,7 +52,7 @@ def load_faq(path: Path | str | None = None) -> list[QAPair]:
     fix = ('it must be a JSON list of {"question": "...", "answer": "..."} objects '
            f"(the original is {FAQ_RELATIVE} under ${DATA_ROOT_ENV})")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = parse_json(p.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise UserError(f"FAQ file {p} does not exist; {fix}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

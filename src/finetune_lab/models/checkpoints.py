@@ -10,7 +10,6 @@ shipped its model: ``model.pt`` (weights only, fp16, no optimizer state), ``dict
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,9 +17,11 @@ from typing import Any
 
 from finetune_lab._files import (
     atomic_dir,
-    read_json,
     check_replaceable,
     not_there,
+    parse_json,
+    read_json,
+    read_utf8,
     sha256_file,
     tree_entries,
     utc_now,
@@ -47,7 +48,7 @@ def packaged_output(folder: Path) -> bool:
     replaces: its manifest lists its files, and it holds nothing else. Told by its exact files,
     not a marker, so that the committed checkpoint stays these four files byte for byte."""
     try:
-        listed = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8")).get("files")
+        listed = parse_json((folder / MANIFEST_FILE).read_text(encoding="utf-8")).get("files")
     except (OSError, ValueError, AttributeError):
         return False
     return isinstance(listed, dict) and tree_entries(folder) <= {*listed, MANIFEST_FILE}
@@ -195,6 +196,22 @@ def package_checkpoint(
     return dest
 
 
+def check_listed_files(folder: Path) -> None:
+    """The dictionary and the sentencepiece model beside the weights, as the folder's own
+    manifest lists them (fairseq would read a damaged ``dict.txt`` into a traceback, or into
+    other tokens): one line naming the file that differs."""
+    restore = f"restore {folder} (`finetune-lab package-checkpoint`, or git for the committed one)"
+    if (folder / DICT_FILE).is_file():
+        read_utf8(folder / DICT_FILE, restore)
+    listed = (package_manifest(folder) or {}).get("files") or {}
+    for name in (DICT_FILE, SPM_FILE):
+        want = (listed.get(name) or {}).get("sha256") if isinstance(listed, dict) else None
+        if isinstance(want, str) and (folder / name).is_file() \
+                and sha256_file(folder / name) != want:
+            raise UserError(f"{folder / name} is not the file its manifest lists (sha256 "
+                            f"{want[:12]}…): {restore}")
+
+
 def load_hub_model(folder: Path | None = None):
     """A packaged model as a fairseq ``RobertaHubInterface`` (fill-mask, encode, ...), on CPU.
 
@@ -206,6 +223,7 @@ def load_hub_model(folder: Path | None = None):
     if not (folder / MODEL_FILE).is_file():
         raise UserError(f"{folder / MODEL_FILE} {not_there(folder / MODEL_FILE)}: run "
                         "`finetune-lab pretrain` (see README)")
+    check_listed_files(folder)
     with preserved_root_logger():  # fairseq logs its missing optional packages on import
         # registers roberta_small and the checkpoint loader
         from fairseq.models.roberta import RobertaModel

@@ -5,10 +5,9 @@ can ask it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from finetune_lab._files import CONVERSION_RECORD
+from finetune_lab._files import CONVERSION_RECORD, parse_json
 from finetune_lab.config import paths
 
 CONVERTED_FROM = "converted_from"
@@ -24,7 +23,7 @@ def converted_from_record(out: Path) -> dict[str, str] | None:
     if not record.is_file():
         return None
     try:
-        source = json.loads(record.read_text(encoding="utf-8"))["source"]
+        source = parse_json(record.read_text(encoding="utf-8"))["source"]
         path, sha = Path(source["path"]), str(source["sha256"])
     except (ValueError, KeyError, TypeError):
         return None

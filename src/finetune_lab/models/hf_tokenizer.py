@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import parse_json
 from finetune_lab.data import tokenizer as project_tokenizer
 from finetune_lab.data.cls_books import read_split
 from finetune_lab.errors import UserError
@@ -116,7 +117,7 @@ class FairseqIdTokenizer:
             spm_path = folder / "sentencepiece.bpe.model"
         config: dict[str, Any] = {}
         if (folder / CONFIG_FILE).is_file():
-            config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+            config = parse_json((folder / CONFIG_FILE).read_text(encoding="utf-8"))
         mp = max_positions or config.get("max_positions", DEFAULT_MAX_POSITIONS)
         return cls(spm_path, folder / DICT_FILE, max_positions=int(mp))
 

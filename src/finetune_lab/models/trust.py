@@ -12,7 +12,6 @@ installs the check into fairseq; :mod:`checkpoints` packages checkpoints and loa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import re
@@ -22,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import not_there, sha256_file
+from finetune_lab._files import not_there, parse_json, sha256_file
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 
@@ -44,7 +43,7 @@ def manifest_hashes(manifest_paths: Iterable[Path]) -> set[str]:
     hashes: set[str] = set()
     for path in manifest_paths:
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = parse_json(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         if not isinstance(data, dict):  # a damaged manifest lists nothing; it never raises
@@ -111,7 +110,7 @@ def _rejected_listing(sha: str) -> Path | None:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

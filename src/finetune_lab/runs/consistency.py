@@ -3,13 +3,15 @@
 The schema checks each field alone; an edited field that stays in range (a wall time of 60,000 s,
 50 updates/s, a seed renamed in a copied run) passed it and changed a table. These checks
 compare the fields the book reads with what else records the same fact: the start and end
-times, the command line, the run's own ``train.log`` (hashed since it is read), and, across an
-experiment, the other runs of the same method.
+times, the command line, the run's own ``train.log`` (hashed since it is read) and event files,
+its launches (``segments``), and across an experiment the other runs of the same method
+(:mod:`~finetune_lab.runs.crosscheck` holds a run against records outside it).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -17,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
 from finetune_lab.runs.run_inputs import cached_sha256
@@ -43,7 +46,8 @@ class Judged(Protocol):
     def valid(self) -> bool: ...
 
 
-def _time(value: Any) -> datetime | None:
+def recorded_time(value: Any) -> datetime | None:
+    """A manifest's ISO time (None when it is none)."""
     try:
         return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
@@ -57,7 +61,7 @@ def _number(value: Any) -> float | None:
 
 def time_problems(man: dict[str, Any]) -> list[str]:
     """The wall time against the run's start and end (and its launches' own wall times)."""
-    start, end, wall = _time(man.get("start_time")), _time(man.get("end_time")), \
+    start, end, wall = recorded_time(man.get("start_time")), recorded_time(man.get("end_time")), \
         _number(man.get("wall_time_s"))
     if start is None or end is None or wall is None:
         return []
@@ -95,6 +99,44 @@ def seed_problems(man: dict[str, Any]) -> list[str]:
                 return [f"seed {seed} is not among its command line's --seeds "
                         f"({' '.join(listed)})"]
     return []
+
+
+FLAG_OF = {"total_updates": "--total-num-update", "epochs": "--max-epoch"}
+"""Recipe keys whose command-line flag is not the key with dashes."""
+
+
+def _flags(command: Sequence[str]) -> dict[str, list[str]]:
+    return {t: list(_values_after(command, i)) for i, t in enumerate(command) if t.startswith("--")}
+
+
+def _same(recorded: Any, given: str) -> bool:
+    if isinstance(recorded, (int, float)):
+        try:
+            return math.isclose(float(given), float(recorded), rel_tol=1e-9)
+        except ValueError:
+            return False
+    return given == str(recorded)
+
+
+def command_problems(man: dict[str, Any]) -> list[str]:
+    """Each recipe value the command line also gives (``hyperparameters.lr`` against ``--lr``,
+    ``total_updates`` against ``--total-num-update``): the command is what ran. With
+    ``--max-tokens`` a pretraining batch is that many tokens (``--batch-size`` is only a cap)."""
+    command = [str(t) for t in man.get("command") or []]
+    flags, hp = _flags(command), man.get("hyperparameters") or {}
+    wanted = {key: (FLAG_OF.get(key, "--" + key.replace("_", "-")), value)
+              for key, value in hp.items()
+              if isinstance(value, (int, float, str)) and not isinstance(value, bool)}
+    if "--max-tokens" in flags and isinstance(hp.get("tokens_per_sample"), int) \
+            and isinstance(hp.get("batch_size"), int):
+        wanted["batch_size"] = ("--max-tokens", hp["tokens_per_sample"] * hp["batch_size"])
+    problems = []
+    for key, (flag, value) in sorted(wanted.items()):
+        given = flags.get(flag)
+        if given and len(given) == 1 and not _same(value, given[0]):
+            problems.append(f"hyperparameters.{key} {value} contradicts its command line "
+                            f"({flag} {given[0]})")
+    return problems
 
 
 def _values_after(command: Sequence[str], i: int) -> Iterable[str]:
@@ -140,7 +182,7 @@ _EVENT_TIME = re.compile(r"events\.out\.tfevents\.(\d+)\.")
 def event_time_problems(events: Sequence[Path], man: dict[str, Any]) -> list[str]:
     """The start and end times against the event files' own names, which hold the second each
     was created (hashed when the run ended): a run moved in time moved between machine layouts."""
-    start, end = _time(man.get("start_time")), _time(man.get("end_time"))
+    start, end = recorded_time(man.get("start_time")), recorded_time(man.get("end_time"))
     if start is None:
         return []
     for f in events:
@@ -175,12 +217,95 @@ def device_problems(man: dict[str, Any]) -> list[str]:
     return []
 
 
-def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Path]
-                            ) -> list[str]:
+LINEAR = "polynomial_decay"
+"""The recipes' scheduler (power 1); a pretraining run's recipe names none and uses it."""
+
+
+def _schedule(k: int, warmup: int, total: int) -> float:
+    """The share of the peak learning rate at update ``k``: a linear warm-up over ``warmup``
+    updates, then a linear decay to 0 at ``total`` (fairseq's polynomial_decay of power 1 and
+    the Trainer's "linear", the one schedule every run here uses)."""
+    if k < warmup:
+        return k / warmup
+    return max(0.0, (total - k) / (total - warmup)) if total > warmup else 0.0
+
+
+def learning_rate_problems(man: dict[str, Any], events: Sequence[Path]) -> list[str]:
+    """``hyperparameters.lr`` against the learning rate the event files log. The Trainer logs
+    the rate of the update before the logged step and fairseq the rate of the logged step, so
+    the peak the schedule gives from the highest logged rate is taken at both."""
+    hp = man.get("hyperparameters") or {}
+    lr, warmup = _number(hp.get("lr")), _number(hp.get("warmup_updates"))
+    total = _number(hp.get("total_updates", hp.get("max_update")))
+    if None in (lr, warmup, total) or hp.get("lr_scheduler", LINEAR) != LINEAR:
+        return []
+    logged = peak_learning_rate(list(events))
+    if logged is None:
+        return []
+    step, value = logged
+    shares = [f for k in (step, step - 1) if (f := _schedule(k, int(warmup), int(total))) > 0]
+    if not shares or lr <= 0 or value <= 0:  # a rate of 0 (the last update) says no peak
+        return []
+    low, high = value / max(shares), value / min(shares)
+    if low * (1 - RATE_TOLERANCE) <= lr <= high * (1 + RATE_TOLERANCE):
+        return []
+    return [f"hyperparameters.lr {lr:g} disagrees with its event files, which log {value:.4g} at "
+            f"update {step} (a peak of {low:.4g} on its {int(warmup)}-update warm-up and "
+            f"{int(total)}-update schedule)"]
+
+
+EVENTS_BEFORE_END_S = 120.0
+"""The most a run goes on after its last event (the manifest is written, the trainer exits):
+16 s in every committed run."""
+FIRST_EVENT_S = 600.0
+"""The most a run takes to log its first event (loading the corpus and the model): 101 s in
+every committed run."""
+
+
+def clock_problems(man: dict[str, Any], events: Sequence[Path]) -> list[str]:
+    """The start and end times against the wall-clock times the event files record: an edited
+    end time (and wall time to match) moved a run's minutes in every speed table."""
+    span, start, end = wall_span(events), recorded_time(man.get("start_time")), recorded_time(man.get("end_time"))
+    if span is None or start is None or end is None:
+        return []
+    first, last = span
+    after_last, before_first = end.timestamp() - last, first - start.timestamp()
+    problems = []
+    if not -CLOCK_SLACK_S <= after_last <= EVENTS_BEFORE_END_S:
+        problems.append(f"end_time {man['end_time']} is {abs(after_last):.0f} s "
+                        f"{'after' if after_last > 0 else 'before'} its event files' last event")
+    if not -CLOCK_SLACK_S <= before_first <= FIRST_EVENT_S:
+        problems.append(f"start_time {man['start_time']} is {abs(before_first):.0f} s "
+                        f"{'before' if before_first > 0 else 'after'} its event files' first "
+                        "event")
+    return problems
+
+
+def progress_problems(man: dict[str, Any], last_step: int) -> list[str]:
+    """``updates_done`` against the last update the event files log, and the launches'
+    (``segments``) updates and devices against the run's: the pretraining tables read the
+    totals, and each launch records them again."""
+    problems, done = [], man.get("updates_done")
+    if isinstance(done, int) and not isinstance(done, bool) and last_step and done != last_step:
+        problems.append(f"updates_done {done} but its event files end at update {last_step}")
+    segments = [s for s in man.get("segments") or [] if isinstance(s, dict)]
+    reached = [s.get("updates_to") for s in segments]
+    if segments and isinstance(done, int) and reached[-1] != done:
+        problems.append(f"updates_done {done} but its last launch ended at update {reached[-1]}")
+    if segments and _canon(man.get("device")) not in {_canon(s.get("device")) for s in segments}:
+        problems.append("device is none of its launches' devices (segments[].device)")
+    return problems
+
+
+def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Path],
+                            last_step: int = 0) -> list[str]:
     """Every check above, on a manifest whose shape passed the schema (``events``: the run's
-    event files, which the registry has listed already)."""
-    return (time_problems(man) + event_time_problems(events, man) + seed_problems(man)
-            + throughput_problems(path, man) + device_problems(man))
+    event files, which the registry has listed already; ``last_step``: the last update they
+    log)."""
+    return (progress_problems(man, last_step) + time_problems(man) + clock_problems(man, events)
+            + event_time_problems(events, man) + seed_problems(man) + command_problems(man)
+            + throughput_problems(path, man) + device_problems(man)
+            + learning_rate_problems(man, events))
 
 
 def _canon(value: Any) -> str:

@@ -9,9 +9,9 @@ the file and the byte offset of the record it is in.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from finetune_lab.errors import UserError
 
@@ -75,7 +75,57 @@ def strict_events(path: Path | str) -> Iterator[Any]:
         reader.file_handle.close()
 
 
-_CHECKED: dict[tuple[int, int, int, int], int] = {}
+LR_TAGS = frozenset({"lr", "train/learning_rate"})
+"""The learning rate as fairseq (``train_inner/lr``) and the Trainer log it."""
+
+class Scanned(NamedTuple):
+    """What the registry reads from one sound event file, once."""
+
+    last_step: int
+    peak_lr: tuple[int, float] | None
+    """The highest learning rate logged, with its step."""
+    first_wall: float | None
+    last_wall: float | None
+    """The first and last events' wall-clock times (seconds since the epoch)."""
+
+
+_CHECKED: dict[tuple[int, int, int, int], Scanned] = {}
+
+
+def _scan(path: Path) -> Scanned:
+    last, peak, walls = 0, None, []
+    for event in strict_events(path):
+        last = max(last, event.step)
+        if event.wall_time:
+            walls.append(event.wall_time)
+        for value in event.summary.value:
+            if value.tag in LR_TAGS:
+                lr = _scalar(value)
+                if lr is not None and (peak is None or lr > peak[1]):
+                    peak = (event.step, lr)
+    return Scanned(last, peak, min(walls, default=None), max(walls, default=None))
+
+
+def _scalar(value: Any) -> float | None:
+    if value.HasField("simple_value"):
+        return float(value.simple_value)
+    if value.HasField("tensor"):
+        from tensorboard.util import tensor_util
+
+        array = tensor_util.make_ndarray(value.tensor)
+        return float(array) if array.size == 1 else None
+    return None
+
+
+def _checked(path: Path) -> tuple[Scanned, str | None]:
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _CHECKED:
+        try:
+            _CHECKED[key] = _scan(path)
+        except EventFileError as exc:
+            return Scanned(0, None, None, None), str(exc)
+    return _CHECKED[key], None
 
 
 def checked_events(path: Path) -> tuple[int, str | None]:
@@ -83,11 +133,33 @@ def checked_events(path: Path) -> tuple[int, str | None]:
     sound file is checked once per process for a given file (inode), size and modification
     time: a chapter asks the registry about one experiment several times, and every record's
     CRC is costly. A damaged one is read again, so its problem names the path asked for."""
-    st = path.stat()
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if key not in _CHECKED:
+    scanned, problem = _checked(path)
+    return scanned.last_step, problem
+
+
+def _sound(paths: Iterable[Path]) -> list[Scanned]:
+    found = []
+    for path in paths:
         try:
-            _CHECKED[key] = max((e.step for e in strict_events(path)), default=0)
-        except EventFileError as exc:
-            return 0, str(exc)
-    return _CHECKED[key], None
+            scanned, problem = _checked(path)
+        except OSError:  # an unreadable file: the registry has named it already
+            continue
+        if not problem:
+            found.append(scanned)
+    return found
+
+
+def peak_learning_rate(paths: Iterable[Path]) -> tuple[int, float] | None:
+    """The highest learning rate the sound files among ``paths`` log, and its update: what the
+    run's schedule reached, to hold against the recipe its manifest records."""
+    peaks = [s.peak_lr for s in _sound(paths) if s.peak_lr]
+    return max(peaks, key=lambda p: p[1], default=None)
+
+
+def wall_span(paths: Iterable[Path]) -> tuple[float, float] | None:
+    """When the sound files among ``paths`` logged their first and last events (seconds since
+    the epoch): a run started before the first and ended soon after the last."""
+    found = _sound(paths)
+    firsts = [s.first_wall for s in found if s.first_wall is not None]
+    lasts = [s.last_wall for s in found if s.last_wall is not None]
+    return (min(firsts), max(lasts)) if firsts and lasts else None

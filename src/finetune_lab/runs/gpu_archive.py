@@ -14,14 +14,16 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tarfile
 import tempfile
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
-from finetune_lab._files import not_there
+from finetune_lab._files import not_there, parse_json
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
@@ -86,7 +88,7 @@ def read_result(meta_path: Path) -> dict[str, Any]:
     is one line naming it, never a traceback."""
     fetch = "fetch the call's files again"
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = parse_json(meta_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{meta_path} is not valid JSON ({exc.msg}, line {exc.lineno}): it was "
                         f"cut short or damaged; {fetch}") from None
@@ -224,7 +226,50 @@ def call_record_problem(meta: Any) -> str | None:
                 or isinstance(job.get("exit_code"), bool) \
                 or not isinstance(job.get("exit_code"), int):
             return f"lists a job {job!r} without its name and exit code"
+    parts = {f"timings_s.{k}": v for k, v in meta["timings_s"].items()}
+    parts.update({f"job {j['job']}": j.get("seconds") for j in meta["jobs"] if "seconds" in j})
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in parts.values()):
+        return "has timings or job seconds that are not numbers"
+    ran = {int(m[1]) for j in meta["jobs"] if (m := re.search(r"-seed(\d+)$", j["job"]))}
+    planned = meta["plan"].get("seeds")
+    if ran and isinstance(planned, list) and ("runs" in meta["timings_s"] and set(planned) != ran
+                                              or not ran <= set(planned)):
+        return (f"plans seeds {planned} but its jobs ran seeds {sorted(ran)}: the plan or the "
+                "jobs were edited")
+    longest = max(parts, key=parts.get, default=None)
+    if longest is not None and parts[longest] > wall + 1.0:  # timed to 0.1 s
+        return (f"has wall_s = {wall:g} but its {longest} took {parts[longest]:g} s: no part of "
+                "a call is longer than the call")
     return None
+
+
+class CallDevice(NamedTuple):
+    """What a device call's record says of where and how its runs ran."""
+
+    start: datetime
+    wall_s: float
+    name: str
+    count: int | None
+    exits: dict[str, int | None]
+    """Each job's exit code, by job name (``fairseq-pretrained-seed0``)."""
+
+
+def call_devices(root: Path = PROJECT_ROOT) -> list[CallDevice]:
+    """Each sound call record's start (its name, the call's UTC start), wall seconds, GPU and
+    jobs: a run made within a call was made on that call's GPU, by one of its jobs."""
+    calls = []
+    for path in sorted((root / CALL_RECORDS).glob("*Z.json")):
+        try:
+            start = datetime.strptime(path.stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+            meta = parse_json(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # the chapter that reads the records sets a damaged one aside by name
+        if call_record_problem(meta) is None and isinstance(meta["device"].get("name"), str):
+            count = meta["device"].get("count")
+            calls.append(CallDevice(start, float(meta["wall_s"]), meta["device"]["name"],
+                                    count if isinstance(count, int) else None,
+                                    {j["job"]: j["exit_code"] for j in meta["jobs"]}))
+    return calls
 
 
 def keep_call_record(meta: dict[str, Any], stage: Path, root: Path) -> list[Path]:

@@ -11,7 +11,6 @@ torch, transformers and peft but no fairseq: this module imports none of them at
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import parse_json
 from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.errors import UserError
 from finetune_lab.runs import jobs
@@ -90,7 +90,7 @@ def finished_runs(experiment: Path) -> list[Path]:
     done = []
     for run in sorted(p for p in experiment.iterdir() if p.is_dir()):
         try:
-            man = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+            man = parse_json((run / "manifest.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         if isinstance(man, dict) and man.get("status") == "complete":
@@ -126,7 +126,7 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     started = time.monotonic()  # durations and deadlines; the log folder's name is a date
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     bundle_dir = Path(bundle_dir).resolve()
-    plan = Plan(**json.loads((bundle_dir / PLAN_FILE).read_text(encoding="utf-8")))
+    plan = Plan(**parse_json((bundle_dir / PLAN_FILE).read_text(encoding="utf-8")))
     timings: dict[str, float] = {}
     work = Path(tempfile.mkdtemp(prefix="gpu-lab-"))
     site, src = work / "site", work / "fairseq-src"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -19,6 +20,8 @@ from typing import Any
 
 from finetune_lab._files import (
     CONVERSION_RECORD, OUTPUT_MARKER,
+    not_there,
+    parse_json,
     sha256_file,
     sha256_tree,
     write_json_atomic,
@@ -126,8 +129,9 @@ def read_manifest(run_dir: Path | str) -> dict[str, Any]:
     """Read ``run_dir/manifest.json``; raise :class:`ManifestError` naming the file if unusable."""
     path = Path(run_dir) / MANIFEST_NAME
     if not path.is_file():
+        said = "is missing" if not os.path.lexists(path) else not_there(path)
         raise ManifestError(
-            f"{path} is missing: this folder is not a recorded run. Re-run it with the "
+            f"{path} {said}: this folder is not a recorded run. Re-run it with the "
             "`finetune-lab finetune ...` or `finetune-lab pretrain ...` command that makes it "
             "(README, 'Re-running the experiments'), or delete the folder."
         )
@@ -168,7 +172,7 @@ def _no_constant(name: str) -> float:
 def loads_strict(text: str) -> Any:
     """``json.loads`` that refuses what Python's parser lets through but no table can use:
     ``NaN``/``Infinity``, a float that overflows (``1e400``), an integer beyond int64."""
-    return json.loads(text, parse_float=_finite, parse_int=_bounded,
+    return parse_json(text, parse_float=_finite, parse_int=_bounded,
                       parse_constant=_no_constant)
 
 

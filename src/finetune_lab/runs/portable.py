@@ -11,7 +11,6 @@ record is portable. :func:`migrate` rewrites manifests made before this rule
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -22,7 +21,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from finetune_lab._files import write_json_atomic
+from finetune_lab._files import parse_json, write_json_atomic
 from finetune_lab.config import PROJECT_ROOT
 
 INTERPRETER = "python"
@@ -216,7 +215,7 @@ def migrate(files: Iterable[Path]) -> list[Path]:
     changed = []
     for path in files:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_json(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError):
             continue
         if isinstance(data, dict) and (new := portable_manifest(data)) != data:

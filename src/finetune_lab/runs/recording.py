@@ -293,16 +293,18 @@ SUPERSEDED = ".superseded"
 def set_aside(run_dir: Path) -> Path | None:
     """Clear ``run_dir`` for a new run. A run that had completed (its inputs may have changed
     since, but its results are real) is moved to ``<runs root>/.superseded/<experiment>/
-    <run>-<time>/`` and the move is printed; an unfinished or failed one is deleted. A folder
-    without a readable manifest was not written by a run of this project (or not as one): it is
-    moved aside too, never deleted."""
-    status = None
+    <run>-<time>/`` and the move is printed; an unfinished or failed one is deleted when it holds
+    only what a run writes. A folder without a readable manifest was not written by a run of
+    this project (or not as one), and one that holds other files holds a user's: either is moved
+    aside too, never deleted."""
+    status, man = None, {}
     if (run_dir / mf.MANIFEST_NAME).is_file():
         try:
-            status = mf.read_manifest(run_dir).get("status")
+            man = mf.read_manifest(run_dir)
+            status = man.get("status")
         except (UserError, AttributeError):
             status = None
-    if status is not None and status != mf.STATUS_COMPLETE:
+    if status is not None and status != mf.STATUS_COMPLETE and _only_run_files(run_dir, man):
         shutil.rmtree(run_dir)
         return None
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -313,10 +315,25 @@ def set_aside(run_dir: Path) -> Path | None:
         target = folder / f"{run_dir.name}-{stamp}-{n}"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.move(str(run_dir), str(target))
-    what = "a complete run" if status == mf.STATUS_COMPLETE else "no run manifest"
+    what = ("a complete run" if status == mf.STATUS_COMPLETE else "no run manifest"
+            if status is None else "an unfinished run and files no run writes")
     print(f"{run_dir} held {what}, which this one replaces: it was moved to {target}",
           flush=True)
     return target
+
+
+RUN_FILES = frozenset({mf.MANIFEST_NAME, "train.log", "generations.json"})
+"""What runs write into their folder besides event files (generations.json: a LoRA QA run's)."""
+
+
+def _only_run_files(run_dir: Path, man: dict[str, Any]) -> bool:
+    """Whether every file under ``run_dir`` is one a run writes (its manifest, log, event files
+    and what the manifest lists): only then may an unfinished run's folder be deleted."""
+    listed = {str(k) for key in ("outputs", "logs", "checkpoints")
+              for k in (man.get(key) or {}) if isinstance(man.get(key), dict)}
+    return all(path.is_dir() and not path.is_symlink() or path.name in RUN_FILES
+               or path.relative_to(run_dir).as_posix() in listed
+               or path.name.startswith("events.out.tfevents.") for path in run_dir.rglob("*"))
 
 
 def resumable_manifest(run_dir: Path, *, seed: int, init: str,

@@ -21,6 +21,7 @@ from finetune_lab.models import trust
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.consistency import count_problems, manifest_contradictions
+from finetune_lab.runs.crosscheck import outside_problems
 from finetune_lab.runs.eventfiles import checked_events
 from finetune_lab.runs.experiments import EXPERIMENT_CONFIG as EXPERIMENT_CONFIG
 from finetune_lab.runs.experiments import VARYING_KEYS as VARYING_KEYS
@@ -193,7 +194,7 @@ def _validate_run(path: Path, *, check_inputs: bool) -> RunRecord:
         rec.problems += [problem] if problem else []
 
     man = rec.manifest if shape_ok else {}  # a damaged manifest's fields are never read
-    rec.problems += manifest_contradictions(path, man, files) if shape_ok else []
+    rec.problems += manifest_contradictions(path, man, files, last_step) if shape_ok else []
     rec.problems += _forced_exit_problems(path, man, last_step)
     outputs = man.get("outputs")
     if man.get("status") == mf.STATUS_COMPLETE and isinstance(outputs, dict):
@@ -275,6 +276,7 @@ def discover_runs(
             for rec in exp_records:
                 rec.problems.append(f"its experiment cannot be checked: {exc}")
         records += [seal(rec) for rec in exp_records]
+    list(map(seal, outside_problems(records, base)))  # rejected after the others were judged
     _reject_copies(records)
     if wanted:
         missing = wanted - {r.experiment for r in records}

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
-from finetune_lab._files import sha256_file
+from finetune_lab._files import parse_json, sha256_file
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.models.conversion_record import CONVERTED_FROM
@@ -137,7 +137,7 @@ def same_but_version_stamp(f: Path, want: str, manifest: dict[str, Any] | None) 
     if f.name != "config.json" or not version:
         return False
     try:
-        config = json.loads(f.read_text(encoding="utf-8"))
+        config = parse_json(f.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     if not isinstance(config, dict) or VERSION_STAMP not in config:

@@ -19,7 +19,6 @@ of the runs is :mod:`finetune_lab.book.lora_qa_report`.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab.argtypes import folder
-from finetune_lab._files import write_json_atomic
+from finetune_lab._files import parse_json, write_json_atomic
 from finetune_lab.data.qa_prompts import (
     CausalLMCollator,
     encode_faq,
@@ -252,7 +251,7 @@ def run_lora_qa(
     checkpoint = local if local.exists() else None
     init = "pretrained"
     if checkpoint is not None and (local / "config.json").is_file():
-        if json.loads((local / "config.json").read_text()).get(RANDOM_INIT_FLAG):
+        if parse_json((local / "config.json").read_text()).get(RANDOM_INIT_FLAG):
             init = "random"
     run_name = run or f"{'qlora' if plan.use_4bit else 'lora'}-{local.name or model}-seed{seed}"
     run_name = run_name.replace("/", "_")

@@ -5,13 +5,12 @@ records of its origin."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import sha256_file
+from finetune_lab._files import parse_json, sha256_file
 from finetune_lab.config import paths
 from finetune_lab.data.pretrain_corpus import TAPT_OUTPUT_NAME
 from finetune_lab.errors import UserError
@@ -47,7 +46,7 @@ def continuation_source(folder: Path, bin_dir: Path) -> dict[str, Any]:
         tokens = None
         run_manifest = paths().project / str(man.get("run") or "") / "manifest.json"
         if man.get("run") and run_manifest.is_file():
-            hp = json.loads(run_manifest.read_text(encoding="utf-8"))["hyperparameters"]
+            hp = parse_json(run_manifest.read_text(encoding="utf-8"))["hyperparameters"]
             tokens = int(hp["tokens_per_update"]) * int(man.get("num_updates") or 0)
         lineage = [{"run": man.get("run"), "updates": man.get("num_updates"), "tokens": tokens}]
     return {"path": str(model), "sha256": sha256_file(model), "run": man.get("run"),
@@ -110,7 +109,7 @@ def step_reads_task_texts(manifest: dict[str, Any]) -> tuple[bool, str]:
 
 def _stored_manifest(run: str) -> dict[str, Any] | None:
     path = resolve_stored_path(run) / "manifest.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return parse_json(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def task_text_steps(lineage: list[dict[str, Any]],
@@ -149,7 +148,7 @@ def checkpoint_metadata(source: Path, manifests: list[Path], *,
     sha = sha256_file(source)
     run, lineage = None, None
     for m in manifests:
-        manifest = json.loads(Path(m).read_text(encoding="utf-8"))
+        manifest = parse_json(Path(m).read_text(encoding="utf-8"))
         saved = manifest.get("saved_checkpoints") or {}
         if any(v.get("sha256") == sha for v in saved.values()):
             run = portable_path(Path(m).parent)
@@ -173,7 +172,7 @@ def _saved_on_the_way(source: Path, manifests: list[Path],
         folder = Path(m).parent
         if state_dir(folder.name).resolve() != source.parent.resolve() or updates is None:
             continue
-        manifest = json.loads(Path(m).read_text(encoding="utf-8"))
+        manifest = parse_json(Path(m).read_text(encoding="utf-8"))
         run = portable_path(folder)
         *earlier, _ = lineage_of(manifest, run)
         tokens = int(updates) * int(manifest["hyperparameters"]["tokens_per_update"])

@@ -1,0 +1,111 @@
+"""A run against what records outside it say of the same run (issue 35, silent wrong results).
+
+A GPU run was made within a device call, whose record (``data/summaries/gpu-lab/``) names the
+GPU, how many, and how each job ended; weights that a run or a probe names were made by a
+pretraining run, which started at a known time. An edited device name, count or checkpoint
+sha256 agreed with everything in its own manifest and changed a chapter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from finetune_lab._files import parse_json
+from finetune_lab.errors import UserError
+from finetune_lab.models.checkpoints import package_manifest
+from finetune_lab.runs.consistency import CLOCK_SLACK_S, Judged, recorded_time
+from finetune_lab.runs.gpu_archive import CallDevice, call_devices
+
+
+def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]:
+    """Every check below on the valid runs among ``records``; returns those it rejects."""
+    valid = [r for r in records if r.valid]
+    weights_time_problems(valid, runs_base)
+    call_device_problems(valid, call_devices())
+    return [r for r in valid if not r.valid]
+
+
+_CANDIDATE = re.compile(r"data/work/candidates/(?P<run>[^/]+?)(?:-u\d+)?/model\.pt")
+"""A candidate's weights, named after the pretraining run they were taken from (``-uN``: at
+update N of it)."""
+
+
+def packaged_origin() -> tuple[str, str] | None:
+    """The packaged checkpoint's weights (sha256) and the pretraining run that made them, as
+    ``experiment/run`` (None when there is no readable package manifest)."""
+    try:
+        packaged = package_manifest() or {}
+    except UserError:  # a damaged package manifest: the chapters that read it say so
+        return None
+    sha = ((packaged.get("files") or {}).get("model.pt") or {}).get("sha256")
+    run = packaged.get("run")
+    if not isinstance(sha, str) or not isinstance(run, str) or not run.startswith("data/runs/"):
+        return None
+    return sha, run.removeprefix("data/runs/")
+
+
+def weights_made_from(path: Any, sha: Any, runs_base: Path,
+                      packaged: tuple[str, str] | None = None) -> datetime | None:
+    """When the pretraining run that made the weights named by ``path`` (a candidate's) or
+    ``sha`` (the packaged checkpoint's, :func:`packaged_origin`, read when not given) started;
+    None when neither names a known run. Nothing that used those weights can be older."""
+    packaged = packaged if packaged is not None else packaged_origin()
+    origins = []
+    if isinstance(path, str) and (named := _CANDIDATE.fullmatch(path)):
+        origins.append(runs_base / "pretrain" / named["run"])
+    if packaged is not None and sha == packaged[0]:
+        origins.append(runs_base / packaged[1])
+    starts = []
+    for run in origins:
+        try:
+            starts.append(recorded_time(parse_json((run / "manifest.json").read_text()).get("start_time")))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return max((t for t in starts if t is not None), default=None)
+
+
+def weights_time_problems(records: Sequence[Judged], runs_base: Path) -> None:
+    """Runs that name weights a pretraining run made only after they started (a sha or a path
+    edited to another checkpoint's) are rejected."""
+    packaged = packaged_origin()
+    for rec in records:
+        man = rec.manifest or {}
+        ckpt, start = (man.get("inputs") or {}).get("checkpoint"), recorded_time(man.get("start_time"))
+        if not isinstance(ckpt, dict) or start is None:
+            continue
+        sha = (ckpt.get("sha256") or {}).get(".") if isinstance(ckpt.get("sha256"), dict) else None
+        made = weights_made_from(ckpt.get("path"), sha, runs_base, packaged)
+        if made is not None and start < made - timedelta(seconds=CLOCK_SLACK_S):
+            rec.problems.append(f"inputs.checkpoint names weights whose pretraining started at "
+                                f"{made:%Y-%m-%d %H:%M}, after this run started: its path or "
+                                "sha256 was edited")
+
+
+def call_device_problems(records: Sequence[Judged], calls: Sequence[CallDevice]) -> None:
+    """A GPU run that started within a device call (its record's start and wall time) names
+    that call's GPU and GPU count, and its job there ended well: the call's record and the
+    run's manifest both say so."""
+    for rec in records:
+        man = rec.manifest or {}
+        device, start = man.get("device") or {}, recorded_time(man.get("start_time"))
+        if device.get("type") != "cuda" or start is None:
+            continue
+        job = f"{rec.experiment.split('-')[0]}-{rec.name}"  # fairseq-gpu/random-seed0
+        for call in calls:
+            if not call.start <= start <= call.start + timedelta(
+                    seconds=call.wall_s + CLOCK_SLACK_S):
+                continue
+            said = f"the device call it ran in ({call.start:%Y%m%dT%H%M%SZ})"
+            if device.get("name") != call.name:
+                rec.problems.append(f"device.name {device.get('name')!r} but {said} ran on the "
+                                    f"{call.name}")
+            if call.count is not None and device.get("count", call.count) != call.count:
+                rec.problems.append(f"device.count {device.get('count')} but {said} had "
+                                    f"{call.count}")
+            if call.exits.get(job, 0) != 0:
+                rec.problems.append(f"its job {job} in {said} exited with "
+                                    f"{call.exits[job]}")
