@@ -175,3 +175,12 @@ def link_events(src: str, dst: str) -> None:
         except OSError:
             pass
     shutil.copy2(src, dst)
+
+
+def terminal_signals() -> None:
+    """``preexec_fn`` of a command a test interrupts with Ctrl-C: SIGINT handled as a terminal
+    leaves it. A suite started in the background by a shell (``make test &``) passes SIGINT on
+    ignored, and a command that ignores it cannot be asked what Ctrl-C does."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -173,7 +173,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-from conftest import needs_data_root  # noqa: E402
+from conftest import needs_data_root, terminal_signals  # noqa: E402
 from finetune_lab import _files  # noqa: E402
 from finetune_lab.cli import main  # noqa: E402
 from finetune_lab.errors import UserError  # noqa: E402
@@ -637,7 +637,8 @@ def test_an_interrupted_run_is_one_line_and_128_plus_the_signal(sig, code, tmp_p
 
     pid = tmp_path / "trainer.pid"
     script = INTERRUPTED_RUN.format(root=str(tmp_path / "runs"), pid=str(pid))
-    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=terminal_signals)
     deadline = time.monotonic() + 30
     while not (pid.is_file() and pid.read_text()):
         assert time.monotonic() < deadline and proc.poll() is None, "the run never started"

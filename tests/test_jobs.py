@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import terminal_signals
 from finetune_lab.runs import jobs
 
 
@@ -49,7 +50,7 @@ def test_ctrl_c_stops_every_job(tmp_path, sig):
         "time.sleep(120)\"], tmp / f'{n}.log') for n in ('x', 'y')]\n"
         "try:\n    jobs.run_parallel(grid, 2, gpus=0)\nexcept KeyboardInterrupt:\n"
         "    sys.exit(130)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code])
+    parent = subprocess.Popen([sys.executable, "-c", code], preexec_fn=terminal_signals)
     pid_files = [tmp_path / "x.pid", tmp_path / "y.pid"]
     deadline = time.monotonic() + 60
     while not all(p.is_file() and p.read_text() for p in pid_files):
