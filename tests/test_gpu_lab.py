@@ -293,6 +293,12 @@ def test_pretrain_budget_is_what_the_deadline_leaves_and_refuses_too_little():
     with pytest.raises(UserError, match="only 30 s are left"):
         gpu_plan.pretrain_budget(plan, started=1000.0, now=1000.0 + 530 - gpu_plan.PRETRAIN_TAIL_S - 30)
     assert gpu_plan.pretrain_budget(gpu_plan.Plan(pretrain_minutes=3.0), started=0.0) == 3.0
+    # pretraining then fine-tuning in one call: after a cold machine's 50 s of setup, the default
+    # plan still trains (240 s kept for fine-tuning had left 10 s, and the call failed)
+    both = gpu_plan.Plan(steps=["pretrain", "lab"], then_finetune=True)
+    assert gpu_plan.pretrain_budget(both, started=0.0, now=50.0) >= 1.5
+    with pytest.raises(UserError, match="less 150 s kept for fine-tuning.*without --then-finetune"):
+        gpu_plan.pretrain_budget(both, started=0.0, now=120.0)
     # a tiny call trains 4 updates whatever the clock says, so a slow machine does not fail it
     tiny = gpu_plan.Plan(steps=["pretrain"], runs_until_s=530.0, tiny=True)
     assert gpu_plan.pretrain_budget(tiny, started=1000.0, now=1000.0 + 530) == 1.0

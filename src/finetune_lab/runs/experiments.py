@@ -68,19 +68,29 @@ def differing_hyperparameters(config: dict[str, Any], hp: dict[str, Any]) -> lis
 
 
 def pin_config(experiment_dir: Path, config: dict[str, Any]) -> None:
-    """Write ``experiment.json`` where the experiment has none. One that is there is never
-    rewritten (the experiment's runs were judged by it): a recipe it does not allow is refused
-    here, before any work, naming the keys."""
+    """Write ``experiment.json`` where the experiment has none. One that is there keeps every
+    value it pins (the experiment's runs were judged by it): a recipe it does not allow is
+    refused here, before any work, naming the keys. Names ``config`` lets vary that the file
+    neither pins nor lists (settings a later version records, such as ``num_workers``) are
+    added to its ``varying`` list, which changes no earlier run's verdict: without that, the
+    file would reject the very run it let start."""
+    path = experiment_dir / EXPERIMENT_CONFIG
     current = read_experiment_config(experiment_dir)
     if current is None:
-        write_json_atomic(experiment_dir / EXPERIMENT_CONFIG, config)
+        write_json_atomic(path, config)
         return
     allowed = {**current, "varying": [*current.get("varying", []), *config.get("varying", [])]}
     differ = differing_hyperparameters(allowed, config["hyperparameters"])
     if differ:
-        raise UserError(f"{experiment_dir / EXPERIMENT_CONFIG} pins another recipe for this "
+        raise UserError(f"{path} pins another recipe for this "
                         f"experiment's runs (it differs in {', '.join(differ)}): it was left as "
                         "it is; choose another --experiment (or --run folder)")
+    known = {*current.get("varying", []), *current["hyperparameters"]}
+    added = [k for k in config.get("varying", []) if k not in known]
+    if added:
+        write_json_atomic(path, {**current, "varying": [*current.get("varying", []), *added]})
+        print(f"{path}: its runs may now vary in {', '.join(added)} too (settings this version "
+              "records); every value it pins is kept")
 
 
 def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] | None) -> None:

@@ -27,6 +27,7 @@ from finetune_lab._files import not_there, parse_json
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
+from finetune_lab.runs.experiments import EXPERIMENT_CONFIG, pin_config
 
 RESULT_FILE = "gpu-lab.json"
 ARCHIVE = "gpu-lab.tar"
@@ -195,12 +196,29 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
             for item in children:
                 dest = root / item.relative_to(stage)
                 if dest.exists() or dest.is_symlink():
-                    print(f"gpu-unpack: {dest.relative_to(root)} exists; left as it is")
+                    if dest.name == EXPERIMENT_CONFIG and item.is_file():
+                        _widen_config(dest, item)
+                    else:
+                        print(f"gpu-unpack: {dest.relative_to(root)} exists; left as it is")
                     continue
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(item), dest)
                 placed.append(dest)
     return placed
+
+
+def _widen_config(dest: Path, incoming: Path) -> None:
+    """The call's ``experiment.json`` beside the one here: the names it lets runs vary in are
+    added to this one (:func:`~finetune_lab.runs.experiments.pin_config`), so the call's runs
+    are judged as they were there; a value it pins otherwise leaves this one as it is (and
+    the runs it made are listed BAD)."""
+    try:
+        config = parse_json(incoming.read_text(encoding="utf-8"))
+        if not isinstance(config, dict) or not isinstance(config.get("hyperparameters"), dict):
+            raise ValueError("no hyperparameters mapping")
+        pin_config(dest.parent, config)
+    except (UserError, ValueError, UnicodeDecodeError) as exc:
+        print(f"gpu-unpack: {dest} exists; left as it is (the call's differs: {exc})")
 
 
 CALL_RECORDS = "data/summaries/gpu-lab"

@@ -67,7 +67,8 @@ def bundle_output(folder: Path) -> bool:
         return PLAN_FILE in entries and entries <= {
             PLAN_FILE, "data.tar.xz", "fairseq-src.tar.xz", "wheels/"} | {
             e for e in entries if e.startswith("wheels/") and e.endswith(".whl")}
-    if where == Path(os.path.abspath(paths().work / GPU_CORPUS)):
+    if where.parent == Path(os.path.abspath(paths().work)) and (
+            where.name == GPU_CORPUS or where.name.startswith(f"{GPU_CORPUS}-")):
         return "bin/dict.txt" in entries and entries <= SLICE_ENTRIES
     return False
 
@@ -239,7 +240,12 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
         if not path.is_dir():
             raise UserError(f"{path} ({what}) {not_there(path, 'folder')}: run `{fix}` first")
     if "pretrain" in plan.steps:  # refused now, not after the downloads
-        check_replaceable(paths().work / GPU_CORPUS, COMMAND, force=force, earlier=bundle_output)
+        taken = [p for p in (paths().runs / plan.experiment("pretrain") / plan.pretrain_name,
+                             paths().work / "candidates" / plan.pretrain_name)
+                 if p.exists() or p.is_symlink()]
+        if taken:  # the call's pretrain would refuse it there, after its setup
+            raise UserError(f"{taken[0]} exists: choose another --pretrain-run")
+        check_replaceable(paths().work / plan.corpus, COMMAND, force=force, earlier=bundle_output)
     tree = tree_bytes()  # before the bundle's half-made folder, which git does not ignore
     with atomic_dir(out, COMMAND, force=force, earlier=bundle_output) as tmp:
         if not from_environment:
@@ -265,7 +271,7 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                     if not (also / "train.idx").is_file():
                         raise UserError(f"{also} has no train.idx: run `finetune-lab "
                                         "prepare-pretrain --tapt` first, or drop --tapt")
-                with atomic_dir(paths().work / GPU_CORPUS, COMMAND, force=force,
+                with atomic_dir(paths().work / plan.corpus, COMMAND, force=force,
                                 earlier=bundle_output) as sliced:
                     plan.pretrain_tokens = corpus_slice(
                         src, sliced / "bin", plan.pretrain_tokens or 10**12,
@@ -274,7 +280,7 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
             # what lies here already goes into the archive as it is, under its path there
             extra: list[tuple[Path, str]] = []
             if "pretrain" in plan.steps:
-                extra.append((paths().work / GPU_CORPUS, f"data/work/{GPU_CORPUS}"))
+                extra.append((paths().work / plan.corpus, f"data/work/{plan.corpus}"))
             if plan.checkpoint:
                 ckpt_dir = PROJECT_ROOT / plan.checkpoint
                 if not (ckpt_dir / checkpoints.MODEL_FILE).is_file():

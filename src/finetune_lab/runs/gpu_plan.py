@@ -30,7 +30,9 @@ PRETRAIN_TAIL_S = 120.0
 fairseq's start, the last validation and saving, an exit that hangs (``recording.EXIT_GRACE_S``),
 packaging the weights. 100 s, with the calibration outside the budget, lost a run."""
 GPU_CORPUS = "pretrain-gpu-bin"
-"""The corpus slice a pretraining call carries (under the work dir, here and there)."""
+"""The corpus slice a pretraining call carries (under the work dir, here and there), followed
+by the run's name (:attr:`Plan.corpus`): each run names its own slice, so the next call's slice
+never replaces the data an earlier run's hashes check against (runs before that named this)."""
 
 
 @dataclass
@@ -71,7 +73,9 @@ class Plan:
     """With both steps: fine-tune the weights the pretraining step packages, after it in the same
     call (its fairseq pretrained seeds go to ``candidate_experiment``); the pretraining leaves
     ``finetune_reserve_s`` of the call for that."""
-    finetune_reserve_s: float = 240.0
+    finetune_reserve_s: float = 150.0
+    """Five fairseq fine-tunings of the lab's recipe side by side took 100 s on an H100, start and
+    snapshots included (call 20261126T160047Z). 240 s left the pretraining 10 s after setup."""
     runs_until_s: float = 420.0
     """Seconds after the call starts when unfinished runs are stopped (marked interrupted): with
     up to 60 s for them to stop and a last small snapshot, the call ends within 8 minutes, setup
@@ -85,6 +89,11 @@ class Plan:
     def pretrain_name(self) -> str:
         """The pretraining run's name there, and its candidate folder's."""
         return f"{self.pretrain_run}{SUFFIX_TINY}" if self.tiny else self.pretrain_run
+
+    @property
+    def corpus(self) -> str:
+        """The folder under the work dir that holds this call's corpus slice."""
+        return f"{GPU_CORPUS}-{self.pretrain_name}"
 
     def candidate(self, name: str) -> str:
         """Where fine-tuning runs of other weights go: the next candidate experiment here (a
@@ -144,8 +153,11 @@ def pretrain_budget(plan: Plan, started: float, now: float | None = None) -> flo
     left = pretrain_deadline(plan, started) - (time.monotonic() if now is None else now) \
         - PRETRAIN_TAIL_S
     if left < 60:
-        raise UserError(f"only {left:.0f} s are left for pretraining before the call's deadline: "
-                        "raise runs_until_s or carry less")
+        reserve = started + plan.runs_until_s - pretrain_deadline(plan, started)
+        raise UserError(f"only {left:.0f} s are left for pretraining before the call's deadline "
+                        f"({plan.runs_until_s:.0f} s, less {reserve:.0f} s kept for fine-tuning "
+                        f"and {PRETRAIN_TAIL_S:.0f} s to save and package): pretrain alone "
+                        "(gpu-bundle without --then-finetune) or carry less to set up")
     return left / 60
 
 
@@ -164,6 +176,6 @@ def pretrain_jobs(plan: Plan, logs: Path, python: str = sys.executable,
             budget += [flag, f"{value:g}"]
     name = plan.pretrain_name
     return [_job(logs, "pretrain", [python, "-m", "finetune_lab.cli", "pretrain", *budget,
-                                    "--data", f"data/work/{GPU_CORPUS}/bin", "--run", name,
+                                    "--data", f"data/work/{plan.corpus}/bin", "--run", name,
                                     "--experiment", plan.experiment("pretrain"),
                                     "--package-to", f"data/work/candidates/{name}"])]
