@@ -113,6 +113,17 @@ def test_later_calls_add_seeds_and_the_sentence_says_how_many_each_row_has(tmp_p
     assert text.startswith("Two later commands") and "has seeds 0 to 5" in text
     call = devices.latest_call(tmp_path)  # still the call that ran the whole lab
     assert call.name == "20260101T000000Z" and call.seeds == (0, 1, 2) and call.full_runs == 12
+    # a call that pretrained, then fine-tuned its own weights (seeds 6, 7 into a candidate
+    # experiment) added no seed to the grids
+    _call(tmp_path, "20260104T000000Z", ["fairseq"], [6, 7])
+    record = tmp_path / CALL_RECORDS / "20260104T000000Z.json"
+    meta = json.loads(record.read_text())
+    meta["plan"].update(steps=["pretrain", "lab"], then_finetune=True)
+    record.write_text(json.dumps(meta))
+    assert [c.name for c in devices.seed_calls(tmp_path)] == ["20260102T000000Z",
+                                                              "20260103T000000Z"]
+    assert "has seeds 0 to 5" in devices.seed_calls_sentence(devices.seed_calls(tmp_path),
+                                                             (0, 1, 2))
 
 
 def test_fine_tuning_flops_follow_the_data_and_the_epochs():

@@ -68,6 +68,20 @@ def test_an_end_time_moved_past_the_last_event_rejects_the_run(cache):
     assert not rec.valid and "s after its event files' last event" in rec.reason, rec.reason
 
 
+def test_a_transformers_start_moved_before_its_trainer_opened_its_event_file_rejects_it(cache):
+    """S2: a Transformers run's start 150 s earlier (its wall time to match) passed the bound
+    set for fairseq, whose runs load their corpus before their first event."""
+    import pandas as pd
+
+    path = cache / "transformers" / "pretrained-seed0" / "manifest.json"
+    man = json.loads(path.read_text())
+    man["start_time"] = (pd.Timestamp(man["start_time"]) - pd.Timedelta(seconds=150)).isoformat()
+    man["wall_time_s"] += 150
+    path.write_text(json.dumps(man))
+    rec = {r.key: r for r in discover_runs(cache)}["transformers/pretrained-seed0"]
+    assert not rec.valid and "s before its event files' first event" in rec.reason, rec.reason
+
+
 def _calls_with(**change):
     calls = gpu_archive.call_devices()
     first = calls[0]._replace(**change)

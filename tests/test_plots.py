@@ -1,11 +1,20 @@
-"""The book's figure rule, checked in the plotting code: no legend has more than 12 entries."""
+"""The book's figure rules, checked in the plotting code: no legend has more than 12 entries,
+and no two tick labels of an axis run into each other."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pytest
 
-from finetune_lab.book.plots import MAX_LEGEND_ENTRIES, LegendTooLongError, check_legend
+from matplotlib.ticker import ScalarFormatter
+
+from finetune_lab.book.plots import (
+    MAX_LEGEND_ENTRIES,
+    LegendTooLongError,
+    OverlappingTicksError,
+    check_legend,
+    overlapping_ticks,
+)
 
 
 def _figure(series: int, figure_legend: bool = False):
@@ -73,3 +82,20 @@ def test_every_plotting_function_of_the_book_checks_its_legend():
                     missing.append(f"{path.name}:{node.name}")
     assert missing == []
     check_legend(params.plot_part_shares(params.SMALL))
+
+
+def test_a_log_axis_labelling_its_minor_ticks_is_refused_and_its_major_ticks_pass():
+    """The candidates' figure labelled 9, 10, 20, …, 90, 100: "90" ran into "100"."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    try:
+        ax.plot([9, 105], [0, 1])
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        assert overlapping_ticks(fig) == []
+        check_legend(fig)
+        ax.xaxis.set_minor_formatter(ScalarFormatter())
+        assert ("90", "100") in overlapping_ticks(fig)
+        with pytest.raises(OverlappingTicksError, match="'90', '100'"):
+            check_legend(ax)
+    finally:
+        plt.close(fig)

@@ -55,3 +55,19 @@ def test_the_committed_cache_answers_every_step_and_says_where_each_was_fine_tun
     dapt = table.iloc[1]
     assert dapt["weights"] == "`cpu-clean-bow1`" and dapt["n"] == 3
     assert dapt["fine-tuned on"] == "GPU" and packaged["fine-tuned on"] == "CPU"
+
+
+def test_weights_pretrained_in_a_gpu_call_and_fine_tuned_there_are_candidates():
+    """pretrain-gpu/gpu4 and its five fine-tunings (fairseq-candidate-12) were in no table: the
+    candidate table read the CPU experiment's pretraining runs only."""
+    from finetune_lab.book import pretrain_candidates as pc
+    from finetune_lab.book import pretrain_report as pr
+
+    cand = pc.candidate_table(pr.load_pretrain_runs()).set_index("run")
+    gpu = cand.loc["`pretrain-gpu/gpu4`"]
+    assert gpu["n fine-tuned"] == 5 and gpu["fine-tuned on"] == "GPU"
+    assert round(gpu["tokens (M, all runs)"], 1) == 105.1  # 1,604 updates of 65,536 tokens
+    assert round(gpu["acc mean"], 1) == 73.6 and gpu["ci_low"] > 0  # beats random
+    assert gpu["task-adaptive"] == "no" and gpu["valid loss, novels (bits)"] > 8  # on the plateau
+    # never fine-tuned: the plateau table lists it, the candidate table does not
+    assert "`pretrain-gpu/gpu`" not in cand.index

@@ -200,7 +200,8 @@ def _grid_call(meta: dict) -> bool:
     """A call that ran the lab's grids from the committed checkpoint (not a candidate's seeds
     alone, not a pretraining, not a tiny rehearsal)."""
     plan = meta.get("plan") or {}
-    return "lab" in (plan.get("steps") or []) and not plan.get("checkpoint") \
+    steps = plan.get("steps") or []
+    return "lab" in steps and "pretrain" not in steps and not plan.get("checkpoint") \
         and not plan.get("tiny")
 
 

@@ -27,9 +27,37 @@ class LegendTooLongError(ValueError):
     """A figure's legend has more entries than a reader can match to lines."""
 
 
+class OverlappingTicksError(ValueError):
+    """Two tick labels of one axis are drawn over each other."""
+
+
+def overlapping_ticks(figure: plt.Figure) -> list[tuple[str, str]]:
+    """Pairs of neighbouring tick labels of one axis drawn over or against each other (a log
+    axis labelling its minor ticks, say), after a draw of ``figure``."""
+    renderer = figure.canvas.get_renderer()
+    figure.draw_without_rendering()
+    pairs = []
+    for ax in figure.axes:
+        for axis, lo in ((ax.xaxis, 0), (ax.yaxis, 1)):
+            low, high = sorted(axis.get_view_interval())
+            labels = [t for locs, texts in ((axis.get_majorticklocs(), axis.get_majorticklabels()),
+                                            (axis.get_minorticklocs(), axis.get_minorticklabels()))
+                      for loc, t in zip(locs, texts)
+                      if low <= loc <= high and t.get_visible() and t.get_text()]
+            boxes = sorted(((t.get_window_extent(renderer), t.get_text()) for t in labels),
+                           key=lambda b: (b[0].x0, b[0].y0)[lo])
+            for (a, ta), (b, tb) in zip(boxes, boxes[1:]):
+                # less than a third of a character apart reads as one label ("90100")
+                pad = labels[0].get_fontsize() * figure.dpi / 72 / 3
+                if (a.x1 + pad > b.x0) if lo == 0 else (a.y1 + pad > b.y0):
+                    pairs.append((ta, tb))
+    return pairs
+
+
 def check_legend(fig: plt.Figure | plt.Axes, limit: int = MAX_LEGEND_ENTRIES):
     """Raise :class:`LegendTooLongError` if a legend of ``fig`` (an Axes' or the figure's own)
-    has more than ``limit`` entries; else return ``fig`` unchanged, so that a plotting function
+    has more than ``limit`` entries, :class:`OverlappingTicksError` if two tick labels of one
+    axis overlap; else return ``fig`` unchanged, so that a plotting function
     can end with ``return check_legend(fig)``. An Axes is checked with its whole figure."""
     figure = fig.figure if isinstance(fig, plt.Axes) else fig
     legends = [(ax, ax.get_legend()) for ax in figure.axes]
@@ -45,6 +73,10 @@ def check_legend(fig: plt.Figure | plt.Axes, limit: int = MAX_LEGEND_ENTRIES):
                 f"{where} has {len(entries)} entries, more than {limit}: group the series "
                 f"(one entry per kind of run), facet them, or select a few; the first entries: "
                 f"{entries[:5]}")
+    clash = overlapping_ticks(figure)
+    if clash:
+        raise OverlappingTicksError(f"tick labels drawn over each other: {clash[:3]}; label "
+                                    "fewer ticks")
     return fig
 
 

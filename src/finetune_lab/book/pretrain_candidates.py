@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.book import fairseq_report as fr
+from finetune_lab.book.pretrain_plateau import GPU_EXPERIMENT
 from finetune_lab.book.pretrain_report import (
     VALID_SUBSETS,
     PretrainRuns,
@@ -25,7 +26,7 @@ from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.manifest import portable_path, run_key
 from finetune_lab.runs.registry import RunRecord, discover_runs
-from finetune_lab.runs.tblogs import event_scalars
+from finetune_lab.runs.tblogs import event_scalars, load_experiments
 from finetune_lab.train.finetune_fairseq import candidate_experiments
 from finetune_lab.train.pretrain_lineage import lineage_keys, lineage_of
 from finetune_lab.train.pretrain_recipe import tapt_start
@@ -128,7 +129,13 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
     cands = candidates(runs, runs_root) + [
         r for r in runs.runs if r.unfinished and r.status in ("paused", "running")
         and _tuned_source(probe_records, r.key) is not None]
-    if not cands or runs.latest is None:
+    # weights pretrained in a GPU call and fine-tuned (gpu-bundle --then-finetune, or
+    # --checkpoint): read with their own experiment's scalars
+    gpu = PretrainRuns(load_experiments([GPU_EXPERIMENT], runs_root), runs.checkpoint) \
+        if (Path(runs_root or paths().runs) / GPU_EXPERIMENT).is_dir() else None
+    sources = [(runs, r) for r in cands] + [
+        (gpu, r) for r in (gpu.used if gpu else []) if _tuned_source(probe_records, r.key)]
+    if not sources or runs.latest is None:
         return pd.DataFrame()
     grid = fr.load_results(runs_root)
     random = grid.best[grid.best["init"] == "random"] if grid.ready else pd.DataFrame()
@@ -143,9 +150,9 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
         curve = valid_curve(runs, rec.name)
         if len(curve):
             last_loss[rec.key] = float(curve["value"].iloc[-1])
-    for rec in cands:
+    for own, rec in sources:
         lineage = lineage_of(rec.manifest, portable_path(rec.path))
-        facts = _facts_at_checkpoint(runs, rec, facts_of(runs, rec, lineage),
+        facts = _facts_at_checkpoint(own, rec, facts_of(own, rec, lineage),
                                      _tuned_source(probe_records, rec.key))
         entries.append((CONTINUED if is_behind(runs, rec) else CANDIDATE, rec, facts,
                         _probe_runs(probe_best, probe_records, rec.key)))
@@ -319,7 +326,7 @@ def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int
     from finetune_lab.book.plots import check_legend  # heavy: matplotlib
     import matplotlib.pyplot as plt
 
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
     tuned = table[table["acc mean"].notna()] if not table.empty else table
@@ -342,8 +349,9 @@ def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int
                     ms=8 if kind.startswith("packaged") else 5, label=kind.replace("`", ""))
     ax.set_xscale("log")
     ax.margins(x=0.08)
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 10, 20, 50, 100, …
     ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("pretraining tokens behind the weights (M, log scale)")
     ax.set_ylabel("test accuracy (%), best-valid epoch")
     fig.legend(frameon=False, fontsize="small", loc="outside lower center", ncol=2)
