@@ -12,7 +12,7 @@ import pytest
 
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
-from finetune_lab.runs import crosscheck, gpu_archive
+from finetune_lab.runs import crosscheck, gpu_archive, gpu_calls
 from finetune_lab.runs.registry import discover_runs
 
 CALLS = PROJECT_ROOT / "data" / "summaries" / "gpu-lab"
@@ -83,7 +83,7 @@ def test_a_transformers_start_moved_before_its_trainer_opened_its_event_file_rej
 
 
 def _calls_with(**change):
-    calls = gpu_archive.call_devices()
+    calls = gpu_calls.call_devices()
     first = calls[0]._replace(**change)
     return lambda: [first, *calls[1:]]
 
@@ -97,7 +97,7 @@ def _calls_with(**change):
 ])
 def test_a_call_record_and_the_runs_it_made_must_agree(cache, monkeypatch, change, key, says):
     if "exits" in change:
-        change = {"exits": {**gpu_archive.call_devices()[0].exits, **change["exits"]}}
+        change = {"exits": {**gpu_calls.call_devices()[0].exits, **change["exits"]}}
     monkeypatch.setattr(crosscheck, "call_devices", _calls_with(**change))
     records = {r.key: r for r in discover_runs(cache)}
     assert not records[key].valid and says in records[key].reason, records[key].reason
@@ -117,17 +117,23 @@ def test_gpu_samples_that_cannot_be_right_are_not_read(tmp_path):
     """S5: a utilisation of 250 % became "a kernel running 250 % of the time"."""
     from finetune_lab.book.devices import gpu_use
 
+    from datetime import datetime, timezone
+
     smi = LAB_CALL.with_name(LAB_CALL.stem + "-nvidia-smi.csv")
-    busy, mem = gpu_use(smi)
+    call = (datetime(2026, 11, 26, 4, 19, 35, tzinfo=timezone.utc), 249.6)
+    busy, mem = gpu_use(smi, *call)
     assert 0 < busy <= 100 and mem > 0
     lines = smi.read_text().splitlines()
     edited = tmp_path / "smi.csv"
     edited.write_text("\n".join([lines[0], *(ln.replace(" 0 %", " 250 %").replace(
         " 100 %", " 250 %") for ln in lines[1:])]) + "\n")
-    assert gpu_use(edited) == (None, None)
+    assert gpu_use(edited, *call) == (None, None)
     edited.write_text("not, a\ntable")
-    assert gpu_use(edited) == (None, None)
-    assert gpu_use(tmp_path / "none.csv") == (None, None)
+    assert gpu_use(edited, *call) == (None, None)
+    assert gpu_use(tmp_path / "none.csv", *call) == (None, None)
+    # trial 7's S11: another call's samples (07:29 to 07:31) under this call's name
+    later = LAB_CALL.with_name("20261126T072936Z-nvidia-smi.csv")
+    assert gpu_use(later, *call) == (None, None)
 
 
 def test_a_corpus_record_with_fewer_tokens_than_words_is_not_read(tmp_path, monkeypatch):

@@ -221,7 +221,7 @@ def test_registry_accepts_the_methods_and_flags_a_changed_recipe(tiny_runs):
         # within a method the varying keys must agree too; with two seeds nothing says which
         # LoRA config is the method's, so both runs are excluded (the registry's rule)
         changed = json.loads(json.dumps(original))
-        changed["hyperparameters"]["lora"]["r"] = 8
+        changed["hyperparameters"]["lora"]["lora_alpha"] = 16  # (r would change the count)
         write_manifest(run, changed)
         loaded = lora_cls_runs.cached_runs(runs_root)
         assert [r.name for r in loaded.excluded] == ["lora-qv-seed0", "lora-qv-seed1"]

@@ -88,6 +88,8 @@ def write_json_atomic(path: Path | str, data: Any) -> None:
 def write_bytes_atomic(path: Path | str, data: bytes) -> None:
     """Write ``data`` so that readers see either the old file or the new one, never a partial one."""
     target = Path(path)
+    if target.is_symlink():  # a link the user made (one file shared by two folders) stays
+        target = target.resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
@@ -96,7 +98,10 @@ def write_bytes_atomic(path: Path | str, data: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; use normal permissions
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:  # the file that cannot be replaced, not the scratch file
+            raise OSError(exc.errno, exc.strerror, str(target)) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

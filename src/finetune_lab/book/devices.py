@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,10 @@ from finetune_lab.book.summary_files import read_json_files, set_aside_markdown
 from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.models import params
 from finetune_lab.runs import seedstats
+from finetune_lab.render_cache import per_render
+from finetune_lab.runs.crosscheck import disowned_calls
 from finetune_lab.runs.gpu_archive import CALL_RECORDS, call_record_problem
+from finetune_lab.runs.gpu_calls import call_devices, gpu_samples
 from finetune_lab.runs.gpu_plan import GPU_SUFFIX
 from finetune_lab.runs.registry import discover_runs, valid_runs
 from finetune_lab.runs.runspeed import device_name
@@ -214,7 +218,29 @@ def lab_call(meta: dict) -> bool:
 def _read_call_records(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
     """The call records that parse (strict JSON) with what the book reads, in time order; and
     one line per record set aside."""
-    return read_json_files(root / CALL_RECORDS, call_record_problem, "*Z.json")
+    good, bad = read_json_files(root / CALL_RECORDS, call_record_problem, "*Z.json")
+    named, disowned = [], _disowned(root)
+    for path, meta in good:  # kept under its own call's name, and naming its runs' GPU
+        why = call_record_problem(meta, path.stem)
+        start = datetime.strptime(path.stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+        if why is None and start in disowned:
+            name, n = disowned[start]
+            why = (f"names the {meta['device'].get('name')} but the {n} runs it made name the "
+                   f"{name}")
+        if why is None:
+            named.append((path, meta))
+        else:
+            bad.append(f"`{path.name}` {why}")
+    return named, bad
+
+
+@per_render
+def _disowned(root: Path) -> dict:
+    """:func:`~finetune_lab.runs.crosscheck.disowned_calls` of the run cache under ``root``."""
+    runs = root / "data" / "runs" if root != PROJECT_ROOT else paths().runs
+    if not runs.is_dir():
+        return {}
+    return disowned_calls(discover_runs(runs), call_devices(root))
 
 
 def _call_records(root: Path) -> list[tuple[Path, dict]]:
@@ -241,7 +267,9 @@ def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
     path, meta = records[-1]
     timings = meta.get("timings_s") or {}
     lab = [j for j in meta["jobs"] if j["job"] not in ("binarize-cls", "convert-hf")]
-    busy, mem = gpu_use(path.with_name(path.stem + "-nvidia-smi.csv"))
+    start = datetime.strptime(path.stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    busy, mem = gpu_use(path.with_name(path.stem + "-nvidia-smi.csv"), start,
+                        float(meta["wall_s"]))
     dev = meta.get("device") or {}
     return CallRecord(name=path.stem, device=f"{dev.get('count', 1)}× {dev.get('name')}",
                       torch=str(dev.get("torch", "?")),
@@ -254,20 +282,12 @@ def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
                       seeds=tuple(int(x) for x in (meta.get("plan") or {}).get("seeds") or ()))
 
 
-def gpu_use(smi: Path) -> tuple[float | None, float | None]:
-    """Mean utilisation (%) and peak memory (GiB) while a process held the GPU, from a call's
-    ``nvidia-smi`` samples; (None, None) when there are none, or when they cannot be right (a
-    utilisation outside 0 to 100 %, negative memory, a file that is no such table)."""
-    try:
-        df = pd.read_csv(smi, skipinitialspace=True)
-        util = pd.to_numeric(df.iloc[:, 1].astype(str).str.rstrip(" %"), errors="coerce")
-        used = pd.to_numeric(df.iloc[:, 2].astype(str).str.rstrip(" MiB"), errors="coerce")
-    except (OSError, ValueError, IndexError, pd.errors.ParserError):
-        return None, None
-    running = used > 0  # from the first process on the GPU to the last
-    if not running.any() or not util.dropna().between(0, 100).all() or (used < 0).any():
-        return None, None
-    return float(util[running].mean()), float(used.max()) / 1024
+def gpu_use(smi: Path, start: datetime, wall_s: float) -> tuple[float | None, float | None]:
+    """Mean utilisation (%) and peak memory (GiB) of a call's GPU, from its ``nvidia-smi``
+    samples (:func:`~finetune_lab.runs.gpu_calls.gpu_samples`: (None, None) for samples that
+    cannot be the call's)."""
+    busy, peak = gpu_samples(smi, start, wall_s)
+    return busy, peak / 1024 if peak is not None else None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,11 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
             return (f"has probes.{feature}.test_accuracy = "
                     f"{record['probes'][feature]['test_accuracy']}, which no count of "
                     f"{lab['test']} test reviews gives")
+    seed = record.get("seed")
+    if (record["init"] == "random") != (isinstance(seed, int) and not isinstance(seed, bool)):
+        # `probe --random` records the seed of the initialisation it probed; weights have none
+        return (f"says init {record['init']!r} with seed {seed!r}: a random initialisation "
+                "has a seed, trained weights have none")
     if record["init"] == "random":
         return None
     problem = summary_problem(record, ((("checkpoint", "sha256"), str),))

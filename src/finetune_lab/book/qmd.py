@@ -63,7 +63,8 @@ class FrontMatterError(UserError):
 def front_matter(qmd: Path) -> dict[str, Any]:
     """The YAML front matter of a ``.qmd`` file (``{}`` when it has none)."""
     try:
-        lines = qmd.read_text(encoding="utf-8").splitlines()
+        # an editor's "UTF-8 with BOM": Pandoc reads past it, and so must the declared inputs
+        lines = qmd.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:
         raise FrontMatterError(f"{qmd} is not UTF-8 text (byte {exc.start}): restore it from git "
                                f"(`git checkout -- {qmd}`) or save it as UTF-8") from None

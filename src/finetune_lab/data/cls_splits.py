@@ -67,6 +67,15 @@ def summary_contradiction(record: dict[str, Any]) -> str | None:
                     f"{mean} ({special} special tokens each)")
         if not 0 <= int(lengths["stats"][name]["truncated"]) <= n:
             return f"{name} has more truncated reviews than reviews"
+        stats = lengths["stats"][name]
+        order = [float(stats[k]) for k in ("median", "p90", "max")]
+        if order != sorted(order) or not float(stats["mean"]) <= order[-1]:
+            return (f"{name}'s lengths are not in order (median {stats['median']}, p90 "
+                    f"{stats['p90']}, max {stats['max']}, mean {stats['mean']})")
+    for pair, count in (record["cls"].get("duplicates") or {}).items():
+        inside = [s for s in splits if s in str(pair).split()]  # "within valid", "train and test"
+        if inside and int(count) > min(int(splits[s]["reviews"]) for s in inside):
+            return f"has {count} duplicates {pair}, more than the reviews there"
     return None
 
 

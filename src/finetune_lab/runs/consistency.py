@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
+from finetune_lab.runs.lora_count import lora_parameter_problems
 from finetune_lab.runs.run_inputs import cached_sha256
 
 CLOCK_SLACK_S = 2.0
@@ -32,6 +33,9 @@ after the rate was taken (0.35 % in the one committed run where that happened)."
 TIMED_SHARE = 0.8
 """The least share of a run's wall time that ``extra.time_s`` (the timed training and
 evaluation) covers: 98 to 100 % in every recorded run; loading lies outside both."""
+UNTIMED_S = 5.0
+"""What a run may spend outside its timed part whatever its length (a tiny test run of a
+second, on a loaded machine: 0.2 s of 0.8)."""
 
 
 class Judged(Protocol):
@@ -80,7 +84,8 @@ def time_problems(man: dict[str, Any]) -> list[str]:
                 "its end_time (one launch)"]
     extra = man.get("extra") or {}
     timed = _number(extra.get("time_s")) if isinstance(extra, dict) else None
-    if timed is not None and not TIMED_SHARE * wall <= timed <= wall + CLOCK_SLACK_S:
+    untimed = max((1 - TIMED_SHARE) * wall, UNTIMED_S)  # a second of start-up is most of a
+    if timed is not None and not wall - untimed <= timed <= wall + CLOCK_SLACK_S:  # tiny run
         return [f"extra.time_s {timed:g} s is not the {int(100 * TIMED_SHARE)} to 100 % of "
                 f"wall_time_s ({wall:g} s) that the timed part of a run takes"]
     return []
@@ -205,6 +210,10 @@ def device_problems(man: dict[str, Any]) -> list[str]:
         return [f"device.name {name!r} is not its device.cpu {device.get('cpu')!r}"]
     if device.get("type") == "cuda" and device.get("names") and name not in device["names"]:
         return [f"device.name {name!r} is not among its device.names {device['names']}"]
+    threads, cores = device.get("threads"), device.get("cpu_count")
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in (threads, cores)) \
+            and threads > cores:  # the split of a machine's cores; the layout table reads it
+        return [f"device.threads {threads} is more than its device.cpu_count {cores}"]
     extra = man.get("extra") if isinstance(man.get("extra"), dict) else {}
     peak, rss = extra.get("peak_memory"), extra.get("cpu_peak_rss")
     if isinstance(peak, dict) and peak.get("device") not in (None, device.get("type")):
@@ -299,6 +308,19 @@ def progress_problems(man: dict[str, Any], last_step: int) -> list[str]:
     return problems
 
 
+def subset_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -> list[str]:
+    """A complete fairseq run logged every subset its command evaluates (``--valid-subset
+    valid,test``, one event folder each): a run without its test log was a mean of five
+    values under a count of six."""
+    given = _flags([str(t) for t in man.get("command") or []]).get("--valid-subset")
+    if man.get("framework") != "fairseq" or man.get("status") != "complete" or not given:
+        return []
+    logged = {p.parent.name for p in events if p.parent != path}  # path: the run folder
+    missing = [s for s in str(given[0]).split(",") if s and s not in logged]
+    return [f"its command evaluates {', '.join(missing)} (--valid-subset {given[0]}) but no "
+            "event file logs it"] if missing else []
+
+
 def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Path],
                             last_step: int = 0) -> list[str]:
     """Every check above, on a manifest whose shape passed the schema (``events``: the run's
@@ -307,7 +329,8 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
     return (progress_problems(man, last_step) + time_problems(man) + clock_problems(man, events)
             + event_time_problems(events, man) + seed_problems(man) + command_problems(man)
             + throughput_problems(path, man) + device_problems(man)
-            + learning_rate_problems(man, events))
+            + learning_rate_problems(man, events) + subset_problems(path, man, events)
+            + lora_parameter_problems(man))
 
 
 def _canon(value: Any) -> str:

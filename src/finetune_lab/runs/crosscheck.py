@@ -18,13 +18,14 @@ from finetune_lab._files import parse_json
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.runs.consistency import CLOCK_SLACK_S, Judged, recorded_time
-from finetune_lab.runs.gpu_archive import CallDevice, call_devices
+from finetune_lab.runs.gpu_calls import CallDevice, call_devices
 
 
 def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]:
     """Every check below on the valid runs among ``records``; returns those it rejects."""
     valid = [r for r in records if r.valid]
     weights_time_problems(valid, runs_base)
+    source_problems(valid)
     call_device_problems(valid, call_devices())
     return [r for r in valid if not r.valid]
 
@@ -85,10 +86,33 @@ def weights_time_problems(records: Sequence[Judged], runs_base: Path) -> None:
                                 "sha256 was edited")
 
 
+def _in_call(start: datetime, call: CallDevice) -> bool:
+    return call.start <= start <= call.start + timedelta(seconds=call.wall_s + CLOCK_SLACK_S)
+
+
+def disowned_calls(records: Sequence[Judged], calls: Sequence[CallDevice]
+                   ) -> dict[datetime, tuple[str, int]]:
+    """Calls whose GPU none of the runs made in them names, while two or more of those runs
+    agree on another (call start -> that name, how many runs): one edited line of a record
+    must not outweigh every manifest of its runs. The book sets such a record aside."""
+    names: dict[datetime, list[str]] = {}
+    for rec in records:
+        man = rec.manifest or {}
+        device, start = man.get("device") or {}, recorded_time(man.get("start_time"))
+        if device.get("type") == "cuda" and start is not None:
+            for call in calls:
+                if _in_call(start, call):
+                    names.setdefault(call.start, []).append(str(device.get("name")))
+    return {call.start: (found[0], len(found)) for call in calls
+            if len(found := names.get(call.start, [])) >= 2 and len(set(found)) == 1
+            and found[0] != call.name}
+
+
 def call_device_problems(records: Sequence[Judged], calls: Sequence[CallDevice]) -> None:
     """A GPU run that started within a device call (its record's start and wall time) names
     that call's GPU and GPU count, and its job there ended well: the call's record and the
-    run's manifest both say so."""
+    run's manifest both say so (unless the record is the odd one out: :func:`disowned_calls`)."""
+    disowned = disowned_calls(records, calls)
     for rec in records:
         man = rec.manifest or {}
         device, start = man.get("device") or {}, recorded_time(man.get("start_time"))
@@ -96,11 +120,10 @@ def call_device_problems(records: Sequence[Judged], calls: Sequence[CallDevice])
             continue
         job = f"{rec.experiment.split('-')[0]}-{rec.name}"  # fairseq-gpu/random-seed0
         for call in calls:
-            if not call.start <= start <= call.start + timedelta(
-                    seconds=call.wall_s + CLOCK_SLACK_S):
+            if not _in_call(start, call):
                 continue
             said = f"the device call it ran in ({call.start:%Y%m%dT%H%M%SZ})"
-            if device.get("name") != call.name:
+            if device.get("name") != call.name and call.start not in disowned:
                 rec.problems.append(f"device.name {device.get('name')!r} but {said} ran on the "
                                     f"{call.name}")
             if call.count is not None and device.get("count", call.count) != call.count:
@@ -109,3 +132,36 @@ def call_device_problems(records: Sequence[Judged], calls: Sequence[CallDevice])
             if call.exits.get(job, 0) != 0:
                 rec.problems.append(f"its job {job} in {said} exited with "
                                     f"{call.exits[job]}")
+            peak = ((man.get("extra") or {}).get("peak_memory") or {}).get("bytes")
+            if isinstance(peak, (int, float)) and call.peak_mib is not None \
+                    and peak > call.peak_mib * 2**20:  # nvidia-smi counts every process
+                rec.problems.append(f"extra.peak_memory.bytes {peak:,.0f} but the GPU of {said} "
+                                    f"never held more than {call.peak_mib:,.0f} MiB")
+            wall, took = man.get("wall_time_s"), call.seconds.get(job)
+            if isinstance(wall, (int, float)) and took is not None \
+                    and wall > took + CLOCK_SLACK_S:  # the job is the run's process
+                rec.problems.append(f"wall_time_s {wall:g} s but its job {job} in {said} took "
+                                    f"{took:g} s")
+
+
+def source_problems(records: Sequence[Judged]) -> None:
+    """The pretraining run a fine-tuning run credits (``extra.checkpoint_source.run``, which
+    the candidate table reads) against the weights it loaded (a candidate's path is named after
+    its run) and the lineage recorded beside it, which ends at that run."""
+    for rec in records:
+        man = rec.manifest or {}
+        source = (man.get("extra") or {}).get("checkpoint_source")
+        run = source.get("run") if isinstance(source, dict) else None
+        if not isinstance(run, str):
+            continue
+        ckpt = (man.get("inputs") or {}).get("checkpoint") or {}
+        named = _CANDIDATE.fullmatch(str(ckpt.get("path"))) if isinstance(ckpt, dict) else None
+        lineage = source.get("lineage") or []
+        last = lineage[-1].get("run") if lineage and isinstance(lineage[-1], dict) else None
+        if named is not None and run.rsplit("/", 1)[-1] != named["run"]:
+            rec.problems.append(f"extra.checkpoint_source.run {run} but it loaded "
+                                f"{ckpt.get('path')}, the weights of {named['run']}")
+        elif last is not None and last != run:
+            rec.problems.append(f"extra.checkpoint_source.run {run} but the lineage recorded "
+                                f"beside it ends at {last}")
+

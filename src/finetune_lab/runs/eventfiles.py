@@ -92,6 +92,12 @@ class Scanned(NamedTuple):
 _CHECKED: dict[tuple[int, int, int, int], Scanned] = {}
 
 
+def _accuracy_tag(tag: str) -> bool:
+    """fairseq's ``accuracy`` and ``best_accuracy``, the Trainer's ``eval/accuracy`` and
+    ``test/accuracy``: percentages, which the book's tables read."""
+    return tag.rsplit("/", 1)[-1] in ("accuracy", "best_accuracy")
+
+
 def _scan(path: Path) -> Scanned:
     last, peak, walls = 0, None, []
     for event in strict_events(path):
@@ -103,6 +109,13 @@ def _scan(path: Path) -> Scanned:
                 lr = _scalar(value)
                 if lr is not None and (peak is None or lr > peak[1]):
                     peak = (event.step, lr)
+            elif _accuracy_tag(value.tag):
+                acc = _scalar(value)
+                if acc is not None and not 0.0 <= acc <= 100.0:  # NaN fails both
+                    raise EventFileError(f"event file {path}: {value.tag} at update "
+                                         f"{event.step} is {acc:g}, not a percentage")
+    if not walls:  # every writer stamps each event; a file without a time was edited
+        raise EventFileError(f"event file {path} records no wall-clock time")
     return Scanned(last, peak, min(walls, default=None), max(walls, default=None))
 
 

@@ -43,6 +43,11 @@ def read_experiment_config(experiment_dir: Path) -> dict[str, Any] | None:
     path = experiment_dir / EXPERIMENT_CONFIG
     if not path.exists() and not path.is_symlink():
         return None
+    return parse_config(path)
+
+
+def parse_config(path: Path) -> dict[str, Any]:
+    """An ``experiment.json`` anywhere (the run cache's, or a device call's copy), checked."""
     try:
         config = mf.loads_strict(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, RecursionError) as exc:
@@ -67,30 +72,74 @@ def differing_hyperparameters(config: dict[str, Any], hp: dict[str, Any]) -> lis
                   if k not in expected or k not in got or _canon(got[k]) != _canon(expected[k]))
 
 
-def pin_config(experiment_dir: Path, config: dict[str, Any]) -> None:
+class RecipeConflict(UserError):
+    """An experiment's ``experiment.json`` does not allow a recipe (``keys``: where it differs)."""
+
+    def __init__(self, message: str, keys: list[str]):
+        super().__init__(message)
+        self.keys = keys
+
+
+def _recorded_by(experiment_dir: Path, names: list[str]) -> dict[str, str]:
+    """Which of ``names`` a run of the experiment records already (name -> run folder)."""
+    found: dict[str, str] = {}
+    for manifest in sorted(experiment_dir.glob(f"*/{mf.MANIFEST_NAME}")):
+        try:
+            hp = mf.loads_strict(manifest.read_text(encoding="utf-8")).get("hyperparameters")
+        except (OSError, UnicodeDecodeError, RecursionError, ValueError, AttributeError):
+            continue  # a damaged manifest: the registry names it
+        for name in names:
+            if isinstance(hp, dict) and name in hp:
+                found.setdefault(name, manifest.parent.name)
+    return found
+
+
+def pin_config(experiment_dir: Path, config: dict[str, Any],
+               hyperparameters: dict[str, Any] | None = None) -> None:
     """Write ``experiment.json`` where the experiment has none. One that is there keeps every
-    value it pins (the experiment's runs were judged by it): a recipe it does not allow is
-    refused here, before any work, naming the keys. Names ``config`` lets vary that the file
-    neither pins nor lists (settings a later version records, such as ``num_workers``) are
-    added to its ``varying`` list, which changes no earlier run's verdict: without that, the
-    file would reject the very run it let start."""
+    value it pins (the experiment's runs were judged by it): a recipe whose ``hyperparameters``
+    (all of them; ``config``'s fixed ones by default) it does not allow is refused here, before
+    any work, naming the keys (:class:`RecipeConflict`). Names ``config`` lets vary that the
+    file neither pins nor lists (settings a later version records, such as ``num_workers``)
+    are added to its ``varying`` list, so that it accepts the run it lets start; that is
+    refused too when a run of the experiment records such a name already, since the file
+    rejects that run today and would accept it after."""
     path = experiment_dir / EXPERIMENT_CONFIG
     current = read_experiment_config(experiment_dir)
     if current is None:
         write_json_atomic(path, config)
         return
-    allowed = {**current, "varying": [*current.get("varying", []), *config.get("varying", [])]}
-    differ = differing_hyperparameters(allowed, config["hyperparameters"])
+    varying = list(current.get("varying", []))
+    known = {*varying, *current["hyperparameters"]}
+    added = [k for k in dict.fromkeys(config.get("varying", [])) if k not in known]
+    hp = config["hyperparameters"] if hyperparameters is None else hyperparameters
+    differ = differing_hyperparameters({**current, "varying": [*varying, *added]}, hp)
     if differ:
-        raise UserError(f"{path} pins another recipe for this "
-                        f"experiment's runs (it differs in {', '.join(differ)}): it was left as "
-                        "it is; choose another --experiment (or --run folder)")
-    known = {*current.get("varying", []), *current["hyperparameters"]}
-    added = [k for k in config.get("varying", []) if k not in known]
-    if added:
-        write_json_atomic(path, {**current, "varying": [*current.get("varying", []), *added]})
-        print(f"{path}: its runs may now vary in {', '.join(added)} too (settings this version "
-              "records); every value it pins is kept")
+        raise RecipeConflict(f"{path} pins another recipe for this experiment's runs (it "
+                             f"differs in {', '.join(differ)}): it was left as it is; choose "
+                             "another --experiment (or --run folder)", differ)
+    if not added:
+        return
+    recorded = _recorded_by(experiment_dir, added)
+    if recorded:
+        name, run = next(iter(recorded.items()))
+        raise RecipeConflict(f"{path} does not let its runs vary in {name}, which its run "
+                             f"{run} records (and is rejected for): it was left as it is; "
+                             "choose another --experiment (or --run folder)", [name])
+    write_json_atomic(path, {**current, "varying": [*varying, *added]})
+    print(f"{path}: its runs may now vary in {', '.join(added)} too (settings this version "
+          "records); every value it pins is kept")
+
+
+def refuse_other_recipe(experiment_dir: Path, hyperparameters: dict[str, Any]) -> None:
+    """Before any work: a run whose recipe the experiment's ``experiment.json`` (if it has
+    one) does not allow would be rejected once finished, so it is not started."""
+    config = read_experiment_config(experiment_dir)
+    differ = differing_hyperparameters(config, hyperparameters) if config is not None else []
+    if differ:
+        raise RecipeConflict(f"{experiment_dir / EXPERIMENT_CONFIG} pins another recipe for "
+                             f"this experiment's runs (it differs in {', '.join(differ)}): "
+                             "choose another --experiment", differ)
 
 
 def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] | None) -> None:

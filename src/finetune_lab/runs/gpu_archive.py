@@ -19,15 +19,20 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import Any, NamedTuple
+from typing import Any
 
 from finetune_lab._files import not_there, parse_json
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
-from finetune_lab.runs.experiments import EXPERIMENT_CONFIG, pin_config
+from finetune_lab.runs.experiments import (
+    EXPERIMENT_CONFIG,
+    RecipeConflict,
+    differing_hyperparameters,
+    parse_config,
+    pin_config,
+)
 
 RESULT_FILE = "gpu-lab.json"
 ARCHIVE = "gpu-lab.tar"
@@ -189,17 +194,27 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                 except UserError as exc:
                     raise UserError(f"{meta_path}: the weights {product}: {exc}; refused, "
                                     "nothing was unpacked") from None
+        _staged_configs(products, meta_path)
+        for product in products:  # a file where a product's folder goes: said before any move
+            blocked = next((d for d in [root / product, *(root / product).parents]
+                            if d.is_relative_to(root) and (d.is_file() or d.is_symlink()
+                                                           and not d.is_dir())), None)
+            if blocked is not None:
+                raise UserError(f"{blocked} is a file where the call's {product} goes: move it "
+                                "away; nothing was unpacked")
         placed = keep_call_record(meta, stage, root)  # before its logs move away
         for product, top in products.items():
-            children = sorted(p for p in top.iterdir() if not p.name.startswith(".")) \
+            # an experiment's experiment.json first: the runs beside it are judged by it
+            children = sorted((p for p in top.iterdir() if not p.name.startswith(".")),
+                              key=lambda p: (p.name != EXPERIMENT_CONFIG, p.name)) \
                 if product.startswith("data/runs/") else [top]
             for item in children:
                 dest = root / item.relative_to(stage)
-                if dest.exists() or dest.is_symlink():
-                    if dest.name == EXPERIMENT_CONFIG and item.is_file():
-                        _widen_config(dest, item)
-                    else:
-                        print(f"gpu-unpack: {dest.relative_to(root)} exists; left as it is")
+                if item.name == EXPERIMENT_CONFIG and product.startswith("data/runs/"):
+                    if not _place_config(dest, item, root):
+                        continue
+                elif dest.exists() or dest.is_symlink():
+                    print(f"gpu-unpack: {dest.relative_to(root)} exists; left as it is")
                     continue
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(item), dest)
@@ -207,18 +222,48 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
     return placed
 
 
-def _widen_config(dest: Path, incoming: Path) -> None:
-    """The call's ``experiment.json`` beside the one here: the names it lets runs vary in are
-    added to this one (:func:`~finetune_lab.runs.experiments.pin_config`), so the call's runs
-    are judged as they were there; a value it pins otherwise leaves this one as it is (and
-    the runs it made are listed BAD)."""
-    try:
-        config = parse_json(incoming.read_text(encoding="utf-8"))
-        if not isinstance(config, dict) or not isinstance(config.get("hyperparameters"), dict):
-            raise ValueError("no hyperparameters mapping")
-        pin_config(dest.parent, config)
-    except (UserError, ValueError, UnicodeDecodeError) as exc:
-        print(f"gpu-unpack: {dest} exists; left as it is (the call's differs: {exc})")
+def _place_config(dest: Path, incoming: Path, root: Path) -> bool:
+    """The call's ``experiment.json`` (parsed already, :func:`_staged_configs`) beside the run
+    cache's. Where there is one, the names the call let its runs vary in are added to it
+    (:func:`~finetune_lab.runs.experiments.pin_config`), and nothing else: a value it pins
+    stays. Where there is none, the call's is moved in only if every run there agrees with it.
+    Returns whether the call's file was moved in."""
+    config = parse_config(incoming)
+    shown = dest.relative_to(root)
+    if dest.exists() or dest.is_symlink():
+        try:
+            pin_config(dest.parent, config)
+        except RecipeConflict as exc:
+            print(f"gpu-unpack: {shown} kept as it is: the call's differs from it in "
+                  f"{', '.join(exc.keys)}, so the call's runs are judged by this one")
+        except UserError as exc:
+            print(f"gpu-unpack: {shown} kept as it is ({exc})")
+        return False
+    here = dest.parent.iterdir() if dest.parent.is_dir() else iter(())
+    for run in sorted(p for p in here if (p / "manifest.json").is_file()):
+        try:
+            hp = parse_json((run / "manifest.json").read_text(encoding="utf-8"))["hyperparameters"]
+            differ = differing_hyperparameters(config, hp)
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a damaged run: the registry names it
+        if differ:
+            print(f"gpu-unpack: the call's {shown} left out: {run.relative_to(root)} differs "
+                  f"from it in {', '.join(differ)}, and it would be rejected")
+            return False
+    return True
+
+
+def _staged_configs(products: dict[str, Path], meta_path: Path) -> None:
+    """Every ``experiment.json`` the call sends back parses, or nothing is unpacked."""
+    for product, top in products.items():
+        staged = top / EXPERIMENT_CONFIG
+        if product.startswith("data/runs/") and (staged.exists() or staged.is_symlink()):
+            try:
+                parse_config(staged)
+            except UserError as exc:
+                said = str(exc).replace(str(staged), f"the call's {product}/{EXPERIMENT_CONFIG}")
+                raise UserError(f"{meta_path}: {said.removesuffix('; restore or delete it')}; "
+                                "refused, nothing was unpacked") from None
 
 
 CALL_RECORDS = "data/summaries/gpu-lab"
@@ -227,11 +272,22 @@ jobs, timings, wall time) and the GPU's use sampled by ``nvidia-smi``, named by 
 LOGS_ROOT = "data/work/gpu-lab-logs"
 
 
-def call_record_problem(meta: Any) -> str | None:
+SEQUENTIAL = ("install", "data", "runs")
+"""A call's phases one after another (``timings_s``): together no longer than the call. The
+pretraining of a call that fine-tunes its weights is part of ``runs``."""
+
+
+def call_record_problem(meta: Any, stamp: str | None = None) -> str | None:
     """What a call's record lacks for the book (its plan, jobs, wall time, timings, device),
-    or None: a record that says less is kept out of the book, by name."""
+    or None: a record that says less is kept out of the book, by name. ``stamp``: the name it
+    is kept under, which must be its own log folder's (a copy under a later name would pass
+    for a later call)."""
     if not isinstance(meta, dict):
         return "is not a JSON object"
+    logs = [str(p) for p in meta.get("products") or [] if str(p).startswith(LOGS_ROOT + "/")]
+    if stamp is not None and logs and PurePosixPath(logs[0]).name != stamp:
+        return (f"is kept as {stamp} but is the record of call {PurePosixPath(logs[0]).name} "
+                "(its logs' folder): a copy")
     for key, kind in (("plan", dict), ("jobs", list), ("timings_s", dict), ("device", dict)):
         if not isinstance(meta.get(key), kind):
             return f"lacks {key} (or it is not a {kind.__name__})"
@@ -254,40 +310,18 @@ def call_record_problem(meta: Any) -> str | None:
                                               or not ran <= set(planned)):
         return (f"plans seeds {planned} but its jobs ran seeds {sorted(ran)}: the plan or the "
                 "jobs were edited")
+    negative = next((k for k, v in parts.items() if not math.isfinite(v) or v < 0), None)
+    if negative is not None:
+        return f"says its {negative} took {parts[negative]:g} s"
     longest = max(parts, key=parts.get, default=None)
     if longest is not None and parts[longest] > wall + 1.0:  # timed to 0.1 s
         return (f"has wall_s = {wall:g} but its {longest} took {parts[longest]:g} s: no part of "
                 "a call is longer than the call")
+    phases = sum(meta["timings_s"].get(k, 0.0) for k in SEQUENTIAL)
+    if phases > wall + 1.0:
+        return (f"has wall_s = {wall:g} but its phases one after another ({', '.join(SEQUENTIAL)}) "
+                f"took {phases:g} s")
     return None
-
-
-class CallDevice(NamedTuple):
-    """What a device call's record says of where and how its runs ran."""
-
-    start: datetime
-    wall_s: float
-    name: str
-    count: int | None
-    exits: dict[str, int | None]
-    """Each job's exit code, by job name (``fairseq-pretrained-seed0``)."""
-
-
-def call_devices(root: Path = PROJECT_ROOT) -> list[CallDevice]:
-    """Each sound call record's start (its name, the call's UTC start), wall seconds, GPU and
-    jobs: a run made within a call was made on that call's GPU, by one of its jobs."""
-    calls = []
-    for path in sorted((root / CALL_RECORDS).glob("*Z.json")):
-        try:
-            start = datetime.strptime(path.stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
-            meta = parse_json(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            continue  # the chapter that reads the records sets a damaged one aside by name
-        if call_record_problem(meta) is None and isinstance(meta["device"].get("name"), str):
-            count = meta["device"].get("count")
-            calls.append(CallDevice(start, float(meta["wall_s"]), meta["device"]["name"],
-                                    count if isinstance(count, int) else None,
-                                    {j["job"]: j["exit_code"] for j in meta["jobs"]}))
-    return calls
 
 
 def keep_call_record(meta: dict[str, Any], stage: Path, root: Path) -> list[Path]:

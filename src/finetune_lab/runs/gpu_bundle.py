@@ -31,6 +31,7 @@ from finetune_lab.data import cls_books, pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
 from finetune_lab.runs.gpu_plan import BUNDLE_DIR, GPU_CORPUS, PLAN_FILE, Plan
+from finetune_lab.runs.recording import run_dir_for
 
 TRANSFER_LIMIT = 64 * 2**20
 """Working tree plus carried paths, per call."""
@@ -240,12 +241,13 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
         if not path.is_dir():
             raise UserError(f"{path} ({what}) {not_there(path, 'folder')}: run `{fix}` first")
     if "pretrain" in plan.steps:  # refused now, not after the downloads
-        taken = [p for p in (paths().runs / plan.experiment("pretrain") / plan.pretrain_name,
-                             paths().work / "candidates" / plan.pretrain_name)
+        run_dir = run_dir_for(plan.experiment("pretrain"), plan.pretrain_name)  # a plain name
+        taken = [p for p in (run_dir, paths().work / "candidates" / plan.pretrain_name)
                  if p.exists() or p.is_symlink()]
         if taken:  # the call's pretrain would refuse it there, after its setup
             raise UserError(f"{taken[0]} exists: choose another --pretrain-run")
         check_replaceable(paths().work / plan.corpus, COMMAND, force=force, earlier=bundle_output)
+    slice_before = (paths().work / plan.corpus).exists()
     tree = tree_bytes()  # before the bundle's half-made folder, which git does not ignore
     with atomic_dir(out, COMMAND, force=force, earlier=bundle_output) as tmp:
         if not from_environment:
@@ -296,6 +298,8 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
         ckpt = checkpoints.packaged_dir() / checkpoints.MODEL_FILE
         held = f"{ckpt.stat().st_size / 2**20:.1f} MiB" if ckpt.is_file() else "not there"
         if tree + carried > TRANSFER_LIMIT:
+            if "pretrain" in plan.steps and not slice_before:  # this command's own, and useless
+                shutil.rmtree(paths().work / plan.corpus, ignore_errors=True)
             raise UserError(
                 f"{out} ({carried / 2**20:.1f} MiB) and the working tree ({tree / 2**20:.1f} MiB, "
                 f"of which {ckpt.name} {held}) exceed the device "

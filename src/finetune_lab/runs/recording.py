@@ -331,9 +331,13 @@ def _only_run_files(run_dir: Path, man: dict[str, Any]) -> bool:
     and what the manifest lists): only then may an unfinished run's folder be deleted."""
     listed = {str(k) for key in ("outputs", "logs", "checkpoints")
               for k in (man.get(key) or {}) if isinstance(man.get(key), dict)}
-    return all(path.is_dir() and not path.is_symlink() or path.name in RUN_FILES
-               or path.relative_to(run_dir).as_posix() in listed
-               or path.name.startswith("events.out.tfevents.") for path in run_dir.rglob("*"))
+
+    def written(path: Path) -> bool:  # where a run writes it: a "train.log" of a user's own
+        parts = path.relative_to(run_dir).parts  # folder inside the run's is the user's
+        return (path.is_dir() and not path.is_symlink() or "/".join(parts) in listed
+                or len(parts) == 1 and path.name in RUN_FILES
+                or len(parts) <= 2 and path.name.startswith("events.out.tfevents."))
+    return all(written(path) for path in run_dir.rglob("*"))
 
 
 def resumable_manifest(run_dir: Path, *, seed: int, init: str,

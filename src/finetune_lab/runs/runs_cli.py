@@ -11,6 +11,12 @@ from finetune_lab.errors import UserError
 from finetune_lab.runs.registry import discover_runs, excluded_runs
 
 
+def shown(line: str) -> str:
+    """One line as the terminal should show it: a folder's name may hold a newline or an
+    escape sequence, which would print a line of its own ("ok  fairseq/...") or colour."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
+
+
 def check_runs_root(root: Path) -> None:
     """A runs root named on the command line must be a folder: a typo must not read as "no
     runs" and exit 0."""
@@ -36,13 +42,13 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         return 1 if args.strict else 0
     for r in records:
         mark = "ok " if r.valid else "BAD"
-        print(f"{mark} {r.experiment}/{r.name} [{r.described('framework')} "
-              f"init={r.described('init')} seed={r.described('seed')} "
-              f"status={r.described('status')}]")
+        print(shown(f"{mark} {r.experiment}/{r.name} [{r.described('framework')} "
+                    f"init={r.described('init')} seed={r.described('seed')} "
+                    f"status={r.described('status')}]"))
         for p in r.problems:
-            print(f"      problem: {p}")
+            print(shown(f"      problem: {p}"))
         for w in r.warnings:
-            print(f"      warning: {w}")
+            print(shown(f"      warning: {w}"))
     n_bad = len(excluded_runs(records))
     print(f"{len(records) - n_bad} valid, {n_bad} excluded")
     return 1 if (args.strict and n_bad) else 0

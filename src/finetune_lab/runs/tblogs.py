@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from finetune_lab.render_cache import per_render
+from finetune_lab.runs.manifest import event_files
 from finetune_lab.runs.registry import InvalidRunError, RunRecord, discover_runs
 
 COLUMNS = ["experiment", "framework", "init", "seed", "run", "subset", "tag", "step", "epoch",
@@ -38,7 +39,14 @@ def _read_scalars(run_dir: Path) -> pd.DataFrame:
         warnings.simplefilter("ignore", category=FutureWarning)
         warnings.simplefilter("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*inplace keyword.*")
-        df = SummaryReader(str(run_dir), extra_columns={"dir_name", "wall_time"}).scalars
+        # the event files the registry lists and hashes (manifest.event_files), one by one: a
+        # folder read whole would take in any file with "tfevents" in its name, and follow links
+        frames = []
+        for path in event_files(run_dir):
+            one = SummaryReader(str(path), extra_columns={"wall_time"}).scalars
+            folder = path.parent.relative_to(run_dir).as_posix()
+            frames.append(one.assign(dir_name="" if folder == "." else folder))
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if df.empty:
         return pd.DataFrame(columns=["step", "tag", "value", "dir_name"])
     # a resumed run (long pretraining) logs again the updates after its last saved checkpoint:

@@ -31,6 +31,7 @@ from finetune_lab.models.fairseq_compat import quiet_import
 from finetune_lab.runs import jobs
 from finetune_lab.runs.fairseq_logs import log_rates
 from finetune_lab.runs.manifest import read_manifest
+from finetune_lab.runs.experiments import refuse_other_recipe
 from finetune_lab.runs.recording import record_run, run_dir_for, run_fairseq_train
 from finetune_lab.runs.registry import validate_run
 from finetune_lab.runs.run_inputs import cached_sha256
@@ -192,6 +193,9 @@ def finetune_grid(
     hyper: dict[str, Any] = {**recipe.as_dict(n_train), "arch": "roberta_small",
                              "arch_overrides": dict(arch or {}), "precision": "fp32"}
     done: list[Path] = []
+    if inits and seeds:  # an experiment.json that rejects these runs: refused before any work
+        refuse_other_recipe(run_dir_for(experiment, run_name(inits[0], seeds[0]),
+                                        runs_root).parent, hyper)
     for init in inits:
         if init not in INITS:
             raise UserError(f"--init must be one of {', '.join(INITS)}, not {init!r}")

@@ -42,6 +42,7 @@ from finetune_lab.models.conversion_record import (CONVERTED_FROM, converted_fro
 from finetune_lab.models.hf_convert import convert_checkpoint, default_hf_dir, hf_model_config
 from finetune_lab.models.hf_tokenizer import FairseqIdTokenizer, pad_batch
 from finetune_lab.models.params import SMALL
+from finetune_lab.runs.experiments import refuse_other_recipe
 from finetune_lab.runs.recording import record_run, run_dir_for
 from finetune_lab.runs.registry import validate_run
 from finetune_lab.runs.runmeasure import measure_run
@@ -303,6 +304,8 @@ def finetune_transformers(
         "positions": c.max_position_embeddings, "classes": c.num_labels})
     if extra_hyperparameters:
         hp.update(extra_hyperparameters)
+    refuse_other_recipe(run_dir_for(experiment, run or f"{init}-seed{seed}", runs_root).parent,
+                        hp)  # an experiment.json that would reject the run: before training
     if adapt_model is not None:
         model = adapt_model(model)
     inputs = [cls_dir, tokenizer_dir]

@@ -103,9 +103,9 @@ def pretrain(
     root = Path(runs_root) if runs_root is not None else paths().runs
     # refused before any work: the run, the experiment's recipe, where the weights would go
     refuse_existing_run(experiment, run, root, overwrite=overwrite)
-    pin_config(root / experiment, experiment_config(recipe))
-    if package:
+    if package:  # before pin_config, which may write experiment.json (trial 7's P6)
         checkpoints.check_package_dest(package_to)
+    pin_config(root / experiment, experiment_config(recipe), recipe.hyperparameters())
     save_dir = state_dir(run if experiment == EXPERIMENT else f"{experiment}-{run}")
     save_dir.mkdir(parents=True, exist_ok=True)
 

@@ -132,6 +132,9 @@ def _run(args: argparse.Namespace) -> int:
                         ("--tapt-fraction", args.tapt_fraction > 0)):
         if given and args.tokens is None:  # a short run would train without it, silently
             raise UserError(f"{flag} needs a long run (--tokens N)")
+    if args.tokens is not None and args.experiment != EXPERIMENT:  # trial 7's P5: ignored
+        raise UserError(f"--experiment {args.experiment}: a long run (--tokens N) always goes "
+                        f"to {EXPERIMENT}/, whose other runs it continues; drop --experiment")
     if args.tokens is not None:
         run_dir = pretrain_long(run=args.run or f"{d['device']}-long", tokens=int(args.tokens),
                                 continue_from=args.continue_from, seed=args.seed,
@@ -155,6 +158,13 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_package(args: argparse.Namespace) -> int:
     checkpoints.check_package_source(args.source, args.dest)
+    dest = Path(args.dest) if args.dest is not None else checkpoints.packaged_dir()
+    if not args.force and dest.resolve() == checkpoints.packaged_dir().resolve() \
+            and checkpoints.package_manifest(dest) is not None:
+        # the weights the book, the grid and every run on them cite, with their lineage
+        raise UserError(f"{dest} holds the packaged checkpoint the book reads: replacing it sets "
+                        "aside every run built on it; pass --force to do it, or --dest another "
+                        "folder")
     spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
     manifests = trust.default_manifests()
     dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest,

@@ -92,11 +92,12 @@ def step_reads_task_texts(manifest: dict[str, Any]) -> tuple[bool, str]:
     the task's texts only ever entered through ``prepare-pretrain --tapt``'s corpus.
     """
     corpora = (manifest.get("extra") or {}).get("corpora") or []
-    if corpora and all(c.get("kind") for c in corpora):
-        tapt = [c["path"] for c in corpora if c["kind"] == "tapt"]
-        return bool(tapt), (f"read {', '.join(tapt)} (task-adaptive)" if tapt else
-                            "its corpora: " + ", ".join(f"{c['path']} ({c['kind']})"
-                                                        for c in corpora))
+    # every record of it is evidence, and any one that says "task texts" wins: a corpus kind
+    # edited to "dapt" must not hide the task-adaptive corpus the run's inputs name
+    tapt = [str(c.get("path")) for c in corpora
+            if c.get("kind") == "tapt" or (c.get("task_repeat") or 0) > 0]
+    if tapt:
+        return True, f"read {', '.join(tapt)} (task-adaptive)"
     phases = (manifest.get("hyperparameters") or {}).get("phases") or []
     if any(p.get("name") == "tapt" for p in phases):
         return True, "a tapt phase"
@@ -104,6 +105,9 @@ def step_reads_task_texts(manifest: dict[str, Any]) -> tuple[bool, str]:
     tapt = [d for d in data if TAPT_OUTPUT_NAME in Path(d).parts]
     if tapt:
         return True, f"read {', '.join(tapt)}"
+    if corpora and all(c.get("kind") for c in corpora):
+        return False, "its corpora: " + ", ".join(f"{c.get('path')} ({c['kind']})"
+                                                  for c in corpora)
     return False, "read " + (", ".join(data) or "no recorded corpus")
 
 

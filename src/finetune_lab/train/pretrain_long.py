@@ -183,9 +183,10 @@ def pretrain_long(
         seed = 1 + (len(parent["lineage"]) if parent is not None else 0)
 
     root = Path(runs_root) if runs_root is not None else paths().runs
-    pin_config(root / EXPERIMENT, experiment_config(recipe))  # before any work, as the next
-    if package:
+    if package:  # refused before pin_config may write experiment.json
         checkpoints.check_package_dest(package_to)
+    pin_config(root / EXPERIMENT, experiment_config(recipe),  # before any work, as the next
+               recipe.hyperparameters())
     save_dir = state_dir(run)
     save_dir.mkdir(parents=True, exist_ok=True)
     point = resume_point(save_dir)
