@@ -416,11 +416,19 @@ def test_a_refused_pretraining_leaves_no_experiment_json_and_a_long_run_refuses_
     from finetune_lab.cli import main
 
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))  # as in a fresh clone
+    data = tmp_path / "corpus"  # checked for its files before the run: never read
+    data.mkdir()
+    for name in ("dict.txt", "train.bin", "train.idx", "valid.bin", "valid.idx"):
+        (data / name).write_text("")
+    (tmp_path / "work" / "tokenizer").mkdir(parents=True)
+    for name in ("spm.model", "dict.txt"):
+        (tmp_path / "work" / "tokenizer" / name).write_text("")
     user = tmp_path / "u"
     user.mkdir()
     (user / "notes.txt").write_text("notes")
     assert main(["pretrain", "--max-update", "1", "--run", "zz12", "--experiment", "zzx",
-                 "--package-to", str(user)]) == 2
+                 "--data", str(data), "--package-to", str(user)]) == 2
     assert "was not made by" in capsys.readouterr().err
     assert not (tmp_path / "runs" / "zzx").exists() and (user / "notes.txt").read_text() == "notes"
     assert main(["pretrain", "--tokens", "1e6", "--run", "zz11", "--experiment", "myexp"]) == 2
