@@ -284,7 +284,8 @@ def call_record_problem(meta: Any, stamp: str | None = None) -> str | None:
     for a later call)."""
     if not isinstance(meta, dict):
         return "is not a JSON object"
-    logs = [str(p) for p in meta.get("products") or [] if str(p).startswith(LOGS_ROOT + "/")]
+    products = meta.get("products") if isinstance(meta.get("products"), list) else []
+    logs = [str(p) for p in products if str(p).startswith(LOGS_ROOT + "/")]
     if stamp is not None and logs and PurePosixPath(logs[0]).name != stamp:
         return (f"is kept as {stamp} but is the record of call {PurePosixPath(logs[0]).name} "
                 "(its logs' folder): a copy")
