@@ -434,3 +434,17 @@ def test_a_refused_pretraining_leaves_no_experiment_json_and_a_long_run_refuses_
     assert main(["pretrain", "--tokens", "1e6", "--run", "zz11", "--experiment", "myexp"]) == 2
     assert "a long run (--tokens N) always goes to pretrain/" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_users_copy_of_a_call_record_under_another_name_is_set_aside_not_a_traceback(tmp_path):
+    """Trial 8's G2: `old-20261126T041935Z.json` (a backup) made every chapter that reads the
+    calls raise a ValueError from the name's date."""
+    from finetune_lab.book import devices
+
+    folder = tmp_path / gpu_archive.CALL_RECORDS
+    folder.mkdir(parents=True)
+    (folder / LAB_CALL.name).write_text(LAB_CALL.read_text())
+    (folder / f"old-{LAB_CALL.name}").write_text(LAB_CALL.read_text())
+    assert devices.latest_call(tmp_path).name == LAB_CALL.stem
+    assert "`old-20261126T041935Z.json` is kept as" in devices.call_records_set_aside(tmp_path)
+    assert devices.seed_calls(tmp_path) == []

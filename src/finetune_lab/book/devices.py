@@ -222,7 +222,10 @@ def _read_call_records(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
     named, disowned = [], _disowned(root)
     for path, meta in good:  # kept under its own call's name, and naming its runs' GPU
         why = call_record_problem(meta, path.stem)
-        start = datetime.strptime(path.stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+        try:
+            start = datetime.strptime(path.stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+        except ValueError:  # a user's copy ("old-2026...Z.json"): no call's name
+            start, why = None, why or "is not named as a call's record (YYYYMMDDTHHMMSSZ.json)"
         if why is None and start in disowned:
             name, n = disowned[start]
             why = (f"names the {meta['device'].get('name')} but the {n} runs it made name the "
