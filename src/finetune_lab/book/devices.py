@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ from finetune_lab.runs import seedstats
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs.crosscheck import disowned_calls
 from finetune_lab.runs.gpu_archive import CALL_RECORDS, call_record_problem
-from finetune_lab.runs.gpu_calls import call_devices, gpu_samples
+from finetune_lab.runs.gpu_calls import call_devices, call_start, gpu_samples
 from finetune_lab.runs.gpu_plan import GPU_SUFFIX
 from finetune_lab.runs.registry import discover_runs, valid_runs
 from finetune_lab.runs.runspeed import device_name
@@ -221,11 +221,9 @@ def _read_call_records(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
     good, bad = read_json_files(root / CALL_RECORDS, call_record_problem, "*Z.json")
     named, disowned = [], _disowned(root)
     for path, meta in good:  # kept under its own call's name, and naming its runs' GPU
-        why = call_record_problem(meta, path.stem)
-        try:
-            start = datetime.strptime(path.stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
-        except ValueError:  # a user's copy ("old-2026...Z.json"): no call's name
-            start, why = None, why or "is not named as a call's record (YYYYMMDDTHHMMSSZ.json)"
+        why, start = call_record_problem(meta, path.stem), call_start(path.stem)
+        if start is None:  # a user's copy ("old-2026...Z.json"): no call's name
+            why = why or "is not named as a call's record (YYYYMMDDTHHMMSSZ.json)"
         if why is None and start in disowned:
             name, n = disowned[start]
             why = (f"names the {meta['device'].get('name')} but the {n} runs it made name the "
@@ -270,8 +268,7 @@ def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
     path, meta = records[-1]
     timings = meta.get("timings_s") or {}
     lab = [j for j in meta["jobs"] if j["job"] not in ("binarize-cls", "convert-hf")]
-    start = datetime.strptime(path.stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
-    busy, mem = gpu_use(path.with_name(path.stem + "-nvidia-smi.csv"), start,
+    busy, mem = gpu_use(path.with_name(path.stem + "-nvidia-smi.csv"), call_start(path.stem),
                         float(meta["wall_s"]))
     dev = meta.get("device") or {}
     return CallRecord(name=path.stem, device=f"{dev.get('count', 1)}× {dev.get('name')}",

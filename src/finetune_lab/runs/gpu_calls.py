@@ -59,16 +59,27 @@ class CallDevice(NamedTuple):
     samples): no run of the call held more."""
 
 
+def call_start(stem: str) -> datetime | None:
+    """A call's UTC start, from its record's name (``20261126T041935Z``); None for a name that
+    is no call's (a user's copy, ``old-20261126T041935Z``)."""
+    try:
+        return datetime.strptime(stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
 def call_devices(root: Path = PROJECT_ROOT) -> list[CallDevice]:
     """Each sound call record's start (its name, the call's UTC start), wall seconds, GPU and
     jobs: a run made within a call was made on that call's GPU, by one of its jobs."""
     calls = []
     for path in sorted((root / CALL_RECORDS).glob("*Z.json")):
+        start = call_start(path.stem)
         try:
-            start = datetime.strptime(path.stem, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
             meta = parse_json(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # the chapter that reads the records sets a damaged one aside by name
+        if start is None:
+            continue
         if call_record_problem(meta, path.stem) is None \
                 and isinstance(meta["device"].get("name"), str):
             count = meta["device"].get("count")
