@@ -184,3 +184,31 @@ def terminal_signals() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """A private copy of the packaged checkpoint's manifest, read where the book reads the
+    committed one; returns a writer of it (``change`` edits the data first) that gives its
+    path."""
+    import copy
+    import json
+
+    from finetune_lab.book import pretrain_budget
+    from finetune_lab.config import PROJECT_ROOT
+    from finetune_lab.models import checkpoints
+
+    folder = tmp_path / "roberta-small-fr"
+    folder.mkdir()
+    committed = PROJECT_ROOT / "data" / "checkpoints" / "roberta-small-fr" / "manifest.json"
+    original = json.loads(committed.read_text(encoding="utf-8"))
+    monkeypatch.setattr(checkpoints, "packaged_dir", lambda: folder)
+    monkeypatch.setattr(pretrain_budget, "packaged_dir", lambda: folder)
+
+    def write(change=None):
+        data = copy.deepcopy(original)
+        if change:
+            change(data)
+        (folder / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
+        return folder / "manifest.json"
+    return write

@@ -21,11 +21,10 @@ from finetune_lab.runs.eventfiles import read_event_file_strict
 from finetune_lab.runs.registry import (
     InvalidRunError,
     discover_runs,
-    exclusions_markdown,
-    runs_table,
     valid_runs,
     validate_run,
 )
+from finetune_lab.runs.listing import exclusions_markdown, runs_table
 from finetune_lab.runs.tblogs import load_scalars
 
 pytestmark = pytest.mark.slow

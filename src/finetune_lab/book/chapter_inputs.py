@@ -10,8 +10,10 @@ Python cells import, directly or through each other, hashed file by file. Light 
 from __future__ import annotations
 
 import ast
+import errno
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -188,7 +190,35 @@ EMPTY_FOLDER = "EMPTY FOLDER"
 """The hash recorded for a folder with no file below it: an empty run folder is listed by the
 registry (as a run without a manifest), so its arrival or removal changes a chapter."""
 BROKEN_LINK = "BROKEN LINK"
-"""The hash recorded for a symbolic link whose target is gone."""
+"""The hash recorded for a symbolic link whose target is gone (or a link loop)."""
+NOT_REGULAR = "not-a-regular-file:"
+"""The prefix of the hash recorded for a path that is neither a regular file nor a folder
+(``not-a-regular-file:fifo``): a named pipe, a socket or a device is never opened, since
+reading one can block for ever (a pipe) or never end (``/dev/zero``); its arrival is a
+change, named as any other."""
+_KINDS = ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "char-device"),
+          (stat.S_ISBLK, "block-device"), (stat.S_ISDIR, "folder"))
+
+
+def _not_regular(mode: int) -> str:
+    """The marker of a file of mode ``mode`` that is not a regular file."""
+    return NOT_REGULAR + next((kind for test, kind in _KINDS if test(mode)), "other")
+
+
+def file_hash(path: Path) -> str:
+    """The sha256 of the regular file at ``path`` (a link to one: its target's), or the marker
+    of anything else, which is never opened for reading: :data:`BROKEN_LINK` for a link to
+    nothing (or a link loop), ``not-a-regular-file:<kind>`` for a pipe, a socket or a device,
+    :data:`MISSING` for a path gone since it was listed."""
+    try:
+        st = os.stat(path)  # follows links, as the registry does
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise
+        return BROKEN_LINK if os.path.islink(path) else MISSING
+    if not stat.S_ISREG(st.st_mode):
+        return _not_regular(st.st_mode)
+    return sha256_file(path)
 
 
 def _walk(folder: Path) -> Iterator[tuple[Path, bool]]:
@@ -251,7 +281,7 @@ def _matches(project: Path, pattern: str) -> list[tuple[Path, bool]] | None:
     target = project / pattern
     if target.is_dir():
         return list(_walk(target))
-    if target.is_file() or target.is_symlink():
+    if os.path.lexists(target):  # a file, a link (to nothing, too), a pipe, a device ...
         return [(target, False)]
     return None
 
@@ -262,8 +292,9 @@ def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
     A glob matches files (``**`` recurses); a plain path may be a file or a folder (all files
     below it). Symbolic links are followed (a loop is read once); a folder with no file below
     it is recorded as :data:`EMPTY_FOLDER` (``path/``), a link to nothing as
-    :data:`BROKEN_LINK`. A plain path that does not exist is recorded as ``MISSING`` so that
-    its later appearance counts as a change.
+    :data:`BROKEN_LINK`, and a pipe, socket or device, never opened, as
+    ``not-a-regular-file:<kind>`` (:func:`file_hash`). A plain path that does not exist is
+    recorded as ``MISSING`` so that its later appearance counts as a change.
     """
     hashes: dict[str, str] = {}
     for pattern in patterns:
@@ -277,8 +308,6 @@ def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
                 continue
             if empty:
                 hashes[f"{rel}/"] = EMPTY_FOLDER
-            elif not p.exists():
-                hashes[rel] = BROKEN_LINK
             else:
-                hashes[rel] = sha256_file(p)
+                hashes[rel] = file_hash(p)
     return dict(sorted(hashes.items()))

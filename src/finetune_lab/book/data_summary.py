@@ -21,7 +21,14 @@ from finetune_lab import _files
 from finetune_lab.config import paths
 from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
 from finetune_lab.data.cls_books import SPLITS, read_split
-from finetune_lab.data.cls_splits import SUMMARY_NAME, read_summary, summary_path
+from finetune_lab.data.cls_splits import (
+    SUMMARY_NAME,
+    count_contradiction,
+    read_summary,
+    summary_contradiction,
+    summary_path,
+    tokenizer_contradiction,
+)
 from finetune_lab.errors import UserError
 
 MAX_POSITIONS = 256
@@ -137,7 +144,7 @@ def compute_summary(work: Path | None = None) -> dict[str, Any]:
         ids = sp.encode(text)
         examples.append({"text": text, "pieces": sp.id_to_piece(ids), "ids": ids})
 
-    return {
+    summary = {
         "cls": {
             "splits": splits,
             "seed": cls_manifest["seed"],
@@ -172,6 +179,34 @@ def compute_summary(work: Path | None = None) -> dict[str, Any]:
         },
         "tool_versions": trained["tool_versions"],
     }
+    check_computed(summary, folders)
+    return summary
+
+
+SOURCE_COMMAND = {"cls_bin": "binarize-cls", "pretrain": "prepare-pretrain",
+                  "tokenizer": "adopt-tokenizer", "cls": "prepare-cls"}
+"""The command that writes each prepared-data folder (its manifest holds the counts)."""
+
+
+def check_computed(summary: dict[str, Any], folders: dict[str, Path]) -> None:
+    """The same checks as the committed summary's (:func:`~finetune_lab.data.cls_splits.read_summary`)
+    on the statistics computed from the prepared data: a count of a prepared folder's manifest
+    that its bounds contradict is refused in one line naming that manifest, before the chapter
+    prints it or ``data-summary`` commits it."""
+    try:
+        problem = summary_contradiction(summary)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
+        problem = "it lacks the splits' counts (cls.splits, cls.tokenization, lengths)"
+    problem = problem or count_contradiction(summary)
+    if not problem:
+        return
+    field = problem.split()[-1] if problem.startswith("it lacks") else problem.split()[0]
+    folder = ("pretrain" if field.startswith("pretrain.") else
+              "tokenizer" if field.startswith(("tokenizer.", "examples.")) else
+              "cls_bin" if field.startswith(("cls.tokenization", "lengths.")) else "cls")
+    raise UserError(f"{folders[folder] / 'manifest.json'}: the prepared data's {problem}: make it "
+                    f"again (`finetune-lab {SOURCE_COMMAND[folder]} --force`, then "
+                    "`finetune-lab data-summary`)")
 
 
 def tokenizer_training(tok_manifest: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +221,15 @@ def tokenizer_training(tok_manifest: dict[str, Any]) -> dict[str, Any]:
                         "records how it was trained, is missing: restore it from git "
                         "(`git checkout -- data/summaries/data.json`)")
     committed = _files.read_json(path)
-    return {**committed["tokenizer"], "tool_versions": committed["tool_versions"]}
+    try:
+        problem = tokenizer_contradiction(committed)
+        training = {**committed["tokenizer"], "tool_versions": committed["tool_versions"]}
+    except (KeyError, TypeError, AttributeError):
+        problem = "it lacks the tokenizer's record (tokenizer, tool_versions)"
+    if problem:
+        raise UserError(f"{path}: {problem}: restore it from git "
+                        "(`git checkout -- data/summaries/data.json`)")
+    return training
 
 
 def write_summary(summary: dict[str, Any], dest: Path | None = None, *,

@@ -218,9 +218,9 @@ def lab_call(meta: dict) -> bool:
 def _read_call_records(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
     """The call records that parse (strict JSON) with what the book reads, in time order; and
     one line per record set aside."""
-    good, bad = read_json_files(root / CALL_RECORDS, call_record_problem, "*Z.json")
+    good, bad = read_json_files(root / CALL_RECORDS, lambda meta: None, "*Z.json")
     named, disowned = [], _disowned(root)
-    for path, meta in good:  # kept under its own call's name, and naming its runs' GPU
+    for path, meta in good:  # whole, kept under its own call's name, naming its runs' GPU
         why, start = call_record_problem(meta, path.stem), call_start(path.stem)
         if start is None:  # a user's copy ("old-2026...Z.json"): no call's name
             why = why or "is not named as a call's record (YYYYMMDDTHHMMSSZ.json)"

@@ -22,8 +22,8 @@ from finetune_lab.book.fairseq_command import (
 from finetune_lab.book.report import minus_signs, project_path, signed
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
-from finetune_lab.runs.registry import (discover_runs, exclusions_markdown, sound_runs,
-                                        valid_runs)
+from finetune_lab.runs.listing import exclusions_markdown
+from finetune_lab.runs.registry import discover_runs, sound_runs, valid_runs
 from finetune_lab.runs.runspeed import layout_table, settings_sentence
 from finetune_lab.runs.runspeed import speed_table as run_speeds
 from finetune_lab.runs.tblogs import LoadedRuns, load_scalars

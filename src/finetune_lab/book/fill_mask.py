@@ -16,18 +16,32 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab._files import check_new_record, sha256_file, utc_now, write_json_atomic
+from finetune_lab._files import (
+    check_new_record,
+    not_there,
+    sha256_file,
+    utc_now,
+    write_json_atomic,
+)
 from finetune_lab.argtypes import folder, record_name
 from finetune_lab.book.summary_files import NUMBER, PROBABILITY, read_records, summary_problem
 from finetune_lab.config import paths
+from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import (
     DICT_FILE,
     MODEL_FILE,
+    check_listed_files,
     load_hub_model,
+    package_manifest,
     packaged_dir,
 )
 from finetune_lab.render_cache import per_render
-from finetune_lab.runs.manifest import device_info, environment_info, portable_path
+from finetune_lab.runs.manifest import (
+    device_info,
+    environment_info,
+    portable_path,
+    resolve_stored_path,
+)
 from finetune_lab.runs.run_inputs import cached_sha256
 
 DEMO_SENTENCES = (
@@ -69,12 +83,62 @@ def fill_mask_wide(df: pd.DataFrame) -> pd.DataFrame:
               .rename(columns={"cell": "top predictions (probability)"}))
 
 
-def frequent_pieces(n: int = 20) -> set[str]:
-    """The ``n`` most frequent pieces of the corpus, from the packaged ``dict.txt`` counts."""
-    rows = []
-    for line in (packaged_dir() / DICT_FILE).read_text(encoding="utf-8").splitlines():
-        piece, _, count = line.rpartition(" ")
-        rows.append((int(count), piece.replace("\u2581", " ").strip()))
+OVERWRITE_FLAG = "#fairseq:overwrite"
+"""The flag fairseq's ``Dictionary.add_from_file`` accepts after a line's count: the piece may
+repeat an earlier line's."""
+SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+"""What fairseq's dictionary holds besides ``dict.txt``'s pieces (its four specials before them,
+the masked-LM task's ``<mask>`` after): answers no line of ``dict.txt`` lists."""
+
+
+def shown_piece(piece: str) -> str:
+    """A piece as the answers show it: fairseq's sentencepiece decoding (``▁`` a space), and
+    :func:`fill_mask_table`'s strip. ``▁,`` and ``,`` are then one answer, shown twice."""
+    return piece.replace("\u2581", " ").strip()
+
+
+def dictionary_counts(folder: Path | None = None) -> list[tuple[str, int]]:
+    """``(piece, count)`` for each line of a packaged checkpoint's ``dict.txt`` (the committed
+    one by default), read as fairseq's ``Dictionary.add_from_file`` reads it: ``<piece> <count>``,
+    optionally followed by ``#fairseq:overwrite``, a piece repeated only with that flag.
+
+    The file is first checked against the folder's manifest (:func:`check_listed_files`, as
+    :func:`load_hub_model` does); a file that differs, and a line fairseq would refuse, is one
+    line naming the file (and the line), not a traceback."""
+    folder = Path(folder) if folder is not None else packaged_dir()
+    path = folder / DICT_FILE
+    restore = f"restore {folder} (`finetune-lab package-checkpoint`, or git for the committed one)"
+    if not path.is_file():  # not opened when it is a pipe or a device
+        raise UserError(f"{path} {not_there(path)}: {restore}")
+    check_listed_files(folder)
+    lines = path.read_text(encoding="utf-8").split("\n")  # fairseq's readlines, not splitlines
+    if lines[-1] == "":
+        lines.pop()
+    rows: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for number, line in enumerate(lines, 1):
+        try:
+            piece, field = line.rstrip().rsplit(" ", 1)
+            overwrite = field == OVERWRITE_FLAG
+            if overwrite:
+                piece, field = piece.rsplit(" ", 1)
+            count = int(field)
+        except ValueError:
+            raise UserError(f"{path}: line {number} ({line[:60]!r}) is not '<piece> <count>' "
+                            f"(optionally followed by {OVERWRITE_FLAG}), as fairseq reads a "
+                            f"dictionary: {restore}") from None
+        if piece in seen and not overwrite:
+            raise UserError(f"{path}: line {number} repeats the piece {piece!r} without "
+                            f"{OVERWRITE_FLAG}, which fairseq refuses: {restore}")
+        seen.add(piece)
+        rows.append((piece, count))
+    return rows
+
+
+def frequent_pieces(n: int = 20, folder: Path | None = None) -> set[str]:
+    """The ``n`` most frequent pieces of the corpus, from the ``dict.txt`` counts of a packaged
+    checkpoint (the committed one by default), checked against its manifest."""
+    rows = [(count, shown_piece(piece)) for piece, count in dictionary_counts(folder)]
     return {piece for _, piece in sorted(rows, reverse=True)[:n]}
 
 
@@ -123,10 +187,46 @@ PREDICTION_FIELDS = ((("sentence",), str), (("predicted piece",), str),
                      (("rank",), int, (1, TOPK)), (("probability",), NUMBER, PROBABILITY))
 
 
+def checkpoint_folder(record: dict[str, Any]) -> Path | None:
+    """The packaged checkpoint folder on this machine that holds the weights a record names:
+    the folder of its recorded path, or the committed checkpoint (weights asked before they were
+    packaged), whichever's manifest lists a ``model.pt`` of the record's sha256. None where
+    neither does (a candidate under the git-ignored ``data/work/`` that this machine lacks): its
+    dictionary is then not known here."""
+    sha, stored = record["checkpoint"]["sha256"], record["checkpoint"].get("path")
+    folders = [resolve_stored_path(stored).parent] if isinstance(stored, str) and stored else []
+    for candidate in [*folders, packaged_dir()]:
+        try:
+            listed = (package_manifest(candidate) or {}).get("files") or {}
+        except (UserError, OSError):  # a damaged manifest tells nothing of whose folder it is
+            continue
+        if (listed.get(MODEL_FILE) or {}).get("sha256") == sha \
+                and (candidate / DICT_FILE).is_file():
+            return candidate
+    return None
+
+
+def record_vocabulary(record: dict[str, Any]) -> tuple[Path, set[str]] | None:
+    """The dictionary of the checkpoint a record names and every answer it can give, as the
+    answers are shown (:func:`shown_piece`: ``▁,`` and ``,`` are both ``,``); None where that
+    dictionary is not on this machine or is not the file its manifest lists (which the book's
+    readers of the checkpoint report themselves)."""
+    folder = checkpoint_folder(record)
+    if folder is None:
+        return None
+    try:
+        pieces = dictionary_counts(folder)
+    except UserError:
+        return None
+    return folder / DICT_FILE, {*SYMBOLS, *(shown_piece(piece) for piece, _ in pieces)}
+
+
 def _predictions_problem(record: dict[str, Any]) -> str | None:
     """Each prediction in range, and together the answers the command writes: the book's
     sentences and no other, each one's ranks 1, 2, 3 ... once each, the probabilities falling
-    and adding up to at most 1."""
+    and adding up to at most 1, and each answer a piece of the dictionary of the checkpoint the
+    record names, where that dictionary is on this machine (:func:`record_vocabulary`). A piece
+    may be answered twice for one sentence: ``▁,`` and ``,`` are two pieces, shown alike."""
     rows = record["predictions"]
     for i, row in enumerate(rows):
         if (problem := summary_problem(row, PREDICTION_FIELDS)) is not None:
@@ -143,6 +243,12 @@ def _predictions_problem(record: dict[str, Any]) -> str | None:
         if sum(p for _, p in answers) > 1 + 1e-6:  # the top answers of one distribution
             return (f"does not give the answers to {sentence!r} probabilities adding up to 1 "
                     "or less")
+    if (vocabulary := record_vocabulary(record)) is not None:
+        dictionary, known = vocabulary
+        for i, row in enumerate(rows):
+            if row["predicted piece"] not in known:
+                return (f"answers {row['predicted piece']!r} (item {i}), which is no piece of "
+                        f"the dictionary of the checkpoint it names ({portable_path(dictionary)})")
     return None
 
 

@@ -73,6 +73,8 @@ def damaged_results(project: Path, chapter: str) -> str | None:
     entry = freeze_entry(project, chapter)
     for path in sorted((entry / "execute-results").glob("*.json")):
         shown = path.relative_to(project).as_posix()
+        if not path.is_file():  # a pipe would block the read for ever: never opened
+            return f"{shown} is not a regular file"
         try:
             data = parse_json(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:

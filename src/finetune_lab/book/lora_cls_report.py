@@ -26,7 +26,7 @@ from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 from finetune_lab.models.hf_convert import hf_model_config
 from finetune_lab.models.params import SMALL, RobertaSize
 from finetune_lab.render_cache import per_render
-from finetune_lab.runs.registry import exclusions_markdown
+from finetune_lab.runs.listing import exclusions_markdown
 from finetune_lab.runs.runmeasure import count_parameters
 from finetune_lab.runs.runspeed import overlapping, settings_sentence, speed_table
 from finetune_lab.runs.seedstats import fmt_mean_std, init_gap

@@ -16,7 +16,7 @@ import pandas as pd
 from finetune_lab._files import parse_json
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
-from finetune_lab.runs.registry import exclusions_markdown
+from finetune_lab.runs.listing import exclusions_markdown
 from finetune_lab.runs.tblogs import LoadedRuns, load_experiments
 from finetune_lab.train.hf_defaults import ratio_warmup_steps
 from finetune_lab.train.lora_qa import EXPERIMENT, GENERATIONS_FILE, LAB_GENERATION, LAB_QA_ARGS

@@ -16,7 +16,8 @@ import pandas as pd
 
 from finetune_lab._files import parse_json
 from finetune_lab.book.course_reference import COURSE_COLUMN, COURSE_PRETRAINING
-from finetune_lab.data.cls_splits import summary_path
+from finetune_lab.book.pretrain_report import checked_lineage
+from finetune_lab.data.cls_splits import read_summary, summary_path
 from finetune_lab.book.report import project_path
 from finetune_lab.config import paths
 from finetune_lab.data.eltec import REVIEW_DOMAINS
@@ -74,13 +75,14 @@ class PretrainBudget:
 
 
 def _corpus_record() -> dict[str, Any]:
-    """The pretraining corpus's record (prepared data's manifest, else the committed summary)."""
+    """The pretraining corpus's record: the prepared data's manifest, else the committed
+    summary's, read through the summary's one reader
+    (:func:`~finetune_lab.data.cls_splits.read_summary`), which refuses a file whose counts
+    contradict each other in one line naming it (never a silent "–")."""
     prepared = _json_object(default_corpus() / "manifest.json")
     if prepared is not None and counts_agree(prepared):
         return prepared
-    summary = _json_object(summary_path()) or {}
-    committed = summary.get("pretrain") if isinstance(summary.get("pretrain"), dict) else {}
-    return committed if counts_agree(committed) else {}
+    return read_summary(summary_path())["pretrain"]
 
 
 def counts_agree(record: dict[str, Any]) -> bool:
@@ -166,7 +168,9 @@ def pretrain_budget(runs_root: Path | None = None,
     hp = man.get("hyperparameters") or {}
     words, tokens = corpus_counts()
     package = Path(checkpoint_dir) if checkpoint_dir else packaged_dir()
-    lineage = (package_manifest(package) or {}).get("lineage") or []
+    record = package_manifest(package) or {}
+    # each step's tokens from its own run where the cache has it, the package's copy checked
+    lineage = checked_lineage(record.get("lineage") or [], record, package, runs_root)
     behind = [step.get("tokens") for step in lineage]
     whole_lines = hp.get("sample_break_mode", "none") != "none"
     log = path / "train.log"

@@ -17,6 +17,8 @@ from finetune_lab.book.pretrain_plateau import GPU_EXPERIMENT
 from finetune_lab.book.pretrain_report import (
     VALID_SUBSETS,
     PretrainRuns,
+    continued_lineage,
+    copied_lineage,
     facts_of,
     loss_curve,
     run_facts,
@@ -77,11 +79,12 @@ def _probe_runs(best: pd.DataFrame, records: list[RunRecord], source_run: str) -
 def _tuned_source(records: list[RunRecord], source_run: str) -> dict[str, Any] | None:
     """The ``checkpoint_source`` recorded by the fine-tuning runs of ``source_run``'s weights:
     the lineage of the very weights they started from (which may be a saved checkpoint of a
-    run still in progress, behind the run's own latest state)."""
+    run still in progress, behind the run's own latest state), each step's figures from its
+    own run where the cache has it (the copy checked: :func:`copied_lineage`)."""
     for r in records:
         source = ((r.manifest or {}).get("extra") or {}).get("checkpoint_source") or {}
         if r.valid and _source_key(r) == source_run and source.get("lineage"):
-            return source
+            return {**source, "lineage": copied_lineage(source["lineage"], r.path)}
     return None
 
 
@@ -151,7 +154,9 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
         if len(curve):
             last_loss[rec.key] = float(curve["value"].iloc[-1])
     for own, rec in sources:
-        lineage = lineage_of(rec.manifest, portable_path(rec.path))
+        # the runs before it as its manifest copies them, checked against their own records
+        lineage = [*continued_lineage(rec.manifest, rec.path),
+                   lineage_of(rec.manifest, portable_path(rec.path))[-1]]
         facts = _facts_at_checkpoint(own, rec, facts_of(own, rec, lineage),
                                      _tuned_source(probe_records, rec.key))
         entries.append((CONTINUED if is_behind(runs, rec) else CANDIDATE, rec, facts,

@@ -13,7 +13,12 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.book.pretrain_plateau import weights_state
-from finetune_lab.book.pretrain_report import VALID_SUBSETS, PretrainRuns, unigram_bits
+from finetune_lab.book.pretrain_report import (
+    VALID_SUBSETS,
+    PretrainRuns,
+    continued_lineage,
+    unigram_bits,
+)
 from finetune_lab.models import params
 from finetune_lab.runs.registry import RunRecord
 from finetune_lab.runs.runspeed import device_name
@@ -26,10 +31,11 @@ SUBSET_LABELS = {"train_inner": "train", "valid": "valid (held-out novels)",
 """Legend labels of fairseq's subsets."""
 
 
-def update_offset(manifest: dict[str, Any]) -> int:
-    """Updates the weights had before this run: 0, or the sum over a continued run's lineage."""
-    lineage = ((manifest.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
-    return sum(int(step.get("updates") or 0) for step in lineage)
+def update_offset(manifest: dict[str, Any], folder: Path | None = None) -> int:
+    """Updates the weights had before this run: 0, or the sum over a continued run's lineage
+    (each run's own updates where the cache has it, the copy in the manifest of the run in
+    ``folder`` checked: :func:`~finetune_lab.book.pretrain_report.continued_lineage`)."""
+    return sum(int(step.get("updates") or 0) for step in continued_lineage(manifest, folder))
 
 
 def curves(runs: PretrainRuns) -> pd.DataFrame:
@@ -39,7 +45,7 @@ def curves(runs: PretrainRuns) -> pd.DataFrame:
         return df
     keep = df[((df["subset"] == "train_inner") & df["tag"].isin(["loss", "lr"]))
               | (df["subset"].isin(VALID_SUBSETS) & (df["tag"] == "loss"))]
-    offset = {rec.name: update_offset(rec.manifest) for rec in runs.used}
+    offset = {rec.name: update_offset(rec.manifest, rec.path) for rec in runs.used}
     keep = keep.assign(update=keep["step"] + keep["run"].map(offset).fillna(0).astype(int))
     return keep[["run", "subset", "tag", "step", "update", "value"]].reset_index(drop=True)
 
@@ -180,7 +186,7 @@ def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
         man, hp = rec.manifest, rec.manifest["hyperparameters"]
         per, total = int(hp["tokens_per_update"]), int(hp["max_update"])
         switch = tapt_start(hp)
-        lineage = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+        lineage = continued_lineage(man, rec.path)  # checked against the runs' own records
         out.append(LongRun(
             name=f"{rec.experiment}/{rec.name}", budget_tokens=budget_tokens(rec), updates=total,
             tokens_per_update=per, precision=hp.get("precision"), dropout=hp.get("dropout"),

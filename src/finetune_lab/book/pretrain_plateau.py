@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from finetune_lab.book.pretrain_report import continued_lineage
 from finetune_lab.models.checkpoints import MANIFEST_FILE, MODEL_FILE, package_manifest, packaged_dir
 from finetune_lab.models.position_init import (
     PADDING_IDX,
@@ -70,7 +71,9 @@ def all_pretraining_runs(runs_root=None) -> list[RunRecord]:
 def token_curves(records: list[RunRecord], subsets: tuple[str, ...] = ("valid",)) -> pd.DataFrame:
     """Held-out loss (bits) of every run on ``subsets`` against the tokens behind the weights at
     that point: the run's own updates times its tokens per update, plus every run it
-    continues. Each run's event files are read once."""
+    continues (their tokens from their own records where the cache has them, the copy in the
+    run's manifest checked: :func:`~finetune_lab.book.pretrain_report.continued_lineage`).
+    Each run's event files are read once."""
     frames = []
     for rec in records:
         man = rec.manifest or {}
@@ -82,8 +85,7 @@ def token_curves(records: list[RunRecord], subsets: tuple[str, ...] = ("valid",)
         df = df[df["subset"].isin(subsets) & (df["tag"] == "loss")]
         if df.empty:
             continue
-        lineage = ((man.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
-        before = sum(int(step.get("tokens") or 0) for step in lineage)
+        before = sum(int(step.get("tokens") or 0) for step in continued_lineage(man, rec.path))
         frames.append(pd.DataFrame({
             "run": f"{rec.experiment}/{rec.name}", "status": man.get("status"),
             "device": "GPU" if rec.experiment == GPU_EXPERIMENT else "CPU",
@@ -96,7 +98,8 @@ def token_curves(records: list[RunRecord], subsets: tuple[str, ...] = ("valid",)
 
 def position_start(rec: RunRecord, records: list[RunRecord]) -> str:
     """:data:`POSITIONS` of ``rec``: from its own hyperparameters, else from the runs behind
-    its weights (its lineage, as run paths), the nearest first."""
+    its weights (its lineage, as run paths), the nearest first. Only the lineage's run names
+    are read here, never its copied updates or tokens."""
 
     def own(r: RunRecord | None) -> str | None:
         return (((r.manifest if r else None) or {}).get("hyperparameters") or {}).get(

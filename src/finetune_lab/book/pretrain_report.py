@@ -19,11 +19,17 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab.config import paths
-from finetune_lab.models.checkpoints import DICT_FILE, package_manifest, packaged_dir
+from finetune_lab.book.fill_mask import dictionary_counts
+from finetune_lab.config import PROJECT_ROOT, paths
+from finetune_lab.models.checkpoints import (
+    DICT_FILE,
+    lineage_step_updates,
+    package_manifest,
+    packaged_dir,
+)
 from finetune_lab.runs.fairseq_logs import mean_tokens_per_update, updates_per_epoch
 from finetune_lab.runs.manifest import run_key
-from finetune_lab.runs.registry import RunRecord
+from finetune_lab.runs.registry import RunRecord, find_run
 from finetune_lab.runs.runspeed import device_name, device_threads
 from finetune_lab.runs.tblogs import LoadedRuns, load_experiments
 from finetune_lab.train.pretrain_ablations import ABLATIONS
@@ -89,7 +95,8 @@ def run_facts(runs: PretrainRuns) -> dict[str, Any]:
     if rec is None:
         return {}
     # a continued run's package lists every run behind the weights (pretrain --continue-from)
-    facts = facts_of(runs, rec, list((runs.checkpoint or {}).get("lineage") or []))
+    package = runs.checkpoint or {}
+    facts = facts_of(runs, rec, checked_lineage(list(package.get("lineage") or []), package))
     unigram = unigram_bits()
     loss = facts["valid_loss_bits"]
     return {**facts, "unigram_bits": unigram,
@@ -127,8 +134,10 @@ def valid_curve(runs: PretrainRuns, name: str, subset: str = "valid") -> pd.Data
 
 
 def facts_of(runs: PretrainRuns, rec: RunRecord, lineage: list[dict[str, Any]]) -> dict[str, Any]:
-    """:func:`run_facts` of any pretraining run, given the lineage of its weights; ``passes``:
-    the passes over its training corpus (from its log), or None."""
+    """:func:`run_facts` of any pretraining run, given the lineage of its weights (each step's
+    figures from its own run where the cache has it: :func:`checked_lineage`, as every caller
+    in the book reads it); ``passes``: the passes over its training corpus (from its log), or
+    None."""
     man = rec.manifest
     hp = man["hyperparameters"]
     thr = man.get("throughput") or {}
@@ -176,6 +185,64 @@ def facts_of(runs: PretrainRuns, rec: RunRecord, lineage: list[dict[str, Any]]) 
     }
 
 
+# --- the runs behind some weights: each step's figures from its own run -----------------------
+
+
+def checked_step(step: dict[str, Any], rec: RunRecord, package: dict[str, Any] | None = None,
+                 folder: Path | None = None, restore: str | None = None) -> dict[str, Any]:
+    """A lineage step with the updates (fewer only for ``package``'s run, packaged on the way)
+    and tokens of its valid run ``rec``, from the run's own manifest; the step's copy is held
+    against them (:func:`~finetune_lab.models.checkpoints.lineage_step_updates`: a disagreement
+    is one line; ``folder``: the package keeping the copy, the committed one by default)."""
+    updates = lineage_step_updates(step, rec.manifest, package or {}, folder, restore)
+    return {**step, "updates": updates,
+            "tokens": updates * int(rec.manifest["hyperparameters"]["tokens_per_update"])}
+
+
+def checked_lineage(lineage: list[dict[str, Any]], package: dict[str, Any] | None = None,
+                    folder: Path | None = None, root: Path | None = None, *,
+                    restore: str | None = None) -> list[dict[str, Any]]:
+    """:func:`checked_step` of every step whose run the registry finds valid under ``root`` (the
+    run cache by default); a step whose run is not there, or not valid, keeps its copy's
+    figures. ``restore``: the fix a refusal names, when the copy is not a package's."""
+    out = []
+    for step in lineage:
+        rec = find_run(run_key(str(step["run"])), root) if step.get("run") else None
+        out.append(checked_step(step, rec, package, folder, restore)
+                   if rec is not None and rec.valid else step)
+    return out
+
+
+def copied_lineage(lineage: list[dict[str, Any]], run_folder: Path,
+                   root: Path | None = None) -> list[dict[str, Any]]:
+    """:func:`checked_lineage` of the copy a run's manifest keeps of the runs behind the weights
+    it started from (``extra.continued_from``; a fine-tuning run's ``checkpoint_source``): the
+    last step is those weights' own run, which may have been packaged on the way. The steps'
+    runs are looked up in ``root``, by default the cache that holds the run. A refusal names
+    the run's manifest and says how to restore it."""
+    manifest = Path(run_folder) / "manifest.json"
+    try:
+        restore = ("restore it with `git checkout -- "
+                   f"{manifest.resolve().relative_to(PROJECT_ROOT)}`")
+    except ValueError:
+        restore = "restore the run's folder from where it was copied, or run it again"
+    last = lineage[-1] if lineage else {}
+    return checked_lineage(lineage, {"run": last.get("run"), "num_updates": last.get("updates")},
+                           Path(run_folder), root or Path(run_folder).parent.parent,
+                           restore=restore)
+
+
+def continued_lineage(manifest: dict[str, Any], folder: Path | None = None,
+                      root: Path | None = None) -> list[dict[str, Any]]:
+    """The runs behind the weights a pretraining run continued, as its manifest copies them
+    (``extra.continued_from.lineage``; none for random weights), checked
+    (:func:`copied_lineage`). ``folder``: the run's (default: where the run cache keeps it)."""
+    lineage = ((manifest.get("extra") or {}).get("continued_from") or {}).get("lineage") or []
+    where = f"{manifest.get('experiment')}/{manifest.get('run')}"
+    folder = Path(folder) if folder is not None else Path(root or paths().runs) / where
+    return copied_lineage(lineage, folder, root) if lineage else []
+
+
 def recipe_table(runs: PretrainRuns) -> pd.DataFrame:
     """Every hyperparameter of the run behind the checkpoint, as recorded in its manifest."""
     rec = runs.latest
@@ -195,12 +262,14 @@ def recipe_table(runs: PretrainRuns) -> pd.DataFrame:
 def unigram_bits(dict_path: Path | None = None) -> float | None:
     """Entropy (bits) of the pieces' corpus frequencies, from the packaged ``dict.txt`` counts:
     the loss of a model that ignores the context and predicts every masked piece from how often
-    it occurs. An MLM's loss below it is what the context taught the model."""
-    path = dict_path or packaged_dir() / DICT_FILE
-    if not path.is_file():
+    it occurs. An MLM's loss below it is what the context taught the model. ``dict_path``: the
+    ``dict.txt`` of a packaged checkpoint's folder (the committed one by default), read as
+    fairseq reads it, once its manifest vouches for it
+    (:func:`~finetune_lab.book.fill_mask.dictionary_counts`); None when it is absent."""
+    path = Path(dict_path) if dict_path is not None else packaged_dir() / DICT_FILE
+    if not path.exists() and not path.is_symlink():
         return None
-    counts = [int(line.rpartition(" ")[2])
-              for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    counts = [count for _, count in dictionary_counts(path.parent)]
     total = sum(counts)
     return -sum(c / total * math.log2(c / total) for c in counts if c) if total else None
 

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.book.course_reference import COURSE_PRETRAINING
-from finetune_lab.book.pretrain_report import COURSE_MODEL, VALID_SUBSETS, loss_curve
+from finetune_lab.book.pretrain_report import COURSE_MODEL, VALID_SUBSETS, checked_step, loss_curve
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.runs.manifest import run_key
 from finetune_lab.runs.registry import RunRecord, find_run
@@ -23,20 +23,27 @@ def lineage_steps() -> list[dict[str, Any]]:
 
 def lineage_records() -> list[tuple[dict[str, Any], RunRecord]]:
     """Each run behind the packaged checkpoint, oldest first, with its lineage step, read
-    through the registry (a step whose run is not valid is left out, and the table says less)."""
+    through the registry (a step whose run is not valid is left out, and the table says less).
+    What a step's copy in the package's manifest records of its run (updates, tokens) is held
+    against the run's own record: a disagreement is refused in one line
+    (:func:`~finetune_lab.book.pretrain_report.checked_step`)."""
+    package = package_manifest() or {}
     found = []
     for step in lineage_steps():
         rec = find_run(run_key(step["run"]))
         if rec is not None and rec.valid:
+            checked_step(step, rec, package)
             found.append((step, rec))
     return found
 
 
 def step_tokens(step: dict[str, Any], rec: RunRecord) -> int:
-    """The tokens a lineage step trained on: as the lineage records them, else its updates."""
-    hp = rec.manifest["hyperparameters"]
-    updates = int(rec.manifest.get("updates_done") or hp["max_update"])
-    return int(step.get("tokens") or updates * int(hp["tokens_per_update"]))
+    """The tokens a lineage step trained on, from its run's own registry-checked record: its
+    updates (the run's, or fewer where the weights were packaged on the way) × its
+    ``tokens_per_update``. The lineage's copy is only checked against them, never read for
+    the figure (:func:`~finetune_lab.book.pretrain_report.checked_step`, which every reader of
+    a lineage shares)."""
+    return checked_step(step, rec, package_manifest() or {})["tokens"]
 
 
 def reads_task_texts(rec: RunRecord) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 from finetune_lab._files import not_there, read_json
 from finetune_lab.config import paths
+from finetune_lab.data.tokenizer import ADDED_BY_TASK, FAIRSEQ_SPECIALS, SPM_SPECIAL_IDS
 from finetune_lab.errors import UserError
 
 SUMMARY_NAME = "data.json"
@@ -28,9 +29,10 @@ RESTORE = ("restore it (`git checkout -- data/summaries/data.json`) or run `fine
 
 def read_summary(path: Path | None = None) -> dict[str, Any]:
     """The committed data summary, checked: the facts it records twice (each split's reviews,
-    its tokens against its mean length) must agree, or the file is refused in one line. The
-    chapters compute from it (the lab's schedule, the GPU's MFU), and an edited count would
-    otherwise move them silently."""
+    its tokens against its mean length) must agree, and every count the data chapter prints
+    must fit the counts that bound it (:func:`count_contradiction`), or the file is refused in
+    one line. The chapters compute from it (the lab's schedule, the GPU's MFU, the tokenizer's
+    rates), and an edited count would otherwise move them silently."""
     path = Path(path) if path is not None else summary_path()
     if not path.is_file():
         raise UserError(f"{path} {not_there(path)}: run `finetune-lab data-summary` after preparing "
@@ -40,6 +42,8 @@ def read_summary(path: Path | None = None) -> dict[str, Any]:
         problem = summary_contradiction(record)
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
         problem = "it lacks the splits' counts (cls.splits, cls.tokenization, lengths)"
+    if not problem:
+        problem = count_contradiction(record)
     if problem:
         raise UserError(f"{path}: {problem}: {RESTORE}")
     return record
@@ -77,6 +81,228 @@ def summary_contradiction(record: dict[str, Any]) -> str | None:
         if inside and int(count) > min(int(splits[s]["reviews"]) for s in inside):
             return f"has {count} duplicates {pair}, more than the reviews there"
     return None
+
+
+class _Contradiction(Exception):
+    """A count of the summary that cannot be, said in words (field paths and values)."""
+
+
+_MISSING = object()
+
+
+def _get(record: Any, path: str, default: Any = _MISSING) -> Any:
+    """The value at a dotted field path (``pretrain.counts.train.unk``)."""
+    value = record
+    for key in path.split("."):
+        if isinstance(value, dict) and key in value:
+            value = value[key]
+        elif default is not _MISSING:
+            return default
+        else:
+            raise _Contradiction(f"it lacks {path}")
+    return value
+
+
+def _count(record: Any, path: str) -> int:
+    """A count at ``path``: a whole number, not negative."""
+    value = _get(record, path)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _Contradiction(f"{path} is {value!r}, not a count")
+    return value
+
+
+def _seconds(record: Any, path: str) -> float:
+    value = _get(record, path)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise _Contradiction(f"{path} is {value!r}, not a duration in seconds")
+    return float(value)
+
+
+def _at_most(record: Any, small: str, big: str, why: str) -> None:
+    """``small`` ≤ ``big`` (both counts of the same file), or a contradiction naming both."""
+    a, b = _count(record, small), _count(record, big)
+    if a > b:
+        raise _Contradiction(f"{small} {a} is more than {big} {b} ({why})")
+
+
+def _equal(record: Any, path: str, want: int, how: str) -> None:
+    value = _count(record, path)
+    if value != want:
+        raise _Contradiction(f"{path} is {value} but {how} gives {want}")
+
+
+def _fraction(record: Any, path: str) -> None:
+    value = _get(record, path)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise _Contradiction(f"{path} is {value!r}, not a fraction between 0 and 1")
+
+
+def _tokenization_bounds(record: Any, base: str, unit: str) -> None:
+    """A split's tokenization counts: ``unk`` pieces are pieces, and every whitespace word is
+    one sentencepiece piece or more (each starts with its own ``▁`` piece), so
+    ``unk ≤ tokens`` and ``words ≤ tokens``; each ``unit`` (review, paragraph) has a word."""
+    _at_most(record, f"{base}.unk", f"{base}.tokens", "an unknown piece is one of the pieces")
+    _at_most(record, f"{base}.words", f"{base}.tokens",
+             "every word is one sentencepiece piece or more")
+    _at_most(record, f"{base}.{unit}", f"{base}.words", f"every {unit[:-1]} has a word")
+
+
+def count_contradiction(record: dict[str, Any]) -> str | None:
+    """The first count the data chapter prints that the counts bounding it in the same summary
+    contradict, said in one phrase naming both fields and their values; None when all fit.
+
+    The bounds are the ones the code that writes each count guarantees: ``<unk>`` pieces are
+    pieces, a whitespace word is one sentencepiece piece or more, a totals is the sum of its
+    parts, a sample is part of what it was drawn from, and the tokenizer's sizes follow from
+    its ``dict.txt`` (fairseq's 4 specials + one row per line + ``<mask>`` is the embedding;
+    sentencepiece's 4 specials + one piece per line is its vocabulary)."""
+    try:
+        _cls_counts(record)
+        _pretrain_counts(record)
+        _tokenizer_counts(record)
+        _length_counts(record)
+        _example_counts(record)
+    except _Contradiction as problem:
+        return str(problem)
+    return None
+
+
+def tokenizer_contradiction(record: dict[str, Any]) -> str | None:
+    """:func:`count_contradiction` for the tokenizer section alone (the part of the summary
+    that ``data-summary`` copies when the tokenizer was adopted from the checkpoint)."""
+    try:
+        _tokenizer_counts(record)
+    except _Contradiction as problem:
+        return str(problem)
+    return None
+
+
+def _cls_counts(record: Any) -> None:
+    _fraction(record, "cls.valid_fraction")
+    tokenization = _get(record, "cls.tokenization")
+    if not isinstance(tokenization, dict):
+        raise _Contradiction("it lacks cls.tokenization")
+    for split in tokenization:
+        _tokenization_bounds(record, f"cls.tokenization.{split}", "reviews")
+    unk = sum(_count(record, f"cls.tokenization.{split}.unk") for split in tokenization)
+    surfaces = _get(record, "cls.unknown_surfaces", [])
+    if not isinstance(surfaces, list) or not all(
+            isinstance(s, list) and len(s) == 2 and isinstance(s[1], int)
+            and not isinstance(s[1], bool) and s[1] > 0 for s in surfaces):
+        raise _Contradiction("cls.unknown_surfaces is not a list of [text, count] pairs")
+    listed = sum(s[1] for s in surfaces)
+    if listed > unk:
+        raise _Contradiction(f"cls.unknown_surfaces counts {listed} unknown pieces, more than "
+                             f"the {unk} of cls.tokenization's unk (all splits)")
+
+
+def _pretrain_counts(record: Any) -> None:
+    counts = _get(record, "pretrain.counts")
+    if not isinstance(counts, dict) or not {"train", "valid"} <= set(counts):
+        raise _Contradiction("it lacks pretrain.counts.train and pretrain.counts.valid")
+    for split in counts:
+        base = f"pretrain.counts.{split}"
+        _tokenization_bounds(record, base, "paragraphs")
+        _at_most(record, f"{base}.documents", f"{base}.paragraphs",
+                 "a document is written only with a paragraph")
+        _at_most(record, f"{base}.novels", f"{base}.documents", "a novel is a document")
+    valid = _get(record, "pretrain.valid_documents")
+    if not isinstance(valid, list):
+        raise _Contradiction("it lacks pretrain.valid_documents")
+    _equal(record, "pretrain.counts.valid.novels",
+           sum(1 for name in valid if str(name).endswith(".txt.xz")),
+           "pretrain.valid_documents (its .txt.xz novels)")
+    held = _get(record, "pretrain.parameters.review_valid", None)
+    if "valid1" in counts and held is not None:
+        _equal(record, "pretrain.counts.valid1.paragraphs", _count(record,
+               "pretrain.parameters.review_valid"), "pretrain.parameters.review_valid")
+    _fraction(record, "pretrain.parameters.valid_fraction")
+    _timings(record, "pretrain.timings_s", ("encode", "fairseq_preprocess"))
+
+
+def _timings(record: Any, base: str, parts: tuple[str, ...]) -> None:
+    """A total time is at least the sum of the steps it timed (each kept to 3 decimals)."""
+    total = _seconds(record, f"{base}.total")
+    present = [p for p in parts if _get(record, f"{base}.{p}", None) is not None]
+    summed = sum(_seconds(record, f"{base}.{p}") for p in present)
+    if summed > total + 0.001 * (len(present) + 1):
+        raise _Contradiction(f"{base}.total {total} is less than the sum of "
+                             + " + ".join(f"{base}.{p}" for p in present) + f", {summed:.3f}")
+
+
+def _tokenizer_counts(record: Any) -> None:
+    params = "tokenizer.parameters"
+    entries = _count(record, "tokenizer.dict_entries")
+    _equal(record, f"{params}.embedding_rows",
+           len(FAIRSEQ_SPECIALS) + entries + len(ADDED_BY_TASK),
+           f"tokenizer.dict_entries {entries} (fairseq's {len(FAIRSEQ_SPECIALS)} specials + one "
+           f"row per dict.txt line + {' '.join(ADDED_BY_TASK)})")
+    _equal(record, f"{params}.vocab_size", entries + len(SPM_SPECIAL_IDS),
+           f"tokenizer.dict_entries {entries} (sentencepiece's {len(SPM_SPECIAL_IDS)} specials "
+           "+ one piece per dict.txt line)")
+    special = _get(record, f"{params}.special_ids", None)
+    if special is not None and special != SPM_SPECIAL_IDS:
+        raise _Contradiction(f"{params}.special_ids is {special} but dict.txt's ids need "
+                             f"{SPM_SPECIAL_IDS}")
+    corpus = "tokenizer.corpus"
+    _at_most(record, f"{corpus}.paragraphs", f"{corpus}.sentences",
+             "a paragraph is one sentence or more")
+    _at_most(record, f"{corpus}.paragraphs", f"{corpus}.words", "every paragraph has a word")
+    _at_most(record, f"{corpus}.words", f"{corpus}.characters", "a word is a character or more")
+    _at_most(record, f"{corpus}.sample_sentences", f"{corpus}.sentences",
+             "the sample is drawn from the sentences")
+    for part in ("words", "characters"):
+        if _get(record, f"{corpus}.sample_{part}", None) is not None:
+            _at_most(record, f"{corpus}.sample_{part}", f"{corpus}.{part}",
+                     "the sample is drawn from the sentences")
+    if _get(record, f"{corpus}.sample_words", None) is not None and \
+            _count(record, f"{corpus}.sample_sentences") == _count(record, f"{corpus}.sentences"):
+        _equal(record, f"{corpus}.sample_words", _count(record, f"{corpus}.words"),
+               f"{corpus}.words, all of whose sentences are the sample,")
+    _timings(record, "tokenizer.timings_s", ("read_and_sample", "spm_train", "dict"))
+
+
+def _length_counts(record: Any) -> None:
+    lengths = "lengths"
+    width, top = _count(record, f"{lengths}.bin_width"), _count(record, f"{lengths}.max_bin")
+    cut = _count(record, f"{lengths}.max_positions")
+    _at_most(record, f"{lengths}.special_tokens", f"{lengths}.max_positions",
+             "the specials are part of an input")
+    if width == 0 or top % width or cut % width or cut > top:
+        raise _Contradiction(f"{lengths}.bin_width {width} does not divide {lengths}.max_bin "
+                             f"{top} and {lengths}.max_positions {cut}")
+    for split, hist in _get(record, f"{lengths}.histogram").items():
+        path = f"{lengths}.histogram.{split}"
+        if not isinstance(hist, list) or len(hist) != top // width + 1:
+            raise _Contradiction(f"{path} has {len(hist) if isinstance(hist, list) else hist!r} "
+                                 f"bins but {lengths}.max_bin {top} / bin_width {width} gives "
+                                 f"{top // width + 1}")
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in hist):
+            raise _Contradiction(f"{path} holds a bin that is not a count")
+        stats = f"{lengths}.stats.{split}"
+        _equal(record, f"{stats}.truncated", sum(hist[cut // width:]),
+               f"{path}'s bins above {lengths}.max_positions {cut}")
+        longest = _count(record, f"{stats}.max")
+        last = max((i for i, n in enumerate(hist) if n), default=None)
+        if last is not None and last != min(max(longest - 1, 0) // width, len(hist) - 1):
+            raise _Contradiction(f"{stats}.max {longest} is not in {path}'s last filled bin "
+                                 f"({last * width}, {(last + 1) * width}]")
+
+
+def _example_counts(record: Any) -> None:
+    vocab = _count(record, "tokenizer.parameters.vocab_size")
+    examples = _get(record, "examples", [])
+    if not isinstance(examples, list):
+        raise _Contradiction("examples is not a list")
+    for i, example in enumerate(examples):
+        pieces, ids = _get(example, "pieces", None), _get(example, "ids", None)
+        if not isinstance(pieces, list) or not isinstance(ids, list) or len(pieces) != len(ids):
+            raise _Contradiction(f"examples.{i} has {len(pieces) if isinstance(pieces, list) else pieces!r} "
+                                 f"pieces but {len(ids) if isinstance(ids, list) else ids!r} ids")
+        bad = [n for n in ids if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < vocab]
+        if bad:
+            raise _Contradiction(f"examples.{i}.ids holds {bad[0]!r}, not an id below "
+                                 f"tokenizer.parameters.vocab_size {vocab}")
 
 
 def split_sizes(path: Path | None = None) -> dict[str, int]:

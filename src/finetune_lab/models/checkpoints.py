@@ -80,12 +80,62 @@ def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
 
 
 def _damaged(manifest: Path, why: str) -> UserError:
+    return UserError(f"{manifest} is damaged ({why}): {_restore(manifest)}")
+
+
+def _restore(manifest: Path) -> str:
+    """How to get a packaged checkpoint's manifest back: git for the committed one, else the
+    packaging command."""
     committed = manifest.parent.resolve() == packaged_dir().resolve() \
         and manifest.resolve().is_relative_to(PROJECT_ROOT.resolve())
-    fix = (f"restore it with `git checkout -- "
-           f"{manifest.resolve().relative_to(PROJECT_ROOT.resolve())}`" if committed
-           else "package the checkpoint again (finetune-lab package-checkpoint)")
-    return UserError(f"{manifest} is damaged ({why}): {fix}")
+    return (f"restore it with `git checkout -- "
+            f"{manifest.resolve().relative_to(PROJECT_ROOT.resolve())}`" if committed
+            else "package the checkpoint again (finetune-lab package-checkpoint)")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def lineage_step_updates(step: dict[str, Any], run_manifest: dict[str, Any],
+                         package: dict[str, Any] | None = None,
+                         folder: Path | None = None, restore: str | None = None) -> int:
+    """The updates the packaged weights went through in one lineage step, from the step's run's
+    own manifest (``updates_done``, else ``max_update``), checked against the copy the lineage
+    keeps (``updates``, ``tokens``; :func:`~finetune_lab.train.pretrain_lineage.lineage_of`
+    writes them as the run's updates and updates × ``tokens_per_update``).
+
+    A copy that disagrees with the run it names is refused in one line naming the package's
+    manifest, the step and both values, never silently preferred or overruled. The one update
+    count that may differ from the run's is the last step's when the weights were packaged on
+    the way (a checkpoint saved before the run ended): fewer updates than the run's, the
+    package's own ``num_updates``. ``folder``: the package (default: the committed one);
+    ``restore``: the fix a refusal names when the copy is not a package's (a run's manifest)."""
+    manifest = Path(folder or packaged_dir()) / MANIFEST_FILE
+    run = step.get("run")
+    hp = run_manifest["hyperparameters"]
+    per_update = int(hp["tokens_per_update"])
+    done = int(run_manifest.get("updates_done") or hp["max_update"])
+
+    def problem(field: str, value: Any, want: int, how: str) -> UserError:
+        return UserError(f"{manifest}: its lineage step {run} records {field} {value!r} but the "
+                         f"run's own manifest gives {want} ({how}): "
+                         f"{restore or _restore(manifest)}")
+
+    updates = done
+    recorded = step.get("updates")
+    if recorded is not None:
+        package = package or {}
+        on_the_way = (_whole(recorded) and recorded < done and run == package.get("run")
+                      and recorded == package.get("num_updates"))
+        if not _whole(recorded) or (recorded != done and not on_the_way):
+            raise problem("updates", recorded, done, "updates_done")
+        updates = recorded
+    tokens = step.get("tokens")
+    if tokens is not None and (not _whole(tokens) or tokens != updates * per_update):
+        raise problem("tokens", tokens, updates * per_update,
+                      f"{updates} updates × {per_update} tokens_per_update")
+    return updates
 
 
 

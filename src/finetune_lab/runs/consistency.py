@@ -19,10 +19,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from finetune_lab.runs.derived_counts import derived_count_problems
+from finetune_lab.runs.evaluations import accuracy_problems, subset_problems
 from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
-from finetune_lab.runs.lora_count import lora_parameter_problems
 from finetune_lab.runs.run_inputs import cached_sha256
 
 CLOCK_SLACK_S = 2.0
@@ -308,19 +309,6 @@ def progress_problems(man: dict[str, Any], last_step: int) -> list[str]:
     return problems
 
 
-def subset_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -> list[str]:
-    """A complete fairseq run logged every subset its command evaluates (``--valid-subset
-    valid,test``, one event folder each): a run without its test log was a mean of five
-    values under a count of six."""
-    given = _flags([str(t) for t in man.get("command") or []]).get("--valid-subset")
-    if man.get("framework") != "fairseq" or man.get("status") != "complete" or not given:
-        return []
-    logged = {p.parent.name for p in events if p.parent != path}  # path: the run folder
-    missing = [s for s in str(given[0]).split(",") if s and s not in logged]
-    return [f"its command evaluates {', '.join(missing)} (--valid-subset {given[0]}) but no "
-            "event file logs it"] if missing else []
-
-
 def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Path],
                             last_step: int = 0) -> list[str]:
     """Every check above, on a manifest whose shape passed the schema (``events``: the run's
@@ -329,8 +317,14 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
     return (progress_problems(man, last_step) + time_problems(man) + clock_problems(man, events)
             + event_time_problems(events, man) + seed_problems(man) + command_problems(man)
             + throughput_problems(path, man) + device_problems(man)
-            + learning_rate_problems(man, events) + subset_problems(path, man, events)
-            + lora_parameter_problems(man))
+            + learning_rate_problems(man, events) + derived_count_problems(man)
+            + subset_problems(path, man, events, _valid_subset(man))
+            + accuracy_problems(path, man, events))
+
+
+def _valid_subset(man: dict[str, Any]) -> str | None:
+    given = _flags([str(t) for t in man.get("command") or []]).get("--valid-subset")
+    return str(given[0]) if given else None
 
 
 def _canon(value: Any) -> str:

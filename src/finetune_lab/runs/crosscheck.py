@@ -9,6 +9,7 @@ sha256 agreed with everything in its own manifest and changed a chapter.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -24,6 +25,7 @@ from finetune_lab.runs.gpu_calls import CallDevice, call_devices
 def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]:
     """Every check below on the valid runs among ``records``; returns those it rejects."""
     valid = [r for r in records if r.valid]
+    machine_problems(valid, [r for r in records if r.manifest is not None])
     weights_time_problems(valid, runs_base)
     source_problems(valid)
     call_device_problems(valid, call_devices())
@@ -142,6 +144,41 @@ def call_device_problems(records: Sequence[Judged], calls: Sequence[CallDevice])
                     and wall > took + CLOCK_SLACK_S:  # the job is the run's process
                 rec.problems.append(f"wall_time_s {wall:g} s but its job {job} in {said} took "
                                     f"{took:g} s")
+
+
+SAME_MACHINE_GAP_S = 300.0
+"""Runs on one host that overlap or follow each other within this (a grid's seeds, one after
+another) ran on one machine; this machine's sessions are hours apart."""
+
+
+def _cpu_run(rec: Judged) -> tuple[str, datetime, datetime, tuple[Any, Any]] | None:
+    """A CPU run's host, start, end and machine (processor, cores); None for any other."""
+    man = rec.manifest or {}
+    device, env = man.get("device") or {}, man.get("environment") or {}
+    start, end = recorded_time(man.get("start_time")), recorded_time(man.get("end_time"))
+    if not isinstance(device, dict) or device.get("type") != "cpu" or not isinstance(env, dict) \
+            or not env.get("hostname") or start is None or end is None:
+        return None
+    return str(env["hostname"]), start, end, (device.get("cpu"), device.get("cpu_count"))
+
+
+def machine_problems(records: Sequence[Judged], everyone: Sequence[Judged]) -> None:
+    """Runs on one host at the same time, or one right after another, ran on one machine: a run
+    whose processor or core count no such run records was edited (trial 8's S19: 16 cores
+    where the seeds before and after it say 2, which gave the layout table a row of its own)."""
+    seen = [(r, c) for r in everyone if (c := _cpu_run(r)) is not None]
+    for rec in records:
+        mine = _cpu_run(rec)
+        if mine is None:
+            continue
+        host, start, end, machine = mine
+        beside = [c[3] for o, c in seen if o is not rec and c[0] == host
+                  and (max(start, c[1]) - min(end, c[2])).total_seconds() < SAME_MACHINE_GAP_S]
+        if beside and machine not in beside:
+            (cpu, cores), n = Counter(beside).most_common(1)[0]
+            rec.problems.append(
+                f"device {machine[0]} with {machine[1]} cores, but {n} run{'s' if n > 1 else ''} "
+                f"on {host} at that time record {cpu} with {cores} cores")
 
 
 def source_problems(records: Sequence[Judged]) -> None:

@@ -87,6 +87,8 @@ class Scanned(NamedTuple):
     first_wall: float | None
     last_wall: float | None
     """The first and last events' wall-clock times (seconds since the epoch)."""
+    accuracy_steps: tuple[tuple[str, frozenset[int]], ...] = ()
+    """Each accuracy tag with the updates it was logged at."""
 
 
 _CHECKED: dict[tuple[int, int, int, int], Scanned] = {}
@@ -100,6 +102,7 @@ def _accuracy_tag(tag: str) -> bool:
 
 def _scan(path: Path) -> Scanned:
     last, peak, walls = 0, None, []
+    accuracy: dict[str, set[int]] = {}
     for event in strict_events(path):
         last = max(last, event.step)
         if event.wall_time:
@@ -114,9 +117,12 @@ def _scan(path: Path) -> Scanned:
                 if acc is not None and not 0.0 <= acc <= 100.0:  # NaN fails both
                     raise EventFileError(f"event file {path}: {value.tag} at update "
                                          f"{event.step} is {acc:g}, not a percentage")
+                if acc is not None:
+                    accuracy.setdefault(value.tag, set()).add(event.step)
     if not walls:  # every writer stamps each event; a file without a time was edited
         raise EventFileError(f"event file {path} records no wall-clock time")
-    return Scanned(last, peak, min(walls, default=None), max(walls, default=None))
+    return Scanned(last, peak, min(walls, default=None), max(walls, default=None),
+                   tuple(sorted((tag, frozenset(steps)) for tag, steps in accuracy.items())))
 
 
 def _scalar(value: Any) -> float | None:
@@ -167,6 +173,13 @@ def peak_learning_rate(paths: Iterable[Path]) -> tuple[int, float] | None:
     run's schedule reached, to hold against the recipe its manifest records."""
     peaks = [s.peak_lr for s in _sound(paths) if s.peak_lr]
     return max(peaks, key=lambda p: p[1], default=None)
+
+
+def accuracy_steps(path: Path) -> dict[str, frozenset[int]]:
+    """Each accuracy tag a sound event file logs, with the updates it logs it at (empty for a
+    damaged or unreadable file, which the registry names already)."""
+    found = _sound([path])
+    return dict(found[0].accuracy_steps) if found else {}
 
 
 def wall_span(paths: Iterable[Path]) -> tuple[float, float] | None:

@@ -83,15 +83,61 @@ class RecipeConflict(UserError):
 def _recorded_by(experiment_dir: Path, names: list[str]) -> dict[str, str]:
     """Which of ``names`` a run of the experiment records already (name -> run folder)."""
     found: dict[str, str] = {}
+    for run, hp in _run_recipes(experiment_dir).items():
+        for name in names:
+            if name in hp:
+                found.setdefault(name, run)
+    return found
+
+
+def _run_recipes(experiment_dir: Path) -> dict[str, dict[str, Any]]:
+    """The recipe each run of the experiment records (run folder -> hyperparameters); damaged
+    manifests are skipped (the registry names them)."""
+    found: dict[str, dict[str, Any]] = {}
     for manifest in sorted(experiment_dir.glob(f"*/{mf.MANIFEST_NAME}")):
         try:
             hp = mf.loads_strict(manifest.read_text(encoding="utf-8")).get("hyperparameters")
         except (OSError, UnicodeDecodeError, RecursionError, ValueError, AttributeError):
-            continue  # a damaged manifest: the registry names it
-        for name in names:
-            if isinstance(hp, dict) and name in hp:
-                found.setdefault(name, manifest.parent.name)
+            continue
+        if isinstance(hp, dict):
+            found[manifest.parent.name] = hp
     return found
+
+
+def recipe_kind(hp: dict[str, Any]) -> str:
+    """What a recipe trains: LoRA adapters, a whole model on the task, or a masked LM."""
+    if "lora" in hp:
+        return "LoRA fine-tuning"
+    return "full fine-tuning" if "epochs" in hp else "pretraining"
+
+
+def _refuse_other_kind(experiment_dir: Path, hyperparameters: dict[str, Any]) -> None:
+    """An experiment holds runs of one kind: a LoRA run sent into the full fine-tunings'
+    experiment became its chapter's only "Transformers" run (trial 8's P8)."""
+    kind = recipe_kind(hyperparameters)
+    other = next(((run, recipe_kind(hp)) for run, hp in _run_recipes(experiment_dir).items()
+                  if recipe_kind(hp) != kind), None)
+    if other is not None:
+        raise RecipeConflict(f"{experiment_dir} holds {other[1]} runs ({other[0]}): a run of "
+                             f"{kind} does not belong there; choose another --experiment",
+                             ["kind"])
+
+
+def write_new_config(experiment_dir: Path, config: dict[str, Any],
+                     skip: str | None = None) -> None:
+    """Write an experiment's first ``experiment.json``, unless a run it holds already (other than
+    ``skip``, the run it is pinned from) has a recipe the file would reject: the file is the
+    rule its runs are judged by, and a command must not turn runs it did not make into
+    rejected ones."""
+    path = experiment_dir / EXPERIMENT_CONFIG
+    for run, hp in _run_recipes(experiment_dir).items():
+        differ = differing_hyperparameters(config, hp) if run != skip else []
+        if differ:
+            raise RecipeConflict(f"{experiment_dir} has no {EXPERIMENT_CONFIG}, and its run {run} "
+                                 f"was made with another recipe (it differs in "
+                                 f"{', '.join(differ)}): pinning this one would reject it, so "
+                                 "nothing was written; choose another --experiment", differ)
+    write_json_atomic(path, config)
 
 
 def pin_config(experiment_dir: Path, config: dict[str, Any],
@@ -105,9 +151,11 @@ def pin_config(experiment_dir: Path, config: dict[str, Any],
     refused too when a run of the experiment records such a name already, since the file
     rejects that run today and would accept it after."""
     path = experiment_dir / EXPERIMENT_CONFIG
+    _refuse_other_kind(experiment_dir, config["hyperparameters"] if hyperparameters is None
+                       else hyperparameters)
     current = read_experiment_config(experiment_dir)
     if current is None:
-        write_json_atomic(path, config)
+        write_new_config(experiment_dir, config)
         return
     varying = list(current.get("varying", []))
     known = {*varying, *current["hyperparameters"]}
@@ -133,7 +181,9 @@ def pin_config(experiment_dir: Path, config: dict[str, Any],
 
 def refuse_other_recipe(experiment_dir: Path, hyperparameters: dict[str, Any]) -> None:
     """Before any work: a run whose recipe the experiment's ``experiment.json`` (if it has
-    one) does not allow would be rejected once finished, so it is not started."""
+    one) does not allow would be rejected once finished, so it is not started; nor is a run of
+    another kind than the experiment's runs."""
+    _refuse_other_kind(experiment_dir, hyperparameters)
     config = read_experiment_config(experiment_dir)
     differ = differing_hyperparameters(config, hyperparameters) if config is not None else []
     if differ:

@@ -33,6 +33,7 @@ from finetune_lab.runs.experiments import (
     parse_config,
     pin_config,
 )
+from finetune_lab.runs.gpu_plan import LAB_PARTS
 
 RESULT_FILE = "gpu-lab.json"
 ARCHIVE = "gpu-lab.tar"
@@ -284,11 +285,6 @@ def call_record_problem(meta: Any, stamp: str | None = None) -> str | None:
     for a later call)."""
     if not isinstance(meta, dict):
         return "is not a JSON object"
-    products = meta.get("products") if isinstance(meta.get("products"), list) else []
-    logs = [str(p) for p in products if str(p).startswith(LOGS_ROOT + "/")]
-    if stamp is not None and logs and PurePosixPath(logs[0]).name != stamp:
-        return (f"is kept as {stamp} but is the record of call {PurePosixPath(logs[0]).name} "
-                "(its logs' folder): a copy")
     for key, kind in (("plan", dict), ("jobs", list), ("timings_s", dict), ("device", dict)):
         if not isinstance(meta.get(key), kind):
             return f"lacks {key} (or it is not a {kind.__name__})"
@@ -301,6 +297,16 @@ def call_record_problem(meta: Any, stamp: str | None = None) -> str | None:
                 or isinstance(job.get("exit_code"), bool) \
                 or not isinstance(job.get("exit_code"), int):
             return f"lists a job {job!r} without its name and exit code"
+    names = [j["job"] for j in meta["jobs"]]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        return f"lists job {', '.join(twice)} more than once: each job runs once in a call"
+    lab_parts = meta["plan"].get("lab_parts")
+    unplanned = sorted({n.split("-", 1)[0] for n in names} & set(LAB_PARTS)
+                       - set(lab_parts if isinstance(lab_parts, list) else []))
+    if unplanned:
+        return (f"ran {', '.join(unplanned)} jobs but its plan's lab_parts are {lab_parts!r}: the "
+                "plan or the jobs were edited")
     parts = {f"timings_s.{k}": v for k, v in meta["timings_s"].items()}
     parts.update({f"job {j['job']}": j.get("seconds") for j in meta["jobs"] if "seconds" in j})
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in parts.values()):
@@ -322,6 +328,11 @@ def call_record_problem(meta: Any, stamp: str | None = None) -> str | None:
     if phases > wall + 1.0:
         return (f"has wall_s = {wall:g} but its phases one after another ({', '.join(SEQUENTIAL)}) "
                 f"took {phases:g} s")
+    products = meta.get("products") if isinstance(meta.get("products"), list) else []
+    logs = [str(p) for p in products if str(p).startswith(LOGS_ROOT + "/")]
+    if stamp is not None and logs and PurePosixPath(logs[0]).name != stamp:
+        return (f"is kept as {stamp} but is the record of call {PurePosixPath(logs[0]).name} "
+                "(its logs' folder): a copy")
     return None
 
 

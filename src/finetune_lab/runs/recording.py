@@ -34,6 +34,7 @@ from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.portable import portable_command
+from finetune_lab.runs.run_inputs import refuse_inside_output
 from finetune_lab.runs.runlock import run_lock
 from finetune_lab.runs.trainer_process import (
     RunInterrupted,
@@ -73,17 +74,16 @@ def run_dir_for(experiment: str, run: str, runs_root: Path | str | None = None) 
     """``<runs root>/<experiment>/<run>``, after checking both names are plain folder names."""
     for label, name in (("experiment", experiment), ("run", run)):
         if not _NAME_RE.match(name):
-            raise UserError(
-                f"{label} name {name!r} must be a plain folder name (letters, digits, . _ + -)"
-            )
+            raise UserError(f"{label} name {name!r} must be a plain folder name (letters, "
+                            "digits, . _ + -)")
     root = Path(runs_root) if runs_root is not None else paths().runs
+    refuse_inside_output(root.absolute(), "runs root")
     return root / experiment / run
 
 
 EXIT_GRACE_S = 30.0
-"""How long a training process may take to exit after it logged that its work is done: on the
-H100, fairseq with ten data-loading workers logged "done training" (checkpoint saved) and then
-did not exit for over 90 s, until the call's deadline killed it and the weights were lost."""
+"""How long a training process may take to exit after it logged that its work is done (on the
+H100, fairseq with ten loading workers did not exit for 90 s, and the call's deadline lost it)."""
 
 
 @dataclass

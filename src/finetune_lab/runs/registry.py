@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
@@ -34,10 +34,6 @@ from finetune_lab.runs.run_inputs import (
     check_input,
     recorded_files,
 )
-
-if TYPE_CHECKING:  # pandas only for the table: the CLI's run checks start without it
-    import pandas as pd
-
 
 
 class InvalidRunError(UserError):
@@ -264,8 +260,13 @@ def discover_runs(
     for exp_dir in sorted(p for p in base.iterdir() if p.is_dir()):
         if exp_dir.name[0] in "._" or (wanted is not None and exp_dir.name not in wanted):
             continue
+        if exp_dir.is_symlink():
+            records.append(_linked(exp_dir, shown_name(exp_dir.name), "(link)"))
+            continue
         exp_records = [
-            validate_run(run_dir, check_inputs=check_inputs)
+            _linked(run_dir, shown_name(exp_dir.name), shown_name(run_dir.name))
+            if run_dir.is_symlink()
+            else validate_run(run_dir, check_inputs=check_inputs)
             for run_dir in sorted(p for p in exp_dir.iterdir() if p.is_dir())
             if run_dir.name[0] not in "._"
         ]
@@ -285,6 +286,19 @@ def discover_runs(
     return records
 
 
+def _linked(path: Path, experiment: str, name: str) -> RunRecord:
+    """A link where a run or experiment folder goes: listed, never read. Through it the same
+    runs would count twice (a link to the runs root is a loop), and a copy check would take
+    the runs it points at for copies of themselves."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return seal(RunRecord(path=path, experiment=experiment, name=name, problems=[
+        f"{path} is a link (to {target}), not a folder of its own: the registry reads no run "
+        "through a link; remove the link (the runs it points at are listed where they are)"]))
+
+
 def _reject_copies(records: list[RunRecord]) -> None:
     """A run whose event file is byte-identical to another run's is a copy, not a run of its
     own (an event file holds the times it was written): an unfinished one (which counts as
@@ -298,6 +312,8 @@ def _reject_copies(records: list[RunRecord]) -> None:
     by_size: dict[int, list[tuple[RunRecord, Path]]] = {}
     try:
         for r in records:
+            if r.path.is_symlink():  # listed, never read (:func:`_linked`)
+                continue
             for f in mf.event_files(r.path):
                 by_size.setdefault(f.stat().st_size, []).append((r, f))
         for r in suspects:
@@ -357,43 +373,3 @@ def sound_runs(records: Iterable[RunRecord]) -> list[RunRecord]:
 
 def excluded_runs(records: Iterable[RunRecord]) -> list[RunRecord]:
     return [r for r in records if not r.valid]
-
-
-def runs_table(records: Iterable[RunRecord]) -> pd.DataFrame:
-    """One row per run: identity, status, validity and the reason it is excluded (if it is)."""
-    import pandas as pd
-
-    rows = [
-        {
-            "experiment": r.experiment,
-            "run": r.name,
-            "framework": r.described("framework"),
-            "init": r.described("init"),
-            "seed": r.described("seed"),
-            "status": r.described("status"),
-            "valid": r.valid,
-            "reason": r.reason,
-            "warnings": "; ".join(r.warnings),
-        }
-        for r in records
-    ]
-    columns = ["experiment", "run", "framework", "init", "seed", "status", "valid", "reason",
-               "warnings"]
-    return pd.DataFrame(rows, columns=columns)
-
-
-def exclusions_markdown(records: Iterable[RunRecord]) -> str:
-    """A Markdown list of excluded runs and why (empty string when every run is valid).
-
-    Runs whose only problem is a replaced checkpoint are grouped in one item: they are not
-    broken, they measure a model the book no longer uses.
-    """
-    bad = excluded_runs(records)
-    stale = [r for r in bad if r.stale_checkpoint and len(r.problems) == 1]
-    lines = [f"- `{r.experiment}/{r.name}` excluded: {r.reason}" for r in bad if r not in stale]
-    if stale:
-        names = ", ".join(f"`{r.experiment}/{r.name}`" for r in stale)
-        lines.insert(0, f"- {names}: made from an earlier stand-in checkpoint, which a new "
-                        "pretraining has replaced; excluded until re-run from the current one, "
-                        "never mixed with its runs.")
-    return "\n".join(lines)

@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
-from finetune_lab._files import parse_json, sha256_file
+from finetune_lab._files import OUTPUT_MARKER, parse_json, read_json, sha256_file
 from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.models.conversion_record import CONVERTED_FROM
 from finetune_lab.runs import manifest as mf
@@ -174,3 +175,17 @@ def check_conversion_source(rec: Findings) -> None:
             f"({created}), so its converted model came from an earlier checkpoint: the "
             "checkpoint was replaced after the run (a new pretraining), so re-run it from the "
             "new one")
+
+
+def refuse_inside_output(folder: Path, what: str) -> None:
+    """``folder`` (a runs root, say) must not lie in a folder another command made and replaces
+    whole (trial 8's W5: runs recorded inside the prepared CLS-Books folder made every run that
+    read it see a new file)."""
+    for parent in (folder, *folder.parents):
+        if (parent / OUTPUT_MARKER).is_file():
+            try:
+                made_by = f"`finetune-lab {read_json(parent / OUTPUT_MARKER)['command']}`"
+            except (OSError, ValueError, TypeError, KeyError):
+                made_by = "a finetune-lab command"
+            raise UserError(f"{what} {folder} is inside {parent}, which {made_by} made (its "
+                            f"{OUTPUT_MARKER} says so): choose a folder outside it")

@@ -27,6 +27,18 @@ def check_runs_root(root: Path) -> None:
                     "<experiment>/<run>/manifest.json (default: data/runs)")
 
 
+def check_not_an_experiment(root: Path) -> None:
+    """A runs root that is itself an experiment (its folders hold manifests, or it has an
+    experiment.json) would list every subset folder as a broken run, with advice to delete
+    folders of valid runs (trial 8's R1)."""
+    run = next((p for p in sorted(root.iterdir()) if (p / "manifest.json").is_file()), None) \
+        if root.is_dir() else None
+    if run is not None or (root / "experiment.json").is_file():
+        shown_run = f" ({run.name}/manifest.json)" if run is not None else ""
+        raise UserError(f"{root} is an experiment folder{shown_run}, not the runs root: give "
+                        f"--root {root.parent} --experiment {root.name}")
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     if args.root is not None and not str(args.root).strip():
         raise UserError("--root is empty: name the folder that holds "
@@ -36,6 +48,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     # FINETUNE_LAB_RUNS_DIR must.
     if args.root is not None or root.exists() or os.environ.get(RUNS_DIR_ENV, "").strip():
         check_runs_root(root)
+    if root.is_dir():
+        check_not_an_experiment(root)
     records = discover_runs(root, args.experiment or None, check_inputs=not args.no_inputs)
     if not records:
         print(f"no runs under {root}")

@@ -117,7 +117,7 @@ def load_scalars(records: Iterable[RunRecord]) -> pd.DataFrame:
     """Concatenate :func:`run_scalars` of ``records``; refuses invalid ones, naming each reason.
 
     Filter with :func:`finetune_lab.runs.registry.valid_runs` first and show
-    :func:`finetune_lab.runs.registry.exclusions_markdown` beside the table: an excluded run is listed,
+    :func:`finetune_lab.runs.listing.exclusions_markdown` beside the table: an excluded run is listed,
     never silently dropped.
     """
     records = list(records)

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import write_json_atomic
 from finetune_lab.argtypes import folder, non_negative_int, positive_float, positive_int
 from finetune_lab.errors import UserError
 from finetune_lab.models.four_bit import bitsandbytes_available, keep_cpu_4bit_trainable
 from finetune_lab.models.lora_configs import LAB_BNB, LAB_LORA, bnb_config, lora_config
 from finetune_lab.models.params import SMALL, RobertaSize
+from finetune_lab.runs.experiments import write_new_config
 from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.runs.recording import run_dir_for
 from finetune_lab.runs.registry import (
@@ -241,9 +241,10 @@ def pin_experiment(run_dir: Path) -> Path:
     exp_dir = Path(run_dir).parent
     config = read_experiment_config(exp_dir)
     if config is None:
-        write_json_atomic(exp_dir / EXPERIMENT_CONFIG, {
+        write_new_config(exp_dir, {
             "hyperparameters": shared, "varying": varying,
-            "note": "pinned from the first run; the methods differ in 'varying' by design"})
+            "note": "pinned from the first run; the methods differ in 'varying' by design"},
+            skip=Path(run_dir).name)
     else:
         differ = differing_hyperparameters(config, shared)
         if differ:

@@ -21,14 +21,22 @@ from finetune_lab.argtypes import (
     probability,
     resolved_folder,
 )
+from finetune_lab.config import paths
 from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, position_init, trust
+from finetune_lab.runs.manifest import MANIFEST_NAME, loads_strict, portable_path
 from finetune_lab.train.pretrain import pretrain
 from finetune_lab.train.pretrain_lineage import checkpoint_metadata
 from finetune_lab.train.pretrain_long import pretrain_long
-from finetune_lab.train.pretrain_recipe import (EXPERIMENT, PRECISIONS, Launch, PretrainRecipe,
-                                                default_recipe, device_defaults)
+from finetune_lab.train.pretrain_recipe import (
+    EXPERIMENT,
+    PRECISIONS,
+    Launch,
+    PretrainRecipe,
+    default_recipe,
+    device_defaults,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -156,6 +164,22 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs_citing(weights: Path) -> list[str]:
+    """The recorded runs (``experiment/run``) whose manifest names ``weights`` as the checkpoint
+    they started from."""
+    stored = portable_path(weights)
+    found = []
+    for manifest in sorted(paths().runs.glob(f"*/*/{MANIFEST_NAME}")):
+        try:
+            ckpt = (loads_strict(manifest.read_text(encoding="utf-8")).get("inputs")
+                    or {}).get("checkpoint")
+        except (OSError, UnicodeDecodeError, RecursionError, ValueError, AttributeError):
+            continue  # a damaged manifest cites nothing: the registry names it
+        if isinstance(ckpt, dict) and ckpt.get("path") == stored:
+            found.append(f"{manifest.parent.parent.name}/{manifest.parent.name}")
+    return found
+
+
 def _run_package(args: argparse.Namespace) -> int:
     checkpoints.check_package_source(args.source, args.dest)
     dest = Path(args.dest) if args.dest is not None else checkpoints.packaged_dir()
@@ -165,6 +189,12 @@ def _run_package(args: argparse.Namespace) -> int:
         raise UserError(f"{dest} holds the packaged checkpoint the book reads: replacing it sets "
                         "aside every run built on it; pass --force to do it, or --dest another "
                         "folder")
+    citing = [] if args.force else runs_citing(dest / checkpoints.MODEL_FILE)
+    if citing:  # trial 8's K1: the folder was absent, and its runs turned BAD, told to re-run
+        more = f" and {len(citing) - 1} more" if len(citing) > 1 else ""
+        raise UserError(f"{dest} is where run {citing[0]}{more} found the weights it fine-tuned: "
+                        "other weights there would reject it; choose another --dest, or pass "
+                        "--force")
     spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
     manifests = trust.default_manifests()
     dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest,

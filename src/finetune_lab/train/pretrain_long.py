@@ -28,8 +28,9 @@ from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
 from finetune_lab.models import position_init as position_inits
 from finetune_lab.runs.fairseq_logs import line_stat
-from finetune_lab.runs.manifest import device_info, portable_path, read_manifest
-from finetune_lab.runs.recording import record_run, run_fairseq_train
+from finetune_lab.runs.eventfiles import checked_events
+from finetune_lab.runs.manifest import device_info, event_files, portable_path, read_manifest
+from finetune_lab.runs.recording import record_run, run_fairseq_train, set_aside
 from finetune_lab.runs.experiments import pin_config
 from finetune_lab.train.pretrain_fairseq import (
     corpus_entry,
@@ -109,6 +110,24 @@ def resume_point(save_dir: Path) -> dict[str, Any] | None:
     extra = state.get("extra_state") or {}
     return {"updates": int(history[-1].get("num_updates") or 0),
             "training_time_s": float(extra.get("previous_training_time") or 0.0)}
+
+
+def start_over_unsaved(run_dir: Path, save_dir: Path, save_every: int) -> None:
+    """An unfinished run with no resumable state here: one that failed before its first save
+    (Ctrl-C in its first minutes; trial 8's P9) starts over, its folder cleared as a re-run
+    clears a failed run's; any other cannot resume here, and the message says what to do."""
+    man = read_manifest(run_dir)
+    last = max((checked_events(f)[0] for f in event_files(run_dir)), default=0)
+    if man.get("status") == "failed" and last < save_every \
+            and not any(save_dir.glob("checkpoint*.pt")):
+        print(f"{run_dir} stopped at update {last}, before its first save (update "
+              f"{save_every}): it starts over", flush=True)
+        set_aside(run_dir)
+        return
+    raise UserError(
+        f"{run_dir} is an unfinished run whose resumable state ({save_dir / LAST}) is not on "
+        "this machine. It cannot resume; start a new run from the weights it last packaged "
+        "(`--continue-from DIR --run NEW`), or delete the run folder to start it over")
 
 
 def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str | None:
@@ -203,11 +222,7 @@ def pretrain_long(
                         "not record: delete that folder, or recover the run folder")
     if point is None and run_manifest.is_file():
         if read_manifest(run_manifest.parent).get("status") != "complete":
-            raise UserError(
-                f"{run_manifest.parent} is an unfinished run whose resumable state "
-                f"({save_dir / LAST}) is not on this machine. It cannot resume; start a new run "
-                "from the weights it last packaged (`--continue-from DIR --run NEW`), or "
-                "delete the run folder to start it over")
+            start_over_unsaved(run_manifest.parent, save_dir, recipe.validate_every)
 
     init_copy = save_dir / "init_model.pt"
     # from scratch with sinusoids: the random weights fairseq would draw, in a file to rewrite
