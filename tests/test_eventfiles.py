@@ -10,7 +10,17 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c, masked_crc32c
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from finetune_lab.runs import eventfiles
 from finetune_lab.runs.eventfiles import EventFileError, read_event_file_strict
+
+
+@pytest.fixture(params=["c", "python"])
+def crc(request, monkeypatch):
+    """Each CRC-32C the reader may use: google-crc32c's C code (the lock's), or TensorBoard's
+    Python one where that is not installed."""
+    if request.param == "python":
+        monkeypatch.setattr(eventfiles, "_crc32c", lambda: crc32c)
+    return eventfiles._crc32c()
 
 
 def _write_events(folder: Path, n: int = 3) -> Path:
@@ -33,17 +43,23 @@ def _record_offsets(data: bytes) -> list[int]:
     return offsets
 
 
-def test_the_crc_is_crc32c() -> None:
-    assert crc32c(b"123456789") == 0xE3069283  # the published CRC-32C check value
+def test_the_crc_is_crc32c(crc) -> None:
+    assert crc(b"123456789") == 0xE3069283  # the published CRC-32C check value
 
 
-def test_every_record_is_counted(tmp_path: Path) -> None:
+def test_the_locked_crc_is_the_c_one() -> None:
+    import google_crc32c
+
+    assert google_crc32c.implementation == "c" and eventfiles._crc32c() is google_crc32c.value
+
+
+def test_every_record_is_counted(tmp_path: Path, crc) -> None:
     path = _write_events(tmp_path, n=3)
     assert read_event_file_strict(path) == 4  # the writer's file_version event + 3 scalars
     assert len(_record_offsets(path.read_bytes())) == 4
 
 
-def test_a_cut_off_file_names_its_last_record(tmp_path: Path) -> None:
+def test_a_cut_off_file_names_its_last_record(tmp_path: Path, crc) -> None:
     path = _write_events(tmp_path)
     data = path.read_bytes()
     last = _record_offsets(data)[-1]
@@ -56,7 +72,7 @@ def test_a_cut_off_file_names_its_last_record(tmp_path: Path) -> None:
         read_event_file_strict(path)
 
 
-def test_corrupt_records_are_named_by_checksum(tmp_path: Path) -> None:
+def test_corrupt_records_are_named_by_checksum(tmp_path: Path, crc) -> None:
     path = _write_events(tmp_path)
     data = path.read_bytes()
     second = _record_offsets(data)[1]
@@ -72,7 +88,7 @@ def test_corrupt_records_are_named_by_checksum(tmp_path: Path) -> None:
         read_event_file_strict(path)
 
 
-def test_a_record_that_is_no_event_and_an_empty_file(tmp_path: Path) -> None:
+def test_a_record_that_is_no_event_and_an_empty_file(tmp_path: Path, crc) -> None:
     path = _write_events(tmp_path)
     data = path.read_bytes()
     body = b"\x0a\xff"  # a length-delimited field 255 bytes long, in 1 byte: not an Event

@@ -1,37 +1,23 @@
 """Strict reading of TensorBoard event files: a cut-off or corrupted file is named, not skipped.
 
 TensorBoard's own loaders stop quietly at a truncated record (the writer may still be busy),
-which is right for a live dashboard but wrong for a report. Here TensorBoard's record reader
-(``PyRecordReader_New``, which checks both CRC32C checksums of every record) reads the file to
-its last byte, every record must parse as an ``Event``, and the first problem is reported with
-the file and the byte offset of the record it is in.
+which is right for a live dashboard but wrong for a report. Here the file is read to its last
+byte as TensorBoard's record reader reads it (``PyRecordReader_New``: both CRC-32C checksums of
+every record checked), every record must parse as an ``Event``, and the first problem is
+reported with the file and the byte offset of the record it is in.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from finetune_lab.errors import UserError
 
-RECORD_OVERHEAD = 16
-"""Bytes around each record's data: its length (8), the length's CRC (4), the data's CRC (4)."""
-
-
 class EventFileError(UserError):
     """An event file is truncated, corrupted or not a TensorBoard event file."""
-
-
-def _problem(path: Path, offset: int, size: int, message: str) -> EventFileError:
-    """Turn the reader's ``DataLossError`` message into one that says what to do."""
-    if "truncated record" in message:
-        section = message.rsplit("truncated record in ", 1)[-1]
-        return EventFileError(
-            f"event file {path} is truncated at byte {size}: the record at byte {offset} ends "
-            f"inside its {section}; the run was cut off or the file was damaged")
-    which = "length" if "header crc32" in message else "data"
-    return EventFileError(f"event file {path} is corrupt at byte {offset} (bad {which} CRC)")
 
 
 def read_event_file_strict(path: Path | str) -> int:
@@ -42,37 +28,65 @@ def read_event_file_strict(path: Path | str) -> int:
     return sum(1 for _ in strict_events(path))
 
 
+def _crc32c() -> Any:
+    """CRC-32C: google-crc32c's C code where it is installed (a locked dependency), else
+    TensorBoard's own, in Python and some ten times slower (every chapter reads every run's
+    event files once)."""
+    try:
+        import google_crc32c
+
+        if google_crc32c.implementation == "c":
+            return google_crc32c.value
+    except ImportError:
+        pass
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
+
+    return crc32c
+
+
+def _masked(crc: int) -> int:
+    """TFRecord's masked CRC of a record's length and of its data."""
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
 def strict_events(path: Path | str) -> Iterator[Any]:
     """Every ``Event`` of a TensorBoard event file, each record checked as
-    :func:`read_event_file_strict` says."""
+    :func:`read_event_file_strict` says: TFRecord framing (an 8-byte length, its masked CRC-32C,
+    the data, the data's masked CRC-32C), read from the whole file at once."""
     from tensorboard.compat.proto import event_pb2
-    from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
 
     p = Path(path)
-    size = p.stat().st_size
+    data = p.read_bytes()
+    size = len(data)
     if size == 0:
         raise EventFileError(f"event file {p} is empty (0 bytes)")
-    reader = pywrap_tensorflow.PyRecordReader_New(str(p))
+    crc = _crc32c()
     offset = 0
-    try:
-        while True:
-            try:
-                reader.GetNext()
-            except errors.OutOfRangeError:  # a clean end: the last record was complete
-                return
-            except errors.DataLossError as exc:
-                raise _problem(p, offset, size, exc.message) from None
-            body = reader.record()
-            event = event_pb2.Event()
-            try:
-                event.ParseFromString(body)
-            except Exception as exc:  # protobuf raises DecodeError, a plain Exception subclass
-                raise EventFileError(
-                    f"event file {p}: record at byte {offset} is no Event ({exc})") from None
-            yield event
-            offset += len(body) + RECORD_OVERHEAD
-    finally:
-        reader.file_handle.close()
+    while offset < size:
+        section = ("header" if size - offset < 8 else "header crc" if size - offset < 12
+                   else None)
+        if section is None:
+            (length,), (length_crc,) = (struct.unpack_from("<Q", data, offset),
+                                        struct.unpack_from("<I", data, offset + 8))
+            if _masked(crc(data[offset:offset + 8])) != length_crc:
+                raise EventFileError(f"event file {p} is corrupt at byte {offset} (bad length CRC)")
+            end = offset + 12 + length
+            section = "data" if end > size else "data crc" if end + 4 > size else None
+        if section is not None:
+            raise EventFileError(
+                f"event file {p} is truncated at byte {size}: the record at byte {offset} ends "
+                f"inside its {section}; the run was cut off or the file was damaged")
+        body = data[offset + 12:end]
+        if _masked(crc(body)) != struct.unpack_from("<I", data, end)[0]:
+            raise EventFileError(f"event file {p} is corrupt at byte {offset} (bad data CRC)")
+        event = event_pb2.Event()
+        try:
+            event.ParseFromString(body)
+        except Exception as exc:  # protobuf raises DecodeError, a plain Exception subclass
+            raise EventFileError(
+                f"event file {p}: record at byte {offset} is no Event ({exc})") from None
+        yield event
+        offset = end + 4
 
 
 LR_TAGS = frozenset({"lr", "train/learning_rate"})
