@@ -41,8 +41,8 @@ def _edit(cache: Path, key: str, change) -> None:
 
 
 @pytest.mark.parametrize("key, folder, tag, step, said", [
-    ("fairseq/random-seed0", "test", "accuracy", 900, "its test accuracy is logged at 4 updates"),
-    ("fairseq/random-seed0", "valid", "accuracy", 450, "its valid accuracy is logged at 4"),
+    ("fairseq/random-seed0", "test", "accuracy", 900, "its test accuracy is logged 4 times at 4 updates"),
+    ("fairseq/random-seed0", "valid", "accuracy", 450, "its valid accuracy is logged 4 times at 4"),
     ("transformers/pretrained-seed0", "", "test/accuracy", 450, "its test accuracy is logged"),
     ("transformers/pretrained-seed0", "", "eval/accuracy", 450, "its eval accuracy is logged"),
 ])

@@ -1,8 +1,5 @@
-"""File helpers every stage shares: hashing, atomic files and folders, JSON, timestamps.
-
-One implementation of each, at the bottom of the package, so that data steps, checkpoints and run
-manifests hash and write files the same way without importing each other.
-"""
+"""File helpers every stage shares: hashing, atomic files and folders, JSON, timestamps: one
+implementation of each, at the bottom of the package, used by every stage alike."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -25,12 +23,10 @@ from typing import Any
 from finetune_lab.errors import DamagedFileError, UserError
 
 CONVERSION_RECORD = "conversion.json"
-"""A converted Transformers model's record: its source's sha256 and the numerical check, with
-its time (written by :mod:`finetune_lab.models.hf_convert`)."""
+"""A converted model's record: its source's sha256 and check (:mod:`~.models.hf_convert`)."""
 OUTPUT_MARKER = ".finetune-lab-output"
-"""Written by :func:`atomic_dir` into every folder it makes: the command that made the folder
-and every path it wrote there, so that the command may later replace that folder and nothing
-else. Not data: hashes (:func:`sha256_tree`) and run inputs leave it out."""
+"""Written by :func:`atomic_dir` into each folder it makes (its command, every path it wrote):
+the command replaces that folder and nothing else. Hashes and run inputs leave it out."""
 
 
 def utc_now() -> str:
@@ -117,11 +113,20 @@ def parse_json(text: str, **options: Any) -> Any:
                                    text, 0) from None
 
 
+def regular_text(path: Path | str) -> str:
+    """A file's UTF-8 text if it is a regular file (a named pipe blocked its readers for ever),
+    else the OSError an unreadable file raises, which every reader of records handles."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file (a pipe, socket, device or folder)",
+                      str(path))
+    return Path(path).read_text(encoding="utf-8")
+
+
 def read_utf8(path: Path, fix: str) -> str:
     """A text file the project reads, as UTF-8; one that is not is one line naming it, the
     byte where it stops being text, and ``fix`` (what to do), not a UnicodeDecodeError."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return regular_text(path)
     except UnicodeDecodeError as exc:
         raise UserError(f"{path} is not UTF-8 text (byte {exc.start}): {fix}") from None
 
@@ -129,11 +134,10 @@ def read_utf8(path: Path, fix: str) -> str:
 def read_json(path: Path) -> Any:
     """A JSON file the project wrote, strictly (no NaN or Infinity, which no writer here
     means); a damaged one is one line naming it, not a traceback that does not."""
-    with open(path, encoding="utf-8") as handle:
-        try:
-            return parse_json(handle.read(), parse_constant=_no_constant)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise DamagedFileError(path, str(exc).splitlines()[0]) from None
+    try:
+        return parse_json(regular_text(path), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DamagedFileError(path, str(exc).splitlines()[0]) from None
 
 
 def read_record(path: Path, fields: Mapping[str, type | tuple[type, ...]]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ reproduce the CPU runs within seed noise?), and reads what the call itself recor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -235,13 +236,28 @@ def _read_call_records(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
     return named, bad
 
 
+def _runs_of(root: Path) -> list:
+    """Every run the registry judges under ``root``'s run cache (none where it has none)."""
+    runs = root / "data" / "runs" if root != PROJECT_ROOT else paths().runs
+    return discover_runs(runs) if runs.is_dir() else []
+
+
 @per_render
 def _disowned(root: Path) -> dict:
     """:func:`~finetune_lab.runs.crosscheck.disowned_calls` of the run cache under ``root``."""
-    runs = root / "data" / "runs" if root != PROJECT_ROOT else paths().runs
-    if not runs.is_dir():
-        return {}
-    return disowned_calls(discover_runs(runs), call_devices(root))
+    records = _runs_of(root)
+    return disowned_calls(records, call_devices(root)) if records else {}
+
+
+def _made_valid(job: str, meta: dict, valid: set[str]) -> bool:
+    """Whether a lab job's run is a valid run of the cache, in one of the experiments the call
+    brought back (trial 9's GU1: a job that exited 0 and brought back no run had the chapter
+    name its seed among the GPU rows')."""
+    part, _, run = job.partition("-")
+    experiments = [str(p).rsplit("/", 1)[-1] for p in meta.get("products") or []
+                   if str(p).startswith("data/runs/")]
+    return part not in PARTS or any(f"{e}/{run}" in valid for e in experiments
+                                    if e.startswith(part))
 
 
 def _call_records(root: Path) -> list[tuple[Path, dict]]:
@@ -308,18 +324,19 @@ def seed_calls(root: Path = PROJECT_ROOT) -> list[SeedCall]:
     labs = [path for path, meta in records if lab_call(meta)]
     if not labs:
         return []
-    out = []
+    cache = _runs_of(root)  # none: a record's jobs cannot be held against any run
+    out, valid = [], {r.key for r in valid_runs(cache)}
     for path, meta in records:
         if path.name <= labs[-1].name or not _grid_call(meta) or lab_call(meta):
             continue
-        plan = meta["plan"]
-        jobs = [j for j in meta["jobs"] if j["job"] not in PREP_JOBS]
+        done = [j["job"] for j in meta["jobs"] if j["job"] not in PREP_JOBS
+                and j["exit_code"] == 0 and (not cache or _made_valid(j["job"], meta, valid))]
+        seeds = sorted({int(m[1]) for job in done if (m := re.search(r"-seed(\d+)$", job))})
         out.append(SeedCall(
-            name=path.stem, parts=tuple(plan.get("lab_parts") or ()),
-            seeds=tuple(int(x) for x in plan.get("seeds") or ()),
-            done_jobs=tuple(j["job"] for j in jobs if j["exit_code"] == 0),
+            name=path.stem, parts=tuple(meta["plan"].get("lab_parts") or ()), seeds=tuple(seeds),
+            done_jobs=tuple(done),
             failed=tuple(j["job"] for j in meta["jobs"] if j["exit_code"] != 0)))
-    return out
+    return [call for call in out if call.done_jobs]
 
 
 def seed_range(seeds: tuple[int, ...]) -> str:

@@ -5,10 +5,12 @@ is set aside with one line naming it and what is wrong, as the registry does for
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import regular_text
 from finetune_lab.runs.manifest import loads_strict
 
 Field = tuple[Any, ...]
@@ -53,7 +55,7 @@ def read_json_files(folder: Path, problem: Any, pattern: str = "*.json"
     good, bad = [], []
     for path in sorted(Path(folder).glob(pattern)):
         try:
-            record = loads_strict(path.read_text(encoding="utf-8"))
+            record = loads_strict(regular_text(path))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             bad.append(f"`{path.name}` cannot be read as JSON ({str(exc).splitlines()[0]})")
             continue
@@ -73,12 +75,23 @@ def read_records(folder: Path, fields: Sequence[Field],
                                 or (more(record) if more else None))
     kept = []
     for path, record in good:  # NAME.json names itself NAME: a renamed copy read as its source
+        checkpoint = record.get("checkpoint")
+        weights = CANDIDATE.fullmatch(str(checkpoint.get("path"))) \
+            if isinstance(checkpoint, dict) else None
         if isinstance(record.get("name"), str) and record["name"] != path.stem:
             bad.append(f"`{path.name}` is the record of {record['name']!r} (a copy under another "
                        "name?): a record is kept as NAME.json")
+        elif weights is not None and weights["name"] != path.stem:
+            bad.append(f"`{path.name}` names the weights of {weights['name']!r} "
+                       f"({checkpoint['path']}): a candidate's record is named after its weights")
         else:
             kept.append(record)
     return kept, sorted(bad)
+
+
+CANDIDATE = re.compile(r"data/work/candidates/(?P<name>[^/]+)/model\.pt")
+"""Where a candidate's weights are kept: a record of them is named after their folder (trial
+9's PR1, FM3: a record given another's weights took that other's fine-tuned result)."""
 
 
 def set_aside_markdown(bad: Sequence[str], what: str, fix: str) -> str:

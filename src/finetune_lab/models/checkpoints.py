@@ -10,6 +10,7 @@ shipped its model: ``model.pt`` (weights only, fp16, no optimizer state), ``dict
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +23,7 @@ from finetune_lab._files import (
     parse_json,
     read_json,
     read_utf8,
+    regular_text,
     sha256_file,
     tree_entries,
     utc_now,
@@ -48,7 +50,7 @@ def packaged_output(folder: Path) -> bool:
     replaces: its manifest lists its files, and it holds nothing else. Told by its exact files,
     not a marker, so that the committed checkpoint stays these four files byte for byte."""
     try:
-        listed = parse_json((folder / MANIFEST_FILE).read_text(encoding="utf-8")).get("files")
+        listed = parse_json(regular_text(folder / MANIFEST_FILE)).get("files")
     except (OSError, ValueError, AttributeError):
         return False
     return isinstance(listed, dict) and tree_entries(folder) <= {*listed, MANIFEST_FILE}
@@ -59,7 +61,11 @@ def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
     there is none. A damaged one is an error naming it: every pretrained number rests on it, so
     it is never read as if it said less."""
     manifest = Path(folder or packaged_dir()) / MANIFEST_FILE
-    if not manifest.is_file():
+    if os.path.lexists(manifest) and not manifest.is_file():
+        raise _damaged(manifest, f"it {not_there(manifest)}")
+    if not manifest.is_file():  # weights without their manifest are no package either
+        if (manifest.parent / MODEL_FILE).exists():
+            raise _damaged(manifest, f"it is missing beside {MODEL_FILE}")
         return None
     try:
         data = read_json(manifest)  # strict: not UTF-8, not JSON, NaN or Infinity all fail

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from finetune_lab.runs.derived_counts import derived_count_problems
-from finetune_lab.runs.evaluations import accuracy_problems, subset_problems
+from finetune_lab.runs.evaluations import (accuracy_problems, log_problems, subset_problems,
+                                           trainer_loss_problems)
 from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
@@ -319,7 +320,8 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
             + throughput_problems(path, man) + device_problems(man)
             + learning_rate_problems(man, events) + derived_count_problems(man)
             + subset_problems(path, man, events, _valid_subset(man))
-            + accuracy_problems(path, man, events))
+            + accuracy_problems(path, man, events) + log_problems(path, man, events)
+            + trainer_loss_problems(path, man, events))
 
 
 def _valid_subset(man: dict[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import parse_json
+from finetune_lab._files import parse_json, regular_text
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.runs.consistency import CLOCK_SLACK_S, Judged, recorded_time
@@ -65,7 +65,7 @@ def weights_made_from(path: Any, sha: Any, runs_base: Path,
     starts = []
     for run in origins:
         try:
-            starts.append(recorded_time(parse_json((run / "manifest.json").read_text()).get("start_time")))
+            starts.append(recorded_time(parse_json(regular_text(run / "manifest.json")).get("start_time")))
         except (OSError, ValueError, AttributeError):
             continue
     return max((t for t in starts if t is not None), default=None)

@@ -124,7 +124,24 @@ def tokens_per_update_problems(man: dict[str, Any]) -> list[str]:
     return []
 
 
+def total_updates_problems(man: dict[str, Any]) -> list[str]:
+    """A fine-tuning run's ``total_updates`` is its epochs × the batches of ``n_train`` reviews
+    (the schedule and the book's cost figures rest on it; trial 9's S3: a doubled batch size
+    on every seed was held against nothing)."""
+    hp = man.get("hyperparameters") or {}
+    n_train, batch, epochs, total = (_int(hp.get(k)) for k in ("n_train", "batch_size",
+                                                                "epochs", "total_updates"))
+    if None in (n_train, batch, epochs, total) or not batch:
+        return []
+    expected = -(-n_train // batch) * epochs
+    if total != expected:
+        return [f"hyperparameters.total_updates {total:,} but {epochs} epochs of {n_train:,} "
+                f"reviews in batches of {batch} are {expected:,} updates"]
+    return []
+
+
 def derived_count_problems(man: dict[str, Any]) -> list[str]:
     """Every check of this module on one manifest."""
     return (lora_parameter_problems(man) + parameter_total_problems(man)
-            + peak_memory_problems(man) + tokens_per_update_problems(man))
+            + peak_memory_problems(man) + tokens_per_update_problems(man)
+            + total_updates_problems(man))

@@ -1,15 +1,21 @@
-"""What a fine-tuning run's logs must hold: every subset its command evaluates, with an accuracy
-at every epoch (trial 8's E8, E10, E12: one accuracy removed from an event file left the seed
-tables printing "n = 3" over two values, or choosing another best epoch, while the run passed).
+"""What a run's logs must hold: every subset its command evaluates, with an accuracy at every
+epoch (trial 8's E8, E10, E12: one accuracy removed from an event file left the seed tables
+printing "n = 3" over two values, or choosing another best epoch, while the run passed); and, in
+a fairseq run, the losses and accuracies its hashed ``train.log`` prints (trial 9's E4, E6, E9:
+an edited value, rehashed into the manifest, changed a table or figure).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from math import fsum
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.runs.eventfiles import accuracy_steps
+from finetune_lab._files import regular_text
+from finetune_lab.runs.eventfiles import accuracy_steps, logged_values
+from finetune_lab.runs.fairseq_logs import printed_metrics
 
 STEP_SERIES = ("train_inner",)
 """fairseq's per-interval training log: not an evaluation, logged every ``--log-interval``."""
@@ -28,11 +34,12 @@ def subset_problems(path: Path, man: dict[str, Any], events: Sequence[Path],
             "event file logs it"] if missing else []
 
 
-def accuracy_series(path: Path, events: Sequence[Path]) -> dict[str, frozenset[int]]:
-    """Each evaluated series of a run and the updates it logs an accuracy at: fairseq's
-    ``accuracy`` by subset folder (``train``, ``valid``, ``test``), the Trainer's ``eval/…`` and
-    ``test/…`` by prefix."""
-    series: dict[str, set[int]] = {}
+def accuracy_series(path: Path, events: Sequence[Path]) -> dict[str, list[int]]:
+    """Each evaluated series of a run and the updates it logs an accuracy at, sorted (one file
+    logs a tag once per update; two files may both log it): fairseq's ``accuracy`` by subset
+    folder (``train``, ``valid``, ``test``), the Trainer's ``eval/…`` and ``test/…`` by
+    prefix."""
+    series: dict[str, list[int]] = {}
     for event_file in events:
         for tag, steps in accuracy_steps(event_file).items():
             if tag == "accuracy" and event_file.parent != path:
@@ -42,8 +49,8 @@ def accuracy_series(path: Path, events: Sequence[Path]) -> dict[str, frozenset[i
             else:
                 continue  # best_accuracy: fairseq's running best, derived from valid's
             if name not in STEP_SERIES:
-                series.setdefault(name, set()).update(steps)
-    return {name: frozenset(steps) for name, steps in series.items()}
+                series.setdefault(name, []).extend(steps)
+    return {name: sorted(steps) for name, steps in series.items()}
 
 
 def accuracy_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -> list[str]:
@@ -57,11 +64,76 @@ def accuracy_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -
     series = accuracy_series(path, events)
     if not series:
         return ["it is a fine-tuning run, but no event file logs an accuracy"]
-    problems = [f"its {name} accuracy is logged at {len(steps)} updates, not once per epoch "
-                f"({epochs} epochs)" for name, steps in sorted(series.items())
-                if len(steps) != epochs]
-    if not problems and len(set(series.values())) > 1:
+    problems = [f"its {name} accuracy is logged {len(steps)} times at {len(set(steps))} "
+                f"updates, not once per epoch ({epochs} epochs)"
+                for name, steps in sorted(series.items()) if len(steps) != epochs
+                or len(set(steps)) != epochs]
+    if not problems and len({tuple(steps) for steps in series.values()}) > 1:
         shown = "; ".join(f"{name} at {', '.join(map(str, sorted(steps)))}"
                           for name, steps in sorted(series.items()))
         problems.append(f"its evaluations are logged at different updates ({shown})")
     return problems
+
+
+def log_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -> list[str]:
+    """Each loss and accuracy of a fairseq run's subset event files is one its ``train.log``
+    prints at that update (rounded as printed: every one of the 18,355 values of the committed
+    runs is), and the log is hashed with the run; an event value the log does not print, or
+    prints otherwise, was edited."""
+    log = path / "train.log"
+    if man.get("framework") != "fairseq" or "train.log" not in (man.get("logs") or {}):
+        return []
+    try:
+        printed = printed_metrics(regular_text(log))
+    except (OSError, UnicodeDecodeError):
+        return []  # the log's own check names it (missing, changed)
+    for event_file in events:
+        if event_file.parent == path:
+            continue
+        subset = event_file.parent.name
+        for tag, step, value in logged_values(event_file):
+            said = printed.get((subset, step), {}).get(tag, [])
+            if not any(abs(value - v) <= 0.5 * 10 ** -d for v, d in said):
+                shown = f"prints {said[0][0]:g}" if said else "prints none"
+                return [f"its {subset} {tag} at update {step} is {value:.6g} in "
+                        f"{event_file.relative_to(path)}, but its train.log {shown} there"]
+    return []
+
+
+TRAINER_REL_TOL = 1e-5
+"""A mean the Trainer logs in float32 against the same mean taken again (1e-7 apart in the
+committed runs)."""
+
+
+def trainer_loss_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -> list[str]:
+    """A Transformers run's epoch loss (``train/epoch_loss``, which the loss figure draws) is
+    the mean of the interval losses it logged in that epoch, and its run loss
+    (``train/train_loss``) the mean of its epochs' (when the logging interval divides an epoch,
+    so that the intervals are alike; trial 9's E2: an epoch loss halved on its own passed)."""
+    hp = man.get("hyperparameters") or {}
+    every, total, epochs = (hp.get(k) for k in ("trainer_logging_steps", "total_updates",
+                                                "epochs"))
+    if man.get("framework") != "transformers" or man.get("status") != "complete" \
+            or not all(isinstance(v, int) and v > 0 for v in (every, total, epochs)) \
+            or total % epochs or (total // epochs) % every:
+        return []
+    per_epoch = total // epochs
+    values: dict[str, list[tuple[int, float]]] = {}
+    for event_file in events:
+        for tag, step, value in logged_values(event_file):
+            values.setdefault(tag, []).append((step, value))
+    intervals = values.get("train/loss", [])
+    means = sorted(values.get("train/epoch_loss", []))
+    for step, mean in means:
+        inside = [v for s, v in intervals if step - per_epoch < s <= step]
+        if inside and not math.isclose(mean, fsum(inside) / len(inside),
+                                        rel_tol=TRAINER_REL_TOL):
+            return [f"its train/epoch_loss at update {step} is {mean:.6g}, but the "
+                    f"{len(inside)} train/loss values of that epoch average "
+                    f"{fsum(inside) / len(inside):.6g}"]
+    for step, run_mean in values.get("train/train_loss", []):
+        if means and not math.isclose(run_mean, fsum(m for _, m in means) / len(means),
+                                      rel_tol=TRAINER_REL_TOL):
+            return [f"its train/train_loss {run_mean:.6g} is not the mean of its "
+                    f"{len(means)} epoch losses"]
+    return []

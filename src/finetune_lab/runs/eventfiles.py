@@ -16,6 +16,11 @@ from typing import Any, NamedTuple
 
 from finetune_lab.errors import UserError
 
+try:
+    import google_crc32c
+except ImportError:  # the GPU machine's image lacks it: TensorBoard's CRC, in Python
+    google_crc32c = None
+
 class EventFileError(UserError):
     """An event file is truncated, corrupted or not a TensorBoard event file."""
 
@@ -32,13 +37,8 @@ def _crc32c() -> Any:
     """CRC-32C: google-crc32c's C code where it is installed (a locked dependency), else
     TensorBoard's own, in Python and some ten times slower (every chapter reads every run's
     event files once)."""
-    try:
-        import google_crc32c
-
-        if google_crc32c.implementation == "c":
-            return google_crc32c.value
-    except ImportError:
-        pass
+    if google_crc32c is not None and google_crc32c.implementation == "c":
+        return google_crc32c.value
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c
 
     return crc32c
@@ -103,6 +103,8 @@ class Scanned(NamedTuple):
     """The first and last events' wall-clock times (seconds since the epoch)."""
     accuracy_steps: tuple[tuple[str, frozenset[int]], ...] = ()
     """Each accuracy tag with the updates it was logged at."""
+    logged: tuple[tuple[str, int, float], ...] = ()
+    """The values of :data:`LOGGED_TAGS`, each with its tag and update."""
 
 
 _CHECKED: dict[tuple[int, int, int, int], Scanned] = {}
@@ -114,14 +116,36 @@ def _accuracy_tag(tag: str) -> bool:
     return tag.rsplit("/", 1)[-1] in ("accuracy", "best_accuracy")
 
 
+LOGGED_TAGS = frozenset({"loss", "accuracy", "train/loss", "train/epoch_loss",
+                         "train/train_loss"})
+"""The values :class:`Scanned` keeps (its ``logged``): fairseq's, which its text log prints
+too, and the Trainer's training losses, which its epoch and run means are means of."""
+
+
+def _metric_tag(tag: str) -> bool:
+    """A loss or an accuracy, logged once per update it is measured at (the Trainer logs
+    ``train/epoch`` with every entry, so twice at an evaluation's update)."""
+    return tag.rsplit("/", 1)[-1] in ("loss", "epoch_loss", "train_loss", "accuracy",
+                                      "best_accuracy")
+
+
 def _scan(path: Path) -> Scanned:
     last, peak, walls = 0, None, []
     accuracy: dict[str, set[int]] = {}
+    logged: list[tuple[str, int, float]] = []
+    seen: set[tuple[str, int]] = set()
     for event in strict_events(path):
         last = max(last, event.step)
         if event.wall_time:
             walls.append(event.wall_time)
         for value in event.summary.value:
+            if _metric_tag(value.tag):
+                if (value.tag, event.step) in seen:  # a second value the tables could pick
+                    raise EventFileError(f"event file {path} logs {value.tag} twice at update "
+                                         f"{event.step}")
+                seen.add((value.tag, event.step))
+            if value.tag in LOGGED_TAGS and (number := _scalar(value)) is not None:
+                logged.append((value.tag, event.step, number))
             if value.tag in LR_TAGS:
                 lr = _scalar(value)
                 if lr is not None and (peak is None or lr > peak[1]):
@@ -136,7 +160,8 @@ def _scan(path: Path) -> Scanned:
     if not walls:  # every writer stamps each event; a file without a time was edited
         raise EventFileError(f"event file {path} records no wall-clock time")
     return Scanned(last, peak, min(walls, default=None), max(walls, default=None),
-                   tuple(sorted((tag, frozenset(steps)) for tag, steps in accuracy.items())))
+                   tuple(sorted((tag, frozenset(steps)) for tag, steps in accuracy.items())),
+                   tuple(logged))
 
 
 def _scalar(value: Any) -> float | None:
@@ -194,6 +219,12 @@ def accuracy_steps(path: Path) -> dict[str, frozenset[int]]:
     damaged or unreadable file, which the registry names already)."""
     found = _sound([path])
     return dict(found[0].accuracy_steps) if found else {}
+
+
+def logged_values(path: Path) -> tuple[tuple[str, int, float], ...]:
+    """:class:`Scanned`'s ``logged`` of a sound event file (empty for a damaged one)."""
+    found = _sound([path])
+    return found[0].logged if found else ()
 
 
 def wall_span(paths: Iterable[Path]) -> tuple[float, float] | None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from finetune_lab._files import write_json_atomic
+from finetune_lab._files import regular_text, write_json_atomic
 from finetune_lab.errors import UserError
 from finetune_lab.runs import manifest as mf
 
@@ -49,7 +49,7 @@ def read_experiment_config(experiment_dir: Path) -> dict[str, Any] | None:
 def parse_config(path: Path) -> dict[str, Any]:
     """An ``experiment.json`` anywhere (the run cache's, or a device call's copy), checked."""
     try:
-        config = mf.loads_strict(path.read_text(encoding="utf-8"))
+        config = mf.loads_strict(regular_text(path))
     except (OSError, UnicodeDecodeError, RecursionError) as exc:
         raise UserError(f"{path} cannot be read ({exc}); restore or delete it") from exc
     except ValueError as exc:
@@ -96,7 +96,7 @@ def _run_recipes(experiment_dir: Path) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for manifest in sorted(experiment_dir.glob(f"*/{mf.MANIFEST_NAME}")):
         try:
-            hp = mf.loads_strict(manifest.read_text(encoding="utf-8")).get("hyperparameters")
+            hp = mf.loads_strict(regular_text(manifest)).get("hyperparameters")
         except (OSError, UnicodeDecodeError, RecursionError, ValueError, AttributeError):
             continue
         if isinstance(hp, dict):

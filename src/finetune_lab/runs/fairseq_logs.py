@@ -70,3 +70,25 @@ def last_update(log_text: str) -> int | None:
     """The last ``num_updates`` fairseq logged (below ``max_update`` if the time budget hit)."""
     found = _UPDATES_RE.findall(log_text)
     return int(found[-1]) if found else None
+
+
+_SUBSET_LINE = re.compile(r"\| INFO \| (?P<subset>\w+) \| (?P<rest>.*)$")
+_PRINTED = {name: re.compile(rf"\b{name}[=\s]+(-?[0-9.]+)") for name in ("loss", "accuracy")}
+
+
+def printed_metrics(log_text: str) -> dict[tuple[str, int], dict[str, list[tuple[float, int]]]]:
+    """Each loss and accuracy fairseq printed, by subset (its logger: ``train_inner``, ``train``,
+    ``valid``, ``test``, ...) and update: the value and its decimals (printed rounded). A long
+    run's later launches append to the log, so an update may be printed more than once."""
+    found: dict[tuple[str, int], dict[str, list[tuple[float, int]]]] = {}
+    for line in log_text.splitlines():
+        if (match := _SUBSET_LINE.search(line)) is None \
+                or (updates := _UPDATES_RE.search(match["rest"])) is None:
+            continue
+        at = found.setdefault((match["subset"], int(updates.group(1))), {})
+        for name, pattern in _PRINTED.items():
+            if (value := pattern.search(match["rest"])) is not None:
+                text = value.group(1)
+                decimals = len(text.partition(".")[2])
+                at.setdefault(name, []).append((float(text), decimals))
+    return found

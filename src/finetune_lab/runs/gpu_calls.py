@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from finetune_lab._files import parse_json
+from finetune_lab._files import parse_json, regular_text
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.runs.gpu_archive import CALL_RECORDS, call_record_problem
 
@@ -75,7 +75,7 @@ def call_devices(root: Path = PROJECT_ROOT) -> list[CallDevice]:
     for path in sorted((root / CALL_RECORDS).glob("*Z.json")):
         start = call_start(path.stem)
         try:
-            meta = parse_json(path.read_text(encoding="utf-8"))
+            meta = parse_json(regular_text(path))
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # the chapter that reads the records sets a damaged one aside by name
         if start is None:

@@ -22,6 +22,7 @@ from finetune_lab._files import (
     CONVERSION_RECORD, OUTPUT_MARKER,
     not_there,
     parse_json,
+    regular_text,
     sha256_file,
     sha256_tree,
     write_json_atomic,
@@ -136,7 +137,7 @@ def read_manifest(run_dir: Path | str) -> dict[str, Any]:
             "(README, 'Re-running the experiments'), or delete the folder."
         )
     try:
-        data = loads_strict(path.read_text(encoding="utf-8"))
+        data = loads_strict(regular_text(path))
     except (OSError, UnicodeDecodeError, RecursionError) as exc:
         raise ManifestError(f"{path} cannot be read ({exc}); re-run the run.") from exc
     except ValueError as exc:  # JSONDecodeError, or a number no computation can use

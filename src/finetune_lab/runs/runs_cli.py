@@ -30,7 +30,10 @@ def check_runs_root(root: Path) -> None:
 def check_not_an_experiment(root: Path) -> None:
     """A runs root that is itself an experiment (its folders hold manifests, or it has an
     experiment.json) would list every subset folder as a broken run, with advice to delete
-    folders of valid runs (trial 8's R1)."""
+    folders of valid runs (trial 8's R1); one that is a run would say "no runs"."""
+    if (root / "manifest.json").is_file():  # trial 9's R1: "no runs", over a valid run
+        raise UserError(f"{root} is a run folder, not the runs root: give --root "
+                        f"{root.parent.parent} --experiment {root.parent.name}")
     run = next((p for p in sorted(root.iterdir()) if (p / "manifest.json").is_file()), None) \
         if root.is_dir() else None
     if run is not None or (root / "experiment.json").is_file():
