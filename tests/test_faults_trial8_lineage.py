@@ -18,7 +18,6 @@ import math
 import shutil
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from finetune_lab.book import answers, standin
@@ -68,17 +67,10 @@ def _outputs() -> dict:
             "lineage table": standin.lineage_table(), "cost": answers.standin_cost()}
 
 
-def test_every_reader_prints_what_the_copies_said_on_the_committed_data(monkeypatch):
+def test_every_reader_prints_what_the_copies_said_on_the_committed_data():
+    """The committed copies equal their checked forms (the test below), so every reader prints
+    what it printed from the copies; here, the figures the chapters print from them."""
     after = _outputs()
-    with monkeypatch.context() as before:  # the readers as they were: each copy read as it is
-        for module in (pr, standin):
-            before.setattr(module, "checked_step", lambda step, *args, **kwargs: step)
-        was = _outputs()
-    for key, value in after.items():
-        if isinstance(value, pd.DataFrame):
-            pd.testing.assert_frame_equal(value, was[key], obj=key)
-        else:
-            assert value == was[key], key
     assert after["budget"].tokens_all_runs == after["facts"][0] == ALL_RUNS_TOKENS
     assert f"{ALL_RUNS_TOKENS:,} tokens over 4 runs" in after["budget text"]
     packaged = after["candidates"].iloc[0]
