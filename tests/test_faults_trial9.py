@@ -231,3 +231,15 @@ def test_total_updates_is_the_epochs_batches_of_the_training_set(cache):
     rec = _record(cache, "transformers/pretrained-seed1")
     assert not rec.valid and "hyperparameters.total_updates 1,125 but 5 epochs of 1,800 " \
         "reviews in batches of 16 are 565 updates" in rec.reason
+
+
+def test_a_named_pipe_for_a_calls_gpu_samples_is_no_samples(tmp_path):
+    """Trial 10's FF8: a pipe at `<stamp>-nvidia-smi.csv` hung the chapters and `runs`."""
+    from datetime import datetime, timezone
+
+    from finetune_lab.runs.gpu_calls import gpu_samples
+
+    os.mkfifo(tmp_path / "20261127T000000Z-nvidia-smi.csv")
+    start = datetime(2026, 11, 27, tzinfo=timezone.utc)
+    assert _returns(lambda: gpu_samples(tmp_path / "20261127T000000Z-nvidia-smi.csv", start,
+                                        60.0)) == (None, None)

@@ -6,6 +6,8 @@ and the book reads the same samples (:mod:`finetune_lab.book.devices`).
 
 from __future__ import annotations
 
+import io
+
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import NamedTuple
@@ -27,7 +29,7 @@ def gpu_samples(smi: Path, start: datetime, wall_s: float) -> tuple[float | None
     import pandas as pd
 
     try:
-        df = pd.read_csv(smi, skipinitialspace=True)
+        df = pd.read_csv(io.StringIO(regular_text(smi)), skipinitialspace=True)  # no pipe
         stamps = pd.to_datetime(df.iloc[:, 0], format="%Y/%m/%d %H:%M:%S.%f", utc=True)
         util = pd.to_numeric(df.iloc[:, 1].astype(str).str.rstrip(" %"), errors="coerce")
         used = pd.to_numeric(df.iloc[:, 2].astype(str).str.rstrip(" MiB"), errors="coerce")
