@@ -93,6 +93,9 @@ EDITS = [
      "cls.tokenization.train.words 300000 is more than cls.tokenization.train.tokens 261860"),
     ({"cls.unknown_surfaces": [["\x9c", 5]]},
      "cls.unknown_surfaces counts 5 unknown pieces, more than the 2"),
+    ({"cls.tokenization.train.unk": 5},  # trial 10's D13: 7 printed beside a list adding to 2
+     "cls.unknown_surfaces, shorter than 10 and so every span, counts 2 unknown pieces, but "
+     "cls.tokenization's unk (all splits) is 7"),
     ({"cls.valid_fraction": 0}, "cls.valid_fraction is 0, not a fraction"),
     # D3: the tokenizer's sizes against its dict.txt count
     ({"tokenizer.parameters.embedding_rows": 64_000, "tokenizer.parameters.vocab_size": 63_999},

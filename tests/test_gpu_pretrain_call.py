@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 
 import pytest
 
@@ -180,3 +181,17 @@ def test_a_calls_experiment_json_where_there_is_none_comes_in_only_if_the_runs_a
     shutil.rmtree(other / "data" / "runs" / "pretrain-gpu" / "gpu9")
     gpu_archive.unpack(_call_with_config(tmp_path / "b", agrees), root=other)
     assert json.loads((other / "data/runs/pretrain-gpu/experiment.json").read_text()) == agrees
+
+
+def test_the_tree_is_counted_as_the_device_tool_counts_it_in_whole_blocks(tmp_path):
+    # 63.4 MiB of file sizes was refused by the tool as over 64 MiB: 65.0 MiB in 4 KiB blocks
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "one-byte").write_bytes(b"x")
+    (tmp_path / "a-block-and-one").write_bytes(b"x" * 4097)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "empty").write_bytes(b"")
+    (tmp_path / ".gitignore").write_text("ignored\n")
+    (tmp_path / "ignored").write_bytes(b"x" * 10_000)
+    assert gpu_bundle.disk_bytes(tmp_path / "a-block-and-one") == 8192
+    assert gpu_bundle.tree_bytes(tmp_path) == 4096 + 8192 + 0 + 4096  # .gitignore is a file too
+    assert gpu_bundle.tree_bytes(tmp_path, under="sub") == 0

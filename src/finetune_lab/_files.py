@@ -8,18 +8,17 @@ import errno
 import hashlib
 import json
 import os
-import platform
 import shutil
 import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timezone
-from importlib import metadata
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from finetune_lab.config import store_within
 from finetune_lab.errors import DamagedFileError, UserError
 
 CONVERSION_RECORD = "conversion.json"
@@ -35,7 +34,9 @@ def utc_now() -> str:
 
 
 def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes, read in chunks so checkpoints do not fill memory."""
+    """Hex sha256 of a file's bytes, read in chunks so checkpoints do not fill memory; a pipe,
+    socket or device is an OSError, never opened (a pipe blocked its reader for ever)."""
+    _regular(path)
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(chunk):
@@ -116,10 +117,14 @@ def parse_json(text: str, **options: Any) -> Any:
 def regular_text(path: Path | str) -> str:
     """A file's UTF-8 text if it is a regular file (a named pipe blocked its readers for ever),
     else the OSError an unreadable file raises, which every reader of records handles."""
+    _regular(path)
+    return Path(path).read_text(encoding="utf-8")
+
+
+def _regular(path: Path | str) -> None:
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise OSError(errno.EINVAL, "not a regular file (a pipe, socket, device or folder)",
                       str(path))
-    return Path(path).read_text(encoding="utf-8")
 
 
 def read_utf8(path: Path, fix: str) -> str:
@@ -258,7 +263,12 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
     has not named its command): a folder made by any command of this project. ``can_force``
     False: the calling command has no ``--force``, so the refusal does not advise one.
     """
-    if force or not os.path.lexists(dest):
+    if not os.path.lexists(dest):
+        return
+    if kept := store_within(dest):
+        raise UserError(f"{dest} {kept}: no command replaces it, --force included; pass "
+                        "another folder")
+    if force:
         return
     who = f"`finetune-lab {owner}`" if owner else "finetune-lab"
     if os.path.islink(dest) or not dest.is_dir():
@@ -386,15 +396,3 @@ def _step_of(folder: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return step if isinstance(step, str) else None
-
-
-def tool_versions() -> dict[str, str]:
-    """Versions of the tools whose output the manifests describe (read from metadata, no import)."""
-    versions = {"python": platform.python_version()}
-    for label, dist in (("sentencepiece", "sentencepiece"), ("fairseq", "fairseq-fixed"),
-                        ("torch", "torch")):
-        try:
-            versions[label] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions

@@ -80,3 +80,16 @@ def require_data_root(*relative: str, root: Path | None = None) -> Path:
                 "complete copy of the data (see README, 'Data')."
             )
     return base
+
+
+def store_within(dest: Path) -> str | None:
+    """Which of the project's own stores ``dest`` is, holds or lies in (the run store), said for
+    a refusal: no command replaces one, ``--force`` included (trial 10's A10:
+    ``package-checkpoint --force --dest data/runs`` deleted every run, committed or not)."""
+    p, d = paths(), Path(dest).resolve()
+    for name, store in (("the run store", p.runs), ("the records' folder", p.summaries),
+                        ("the work folder", p.work), ("the data root", p.data_root),
+                        ("the project", p.project)):
+        if store.resolve().is_relative_to(d):
+            return f"is or holds {name} {store}"
+    return f"lies in the run store {p.runs}" if d.is_relative_to(p.runs.resolve()) else None

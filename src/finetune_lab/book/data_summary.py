@@ -23,6 +23,7 @@ from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
 from finetune_lab.data.cls_books import SPLITS, read_split
 from finetune_lab.data.cls_splits import (
     SUMMARY_NAME,
+    UNKNOWN_TOP,
     count_contradiction,
     read_summary,
     summary_contradiction,
@@ -91,7 +92,7 @@ def duplicate_counts(texts: dict[str, list[str]]) -> dict[str, int]:
     return counts
 
 
-def unknown_surfaces(sp, texts: list[str], top: int = 10) -> list[list[Any]]:
+def unknown_surfaces(sp, texts: list[str], top: int = UNKNOWN_TOP) -> list[list[Any]]:
     """The most frequent text spans the tokenizer maps to ``<unk>``, with their counts."""
     counts: Counter[str] = Counter()
     unk = sp.unk_id()

@@ -33,15 +33,23 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
     of a few reviews was a number in the table like any other), its accuracies are counts of
     their test reviews, and it is no older than the weights it names."""
     sizes = record.get("sizes")
-    if not isinstance(sizes, dict) or any(sizes.get(s) != lab[s] for s in ("train", "test")):
+    if not isinstance(sizes, dict) or any(sizes.get(s) != lab[s] for s in lab):
         return (f"probed splits of {sizes} reviews, not CLS-Books' ({lab['train']} train, "
-                f"{lab['test']} test)")
-    for feature in ("<s>", "mean"):  # an accuracy is a count of the test reviews, in %
-        correct = record["probes"][feature]["test_accuracy"] * lab["test"] / 100
-        if abs(correct - round(correct)) > 0.01:
-            return (f"has probes.{feature}.test_accuracy = "
-                    f"{record['probes'][feature]['test_accuracy']}, which no count of "
-                    f"{lab['test']} test reviews gives")
+                f"{lab['valid']} valid, {lab['test']} test)")
+    grid = record.get("C_grid")
+    for feature in ("<s>", "mean"):  # each accuracy is a count of its reviews, in %, and C
+        probe = record["probes"][feature]  # was chosen from the record's own grid (trial 10)
+        for split in ("valid", "test"):
+            value = probe.get(f"{split}_accuracy")
+            correct = value * lab[split] / 100 if isinstance(value, (int, float)) else 0.5
+            if abs(correct - round(correct)) > 0.01:
+                return (f"has probes.{feature}.{split}_accuracy = {value}, which no count of "
+                        f"{lab[split]} {split} reviews gives")
+        if not isinstance(grid, list) or probe.get("C") not in grid:
+            return f"has probes.{feature}.C = {probe.get('C')}, not one of its C_grid {grid}"
+    if record.get("threads") != (record.get("device") or {}).get("threads"):
+        return (f"says threads {record.get('threads')} but device.threads "
+                f"{(record.get('device') or {}).get('threads')}")
     seed = record.get("seed")
     if (record["init"] == "random") != (isinstance(seed, int) and not isinstance(seed, bool)):
         # `probe --random` records the seed of the initialisation it probed; weights have none

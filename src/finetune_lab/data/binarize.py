@@ -23,6 +23,7 @@ from pathlib import Path
 
 from finetune_lab.argtypes import folder, positive_int, resolved_folder
 from finetune_lab import _files
+from finetune_lab.data.tools import tool_versions
 from finetune_lab.data import cls_books, tokenizer
 from finetune_lab.data.cls_books import SPLITS, check_same_length, count_lines, read_split
 from finetune_lab.config import paths
@@ -168,7 +169,7 @@ def binarize_cls(
             "workers": workers,
             "counts": counts,
             "commands": [display_command(c, srcdict="<tokenizer>/dict.txt") for c in commands],
-            "tool_versions": _files.tool_versions(),
+            "tool_versions": tool_versions(),
             "timings_s": {
                 "encode": round(encode_s, 3),
                 "fairseq_preprocess": [round(s, 3) for s in preprocess_s],

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from finetune_lab.argtypes import folder, non_negative_int
 from finetune_lab import _files
+from finetune_lab.data.tools import tool_versions
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
 
@@ -229,7 +230,7 @@ def prepare_cls(
                 split: {str(k): v for k, v in sorted(Counter(r.label for r in rs).items())}
                 for split, rs in parts.items()
             },
-            "tool_versions": _files.tool_versions(),
+            "tool_versions": tool_versions(),
             "timings_s": {"total": round(time.perf_counter() - started, 3)},
         }
         _files.write_json_atomic(tmp / "manifest.json", manifest)

@@ -177,6 +177,11 @@ def tokenizer_contradiction(record: dict[str, Any]) -> str | None:
     return None
 
 
+UNKNOWN_TOP = 10
+"""``cls.unknown_surfaces`` lists the most frequent spans the tokenizer cannot encode, this many
+at most: a shorter list is every one of them, whose counts add up to the unknown pieces."""
+
+
 def _cls_counts(record: Any) -> None:
     _fraction(record, "cls.valid_fraction")
     tokenization = _get(record, "cls.tokenization")
@@ -194,6 +199,10 @@ def _cls_counts(record: Any) -> None:
     if listed > unk:
         raise _Contradiction(f"cls.unknown_surfaces counts {listed} unknown pieces, more than "
                              f"the {unk} of cls.tokenization's unk (all splits)")
+    if len(surfaces) < UNKNOWN_TOP and listed != unk:  # a short list is every span (trial 10)
+        raise _Contradiction(f"cls.unknown_surfaces, shorter than {UNKNOWN_TOP} and so every "
+                             f"span, counts {listed} unknown pieces, but cls.tokenization's unk "
+                             f"(all splits) is {unk}")
 
 
 def _pretrain_counts(record: Any) -> None:

@@ -31,6 +31,7 @@ from finetune_lab.argtypes import (
     resolved_folder,
 )
 from finetune_lab import _files
+from finetune_lab.data.tools import tool_versions
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.data import binarize, tokenizer
 from finetune_lab.data.cls_books import BOOKS_DIR
@@ -140,7 +141,7 @@ def prepare_pretrain(
             "parameters": parameters,
             "counts": counts,
             "commands": [binarize.display_command(command, srcdict="<tokenizer>/dict.txt")],
-            "tool_versions": _files.tool_versions(),
+            "tool_versions": tool_versions(),
             "timings_s": {
                 "encode": round(encode_s, 3),
                 "fairseq_preprocess": round(preprocess_s, 3),

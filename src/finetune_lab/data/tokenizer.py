@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from finetune_lab import _files
+from finetune_lab.data.tools import tool_versions
 from finetune_lab.data.child import ChildFailed, in_child
 from finetune_lab.argtypes import folder, positive_int
 from finetune_lab.config import paths, require_data_root
@@ -280,7 +281,7 @@ def train_tokenizer(
                 "sample_words": sum(len(s.split()) for s in sample),
                 "sample_characters": sum(len(s) for s in sample),
             },
-            "tool_versions": _files.tool_versions(),
+            "tool_versions": tool_versions(),
             "timings_s": {
                 "read_and_sample": round(read_s, 3),
                 "spm_train": round(train_s, 3),

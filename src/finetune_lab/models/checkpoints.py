@@ -257,6 +257,10 @@ def check_listed_files(folder: Path) -> None:
     manifest lists them (fairseq would read a damaged ``dict.txt`` into a traceback, or into
     other tokens): one line naming the file that differs."""
     restore = f"restore {folder} (`finetune-lab package-checkpoint`, or git for the committed one)"
+    for name in (MODEL_FILE, DICT_FILE, SPM_FILE):  # trial 10's FF11: a pipe hung fill-mask
+        if os.path.lexists(folder / name) and not (folder / name).is_file():
+            raise UserError(f"{folder / name} is not a regular file (a pipe, socket, device or "
+                            f"folder): {restore}")
     if (folder / DICT_FILE).is_file():
         read_utf8(folder / DICT_FILE, restore)
     listed = (package_manifest(folder) or {}).get("files") or {}

@@ -105,23 +105,35 @@ TRAINER_REL_TOL = 1e-5
 committed runs)."""
 
 
+EPOCH_TOL = 0.005
+"""The Trainer's fractional epoch is updates / updates per epoch, rounded to two decimals by
+some versions of it."""
+
+
 def trainer_loss_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -> list[str]:
-    """A Transformers run's epoch loss (``train/epoch_loss``, which the loss figure draws) is
-    the mean of the interval losses it logged in that epoch, and its run loss
-    (``train/train_loss``) the mean of its epochs' (when the logging interval divides an epoch,
-    so that the intervals are alike; trial 9's E2: an epoch loss halved on its own passed)."""
+    """A Transformers run's fractional epoch (``train/epoch``, by which the book finds its best
+    epoch) is its updates over the updates per epoch. Its epoch loss (``train/epoch_loss``,
+    which the loss figure draws) is the mean of the interval losses it logged in that epoch,
+    and its run loss (``train/train_loss``) the mean of its epochs' (when the logging interval
+    divides an epoch, so that the intervals are alike; trial 9's E2: an epoch loss halved on its
+    own passed)."""
     hp = man.get("hyperparameters") or {}
     every, total, epochs = (hp.get(k) for k in ("trainer_logging_steps", "total_updates",
                                                 "epochs"))
     if man.get("framework") != "transformers" or man.get("status") != "complete" \
-            or not all(isinstance(v, int) and v > 0 for v in (every, total, epochs)) \
-            or total % epochs or (total // epochs) % every:
+            or not all(isinstance(v, int) and v > 0 for v in (total, epochs)) or total % epochs:
         return []
     per_epoch = total // epochs
     values: dict[str, list[tuple[int, float]]] = {}
     for event_file in events:
         for tag, step, value in logged_values(event_file):
             values.setdefault(tag, []).append((step, value))
+    for step, epoch in values.get("train/epoch", []):  # trial 10's E13: doubled, it moved
+        if not abs(epoch - step / per_epoch) <= EPOCH_TOL:  # the best epoch the book prints
+            return [f"its train/epoch at update {step} is {epoch:.6g}, but {step} updates of "
+                    f"{per_epoch} per epoch are epoch {step / per_epoch:.6g}"]
+    if not (isinstance(every, int) and every > 0) or per_epoch % every:
+        return []
     intervals = values.get("train/loss", [])
     means = sorted(values.get("train/epoch_loss", []))
     for step, mean in means:

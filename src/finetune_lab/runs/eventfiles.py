@@ -117,9 +117,10 @@ def _accuracy_tag(tag: str) -> bool:
 
 
 LOGGED_TAGS = frozenset({"loss", "accuracy", "train/loss", "train/epoch_loss",
-                         "train/train_loss"})
+                         "train/train_loss", "train/epoch"})
 """The values :class:`Scanned` keeps (its ``logged``): fairseq's, which its text log prints
-too, and the Trainer's training losses, which its epoch and run means are means of."""
+too, the Trainer's training losses, which its epoch and run means are means of, and its
+fractional epoch, which its updates give."""
 
 
 def _metric_tag(tag: str) -> bool:

@@ -34,6 +34,7 @@ from finetune_lab.runs.gpu_plan import BUNDLE_DIR, GPU_CORPUS, PLAN_FILE, Plan
 from finetune_lab.runs.recording import run_dir_for
 
 TRANSFER_LIMIT = 64 * 2**20
+BLOCK = 4096  # the device tool counts whole blocks (see disk_bytes)
 """Working tree plus carried paths, per call."""
 GPU_PYTHON = "3.12"
 """The device machine's Python (KINDS.md)."""
@@ -216,12 +217,18 @@ def _slice(src_prefix: Path, dst_prefix: Path, tokens: int | None, *, seed: int 
     return kept
 
 
-def tree_bytes(root: Path = PROJECT_ROOT) -> int:
-    """What a device call sends besides carried paths: tracked files and untracked ones that git
-    does not ignore."""
-    proc = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                          cwd=root, capture_output=True, check=True)
-    return sum((root / p).stat().st_size for p in proc.stdout.decode().split("\0")
+def disk_bytes(path: Path) -> int:
+    """A file's size as the device tool counts it: whole 4 KiB blocks. By file sizes a tree and
+    bundle of 63.4 MiB fitted, yet the tool refused them; in blocks they were 65.0 MiB."""
+    return -(-path.stat().st_size // BLOCK) * BLOCK
+
+
+def tree_bytes(root: Path = PROJECT_ROOT, under: str = "") -> int:
+    """What a device call sends besides carried paths (tracked files and untracked ones that git
+    does not ignore), in blocks; ``under``: only that folder's."""
+    proc = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                           "--", under or "."], cwd=root, capture_output=True, check=True)
+    return sum(disk_bytes(root / p) for p in proc.stdout.decode().split("\0")
                if p and (root / p).is_file())
 
 
@@ -294,7 +301,7 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                 for path, arcname in extra:
                     tar.add(path, arcname=arcname)
         (tmp / PLAN_FILE).write_text(json.dumps(asdict(plan), indent=1) + "\n", encoding="utf-8")
-        carried = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+        carried = sum(disk_bytes(f) for f in tmp.rglob("*") if f.is_file())
         ckpt = checkpoints.packaged_dir() / checkpoints.MODEL_FILE
         held = f"{ckpt.stat().st_size / 2**20:.1f} MiB" if ckpt.is_file() else "not there"
         if tree + carried > TRANSFER_LIMIT:
@@ -305,7 +312,9 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                 f"of which {ckpt.name} {held}) exceed the device "
                 f"call's {TRANSFER_LIMIT / 2**20:.0f} MiB: carry a smaller corpus slice "
                 "(--pretrain-tokens), leave out a part (--lab-parts; QLoRA carries bitsandbytes, "
-                "3.6 MiB), or move the checkpoint out of the tree for a pretraining call")
+                "3.6 MiB), move _freeze/ out of the tree for the call (the call does not read "
+                f"it; {tree_bytes(under='_freeze') / 2**20:.1f} MiB), or move the checkpoint out "
+                "for a pretraining call")
     return {"bundle": str(out), "carried_bytes": carried, "tree_bytes": tree, "plan": asdict(plan)}
 
 
