@@ -155,7 +155,7 @@ def test_a_later_call_counts_only_the_jobs_whose_runs_came_back_valid(cache, tmp
     shutil.copytree(PROJECT_ROOT / CALL_RECORDS, root / CALL_RECORDS)
     lab = devices.latest_call(root)
     before = devices.seed_calls_sentence(devices.seed_calls(root), lab.seeds)
-    assert "seeds 3 to 5 as well" in before
+    assert "ran the fairseq and Transformers grids with seeds 3 to " in before
     meta = json.loads((root / CALL_RECORDS / "20261126T072936Z.json").read_text())
     meta["plan"].update(seeds=[9], lab_parts=["fairseq"])
     meta["jobs"] = [{"job": "fairseq-random-seed9", "exit_code": 0, "seconds": 10.0}]

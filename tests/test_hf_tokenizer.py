@@ -100,7 +100,7 @@ def test_binarized_by_fairseq_preprocess_every_review():
 def test_duplicate_dictionary_symbol_is_refused(tmp_path):
     path = tmp_path / "dict.txt"
     path.write_text("▁a 3\n▁b 2\n▁a 1\n", encoding="utf-8")
-    with pytest.raises(UserError, match="duplicate symbol"):
+    with pytest.raises(UserError, match="repeats the piece .▁a. without #fairseq:overwrite"):
         read_fairseq_dict(path)
 
 

@@ -78,7 +78,7 @@ def test_a_probe_of_other_splits_and_answers_out_of_range_are_set_aside(tmp_path
     table = probe_report.probe_table(folder, set_aside=bad)
     assert "small" not in set(table["weights"]) and len(table) == len(list(src.glob("*.json")))
     assert bad == ["`small.json` probed splits of {'train': 12, 'valid': 12, 'test': 12} "
-                   "reviews, not CLS-Books' (1800 train, 2000 test)"]
+                   "reviews, not CLS-Books' (1800 train, 200 valid, 2000 test)"]
 
     fm_src = fill_mask.fill_mask_dir()
     fm = tmp_path / "fill-mask"

@@ -35,6 +35,7 @@ from finetune_lab.models.checkpoints import (
     package_manifest,
     packaged_dir,
 )
+from finetune_lab.models.hf_tokenizer import SPECIALS, TASK_SYMBOLS, dict_entries
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs.manifest import (
     device_info,
@@ -83,10 +84,7 @@ def fill_mask_wide(df: pd.DataFrame) -> pd.DataFrame:
               .rename(columns={"cell": "top predictions (probability)"}))
 
 
-OVERWRITE_FLAG = "#fairseq:overwrite"
-"""The flag fairseq's ``Dictionary.add_from_file`` accepts after a line's count: the piece may
-repeat an earlier line's."""
-SYMBOLS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+SYMBOLS = (*SPECIALS, *TASK_SYMBOLS)  # fairseq's besides dict.txt's pieces: no line lists them
 """What fairseq's dictionary holds besides ``dict.txt``'s pieces (its four specials before them,
 the masked-LM task's ``<mask>`` after): answers no line of ``dict.txt`` lists."""
 
@@ -99,8 +97,7 @@ def shown_piece(piece: str) -> str:
 
 def dictionary_counts(folder: Path | None = None) -> list[tuple[str, int]]:
     """``(piece, count)`` for each line of a packaged checkpoint's ``dict.txt`` (the committed
-    one by default), read as fairseq's ``Dictionary.add_from_file`` reads it: ``<piece> <count>``,
-    optionally followed by ``#fairseq:overwrite``, a piece repeated only with that flag.
+    one by default), read as fairseq reads it (:func:`~finetune_lab.models.hf_tokenizer.dict_entries`).
 
     The file is first checked against the folder's manifest (:func:`check_listed_files`, as
     :func:`load_hub_model` does); a file that differs, and a line fairseq would refuse, is one
@@ -111,28 +108,7 @@ def dictionary_counts(folder: Path | None = None) -> list[tuple[str, int]]:
     if not path.is_file():  # not opened when it is a pipe or a device
         raise UserError(f"{path} {not_there(path)}: {restore}")
     check_listed_files(folder)
-    lines = path.read_text(encoding="utf-8").split("\n")  # fairseq's readlines, not splitlines
-    if lines[-1] == "":
-        lines.pop()
-    rows: list[tuple[str, int]] = []
-    seen: set[str] = set()
-    for number, line in enumerate(lines, 1):
-        try:
-            piece, field = line.rstrip().rsplit(" ", 1)
-            overwrite = field == OVERWRITE_FLAG
-            if overwrite:
-                piece, field = piece.rsplit(" ", 1)
-            count = int(field)
-        except ValueError:
-            raise UserError(f"{path}: line {number} ({line[:60]!r}) is not '<piece> <count>' "
-                            f"(optionally followed by {OVERWRITE_FLAG}), as fairseq reads a "
-                            f"dictionary: {restore}") from None
-        if piece in seen and not overwrite:
-            raise UserError(f"{path}: line {number} repeats the piece {piece!r} without "
-                            f"{OVERWRITE_FLAG}, which fairseq refuses: {restore}")
-        seen.add(piece)
-        rows.append((piece, count))
-    return rows
+    return [(piece, count) for piece, count, _ in dict_entries(path, restore)]
 
 
 def frequent_pieces(n: int = 20, folder: Path | None = None) -> set[str]:

@@ -5,12 +5,12 @@ is set aside with one line naming it and what is wrong, as the registry does for
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import regular_text
+from finetune_lab.runs.crosscheck import CANDIDATE
 from finetune_lab.runs.manifest import loads_strict
 
 Field = tuple[Any, ...]
@@ -74,7 +74,8 @@ def read_records(folder: Path, fields: Sequence[Field],
     good, bad = read_json_files(folder, lambda record: summary_problem(record, fields)
                                 or (more(record) if more else None))
     kept = []
-    for path, record in good:  # NAME.json names itself NAME: a renamed copy read as its source
+    for path, record in good:  # NAME.json names itself NAME: a renamed copy read as its source,
+        # and a candidate's record its weights' folder (trial 9: another's weights took its result)
         checkpoint = record.get("checkpoint")
         weights = CANDIDATE.fullmatch(str(checkpoint.get("path"))) \
             if isinstance(checkpoint, dict) else None
@@ -87,11 +88,6 @@ def read_records(folder: Path, fields: Sequence[Field],
         else:
             kept.append(record)
     return kept, sorted(bad)
-
-
-CANDIDATE = re.compile(r"data/work/candidates/(?P<name>[^/]+)/model\.pt")
-"""Where a candidate's weights are kept: a record of them is named after their folder (trial
-9's PR1, FM3: a record given another's weights took that other's fine-tuned result)."""
 
 
 def set_aside_markdown(bad: Sequence[str], what: str, fix: str) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import parse_json
+from finetune_lab._files import parse_json, read_utf8
 from finetune_lab.data import tokenizer as project_tokenizer
 from finetune_lab.data.cls_books import read_split
 from finetune_lab.errors import UserError
@@ -35,6 +35,7 @@ CONFIG_FILE = "fairseq_tokenizer.json"
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 """``fairseq.data.Dictionary()`` before ``dict.txt``: these four, at these ids."""
+OVERWRITE_FLAG = "#fairseq:overwrite"
 TASK_SYMBOLS = ("<mask>",)
 """Appended after ``dict.txt`` by the masked_lm and sentence_prediction tasks."""
 DEFAULT_MAX_POSITIONS = 256
@@ -47,34 +48,47 @@ def tokenize_line(line: str) -> list[str]:
     return _SPACE.sub(" ", line).strip().split()
 
 
-def read_fairseq_dict(path: Path) -> dict[str, int]:
-    """Symbol -> id as ``fairseq.data.Dictionary.load`` + the task's ``<mask>`` would build it.
+def dict_entries(path: Path, fix: str) -> list[tuple[str, int, bool]]:
+    """``(piece, count, overwrite)`` for each line of a fairseq ``dict.txt``, read as
+    ``Dictionary.add_from_file`` reads it: ``<piece> <count>``, optionally followed by
+    ``#fairseq:overwrite``, a piece (the four specials included) repeated only with that flag. A
+    line fairseq refuses is one line naming the file, the line and ``fix``, not a traceback."""
+    lines = read_utf8(path, fix).split("\n")  # fairseq's readlines, not splitlines
+    if lines[-1] == "":
+        lines.pop()
+    entries: list[tuple[str, int, bool]] = []
+    seen = set(SPECIALS)
+    for number, line in enumerate(lines, 1):
+        try:
+            piece, field = line.rstrip().rsplit(" ", 1)
+            overwrite = field == OVERWRITE_FLAG
+            if overwrite:
+                piece, field = piece.rsplit(" ", 1)
+            count = int(field)
+        except ValueError:
+            raise UserError(f"{path}: line {number} ({line[:60]!r}) is not '<piece> <count>' "
+                            f"(optionally followed by {OVERWRITE_FLAG}), as fairseq reads a "
+                            f"dictionary: {fix}") from None
+        if piece in seen and not overwrite:
+            raise UserError(f"{path}: line {number} repeats the piece {piece!r} without "
+                            f"{OVERWRITE_FLAG}, which fairseq refuses: {fix}")
+        seen.add(piece)
+        entries.append((piece, count, overwrite))
+    return entries
 
-    Follows ``Dictionary.add_from_file``: one ``symbol count [#fairseq:overwrite]`` per line; a
-    repeated symbol without the overwrite flag is an error there, so it is one here.
-    """
+
+def read_fairseq_dict(path: Path) -> dict[str, int]:
+    """Symbol -> id as ``fairseq.data.Dictionary.load`` + the task's ``<mask>`` would build it
+    (:func:`dict_entries`; an overwritten symbol moves to a new row, as in fairseq)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path} is missing. Run `finetune-lab adopt-tokenizer` first (the "
                         "committed checkpoint's tokenizer).")
     indices = {s: i for i, s in enumerate(SPECIALS)}
     rows = len(indices)
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        line = raw.rstrip()
-        if not line:
-            continue
-        try:
-            symbol, rest = line.rsplit(" ", 1)
-        except ValueError:
-            raise UserError(f"{path}: line {number}: expected 'symbol count', got {raw!r}. "
-                            "Restore it with `finetune-lab adopt-tokenizer`.") from None
-        overwrite = rest == "#fairseq:overwrite"
-        if overwrite:
-            symbol, _count = symbol.rsplit(" ", 1)
-        if symbol in indices and not overwrite:
-            raise UserError(f"{path}: line {number}: duplicate symbol {symbol!r}; fairseq refuses "
-                            "this dictionary. Restore it with `finetune-lab adopt-tokenizer`.")
-        indices[symbol] = rows  # an overwritten symbol moves to a new row, as in fairseq
+    for symbol, _count, _overwrite in dict_entries(
+            path, "restore it with `finetune-lab adopt-tokenizer`"):
+        indices[symbol] = rows
         rows += 1
     for symbol in TASK_SYMBOLS:
         if symbol not in indices:

@@ -32,9 +32,9 @@ def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]
     return [r for r in valid if not r.valid]
 
 
-_CANDIDATE = re.compile(r"data/work/candidates/(?P<run>[^/]+?)(?:-u\d+)?/model\.pt")
-"""A candidate's weights, named after the pretraining run they were taken from (``-uN``: at
-update N of it)."""
+CANDIDATE = re.compile(r"data/work/candidates/(?P<name>(?P<run>[^/]+?)(?:-u\d+)?)/model\.pt")
+"""A candidate's weights: its folder (``name``, after which the records of them are named) is
+the pretraining run they were taken from (``run``; ``-uN``: at update N of it)."""
 
 
 def packaged_origin() -> tuple[str, str] | None:
@@ -58,7 +58,7 @@ def weights_made_from(path: Any, sha: Any, runs_base: Path,
     None when neither names a known run. Nothing that used those weights can be older."""
     packaged = packaged if packaged is not None else packaged_origin()
     origins = []
-    if isinstance(path, str) and (named := _CANDIDATE.fullmatch(path)):
+    if isinstance(path, str) and (named := CANDIDATE.fullmatch(path)):
         origins.append(runs_base / "pretrain" / named["run"])
     if packaged is not None and sha == packaged[0]:
         origins.append(runs_base / packaged[1])
@@ -192,7 +192,7 @@ def source_problems(records: Sequence[Judged]) -> None:
         if not isinstance(run, str):
             continue
         ckpt = (man.get("inputs") or {}).get("checkpoint") or {}
-        named = _CANDIDATE.fullmatch(str(ckpt.get("path"))) if isinstance(ckpt, dict) else None
+        named = CANDIDATE.fullmatch(str(ckpt.get("path"))) if isinstance(ckpt, dict) else None
         lineage = source.get("lineage") or []
         last = lineage[-1].get("run") if lineage and isinstance(lineage[-1], dict) else None
         if named is not None and run.rsplit("/", 1)[-1] != named["run"]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from finetune_lab.models.sizing import RobertaSize, hf_classifier_total
+
 
 def lora_parameter_problems(man: dict[str, Any]) -> list[str]:
     """A LoRA run's trainable count against the one its recipe gives: r × (inputs + outputs)
@@ -50,15 +52,14 @@ def _int(value: Any) -> int | None:
 
 def roberta_classifier_total(size: dict[str, Any]) -> int | None:
     """Parameters of Transformers' ``RobertaForSequenceClassification`` of a run's
-    ``model_size`` (None for another shape)."""
+    ``model_size`` (:func:`~finetune_lab.models.sizing.hf_classifier_total`; None for another
+    shape)."""
     try:
-        V, P, d, f, L, C = (int(size[k]) for k in ("vocab", "positions", "dim", "ffn", "layers",
-                                                    "classes"))
+        shape = RobertaSize(**{k: int(size[k]) for k in ("vocab", "positions", "dim", "ffn",
+                                                          "layers", "classes")})
     except (KeyError, TypeError, ValueError):
         return None
-    embeddings = V * d + P * d + d + 2 * d  # tokens, positions, one token type, LayerNorm
-    layer = 4 * (d * d + d) + 2 * d + (d * f + f) + (f * d + d) + 2 * d
-    return embeddings + L * layer + (d * d + d) + (d * C + C)
+    return hf_classifier_total(shape)
 
 
 def parameter_total_problems(man: dict[str, Any]) -> list[str]:

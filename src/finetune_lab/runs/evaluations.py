@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from math import fsum
 from pathlib import Path
 from typing import Any
 
@@ -138,13 +137,13 @@ def trainer_loss_problems(path: Path, man: dict[str, Any], events: Sequence[Path
     means = sorted(values.get("train/epoch_loss", []))
     for step, mean in means:
         inside = [v for s, v in intervals if step - per_epoch < s <= step]
-        if inside and not math.isclose(mean, fsum(inside) / len(inside),
+        if inside and not math.isclose(mean, math.fsum(inside) / len(inside),
                                         rel_tol=TRAINER_REL_TOL):
             return [f"its train/epoch_loss at update {step} is {mean:.6g}, but the "
                     f"{len(inside)} train/loss values of that epoch average "
-                    f"{fsum(inside) / len(inside):.6g}"]
+                    f"{math.fsum(inside) / len(inside):.6g}"]
     for step, run_mean in values.get("train/train_loss", []):
-        if means and not math.isclose(run_mean, fsum(m for _, m in means) / len(means),
+        if means and not math.isclose(run_mean, math.fsum(m for _, m in means) / len(means),
                                       rel_tol=TRAINER_REL_TOL):
             return [f"its train/train_loss {run_mean:.6g} is not the mean of its "
                     f"{len(means)} epoch losses"]

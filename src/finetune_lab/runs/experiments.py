@@ -93,15 +93,9 @@ def _recorded_by(experiment_dir: Path, names: list[str]) -> dict[str, str]:
 def _run_recipes(experiment_dir: Path) -> dict[str, dict[str, Any]]:
     """The recipe each run of the experiment records (run folder -> hyperparameters); damaged
     manifests are skipped (the registry names them)."""
-    found: dict[str, dict[str, Any]] = {}
-    for manifest in sorted(experiment_dir.glob(f"*/{mf.MANIFEST_NAME}")):
-        try:
-            hp = mf.loads_strict(regular_text(manifest)).get("hyperparameters")
-        except (OSError, UnicodeDecodeError, RecursionError, ValueError, AttributeError):
-            continue
-        if isinstance(hp, dict):
-            found[manifest.parent.name] = hp
-    return found
+    return {manifest.parent.name: record["hyperparameters"]
+            for manifest, record in mf.readable_manifests(experiment_dir, f"*/{mf.MANIFEST_NAME}")
+            if isinstance(record.get("hyperparameters"), dict)}
 
 
 def recipe_kind(hp: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -175,6 +175,19 @@ def loads_strict(text: str) -> Any:
     ``NaN``/``Infinity``, a float that overflows (``1e400``), an integer beyond int64."""
     return parse_json(text, parse_float=_finite, parse_int=_bounded,
                       parse_constant=_no_constant)
+
+
+def readable_manifests(folder: Path, pattern: str) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Each manifest under ``folder`` matching ``pattern`` that reads as a JSON object, in path
+    order, for a command's quick look before any work; a damaged one, or one that is no regular
+    file, is skipped: the registry names it."""
+    for manifest in sorted(folder.glob(pattern)):
+        try:
+            record = loads_strict(regular_text(manifest))
+        except (OSError, UnicodeDecodeError, RecursionError, ValueError):
+            continue
+        if isinstance(record, dict):
+            yield manifest, record
 
 
 SCHEMA_FILE = Path(__file__).with_name("manifest.schema.json")

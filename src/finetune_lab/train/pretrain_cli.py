@@ -25,7 +25,7 @@ from finetune_lab.config import paths
 from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, position_init, trust
-from finetune_lab.runs.manifest import MANIFEST_NAME, loads_strict, portable_path
+from finetune_lab.runs.manifest import MANIFEST_NAME, portable_path, readable_manifests
 from finetune_lab.train.pretrain import pretrain
 from finetune_lab.train.pretrain_lineage import checkpoint_metadata
 from finetune_lab.train.pretrain_long import pretrain_long
@@ -169,12 +169,9 @@ def runs_citing(weights: Path) -> list[str]:
     they started from."""
     stored = portable_path(weights)
     found = []
-    for manifest in sorted(paths().runs.glob(f"*/*/{MANIFEST_NAME}")):
-        try:
-            ckpt = (loads_strict(manifest.read_text(encoding="utf-8")).get("inputs")
-                    or {}).get("checkpoint")
-        except (OSError, UnicodeDecodeError, RecursionError, ValueError, AttributeError):
-            continue  # a damaged manifest cites nothing: the registry names it
+    for manifest, record in readable_manifests(paths().runs, f"*/*/{MANIFEST_NAME}"):
+        ckpt = record.get("inputs").get("checkpoint") \
+            if isinstance(record.get("inputs"), dict) else None
         if isinstance(ckpt, dict) and ckpt.get("path") == stored:
             found.append(f"{manifest.parent.parent.name}/{manifest.parent.name}")
     return found
