@@ -111,3 +111,27 @@ def test_the_committed_probes_agree_with_themselves():
     aside: list[str] = []
     table = probe_report.probe_table(set_aside=aside)
     assert aside == [] and len(table) == len(list(Path(probe_report.probe_dir()).glob("*.json")))
+
+
+def test_pretrain_never_packages_onto_weights_the_book_or_runs_cite(cache, tmp_path, capsys):
+    """Trial 9's W1: `pretrain` (its default --package-to) would have replaced the book's packaged
+    checkpoint, setting aside every run built on it, where package-checkpoint asks for --force."""
+    from finetune_lab.cli import main
+    from finetune_lab.models import checkpoints
+
+    dest = checkpoints.packaged_dir()
+    before = (dest / "manifest.json").read_bytes()
+    assert main(["pretrain", "--run", "zz-w1", "--max-update", "1"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.endswith(f"{dest} holds the packaged checkpoint the book reads: replacing it sets "
+                         "aside every run built on it; pass --package-to another folder "
+                         "(`package-checkpoint --force` can replace it later), or --no-package")
+    assert (dest / "manifest.json").read_bytes() == before
+    assert not (cache / "pretrain" / "zz-w1").exists()
+    # a candidate's folder whose weights a recorded run fine-tuned is refused the same way
+    run = next(cache.glob("fairseq-candidate*/pretrained-seed0"))
+    man = json.loads((run / "manifest.json").read_text())
+    weights = Path(man["inputs"]["checkpoint"]["path"])
+    assert main(["pretrain", "--run", "zz-w1", "--max-update", "1",
+                 "--package-to", str(weights.parent)]) == 2
+    assert f"{weights.parent} is where run " in capsys.readouterr().err

@@ -143,6 +143,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.tokens is not None and args.experiment != EXPERIMENT:  # trial 7's P5: ignored
         raise UserError(f"--experiment {args.experiment}: a long run (--tokens N) always goes "
                         f"to {EXPERIMENT}/, whose other runs it continues; drop --experiment")
+    if not args.no_package:  # before any work, as package-checkpoint refuses without --force
+        refuse_cited_dest(args.package_to or checkpoints.packaged_dir(),
+                          "pass --package-to another folder (`package-checkpoint --force` can "
+                          "replace it later), or --no-package")
     if args.tokens is not None:
         run_dir = pretrain_long(run=args.run or f"{d['device']}-long", tokens=int(args.tokens),
                                 continue_from=args.continue_from, seed=args.seed,
@@ -177,21 +181,27 @@ def runs_citing(weights: Path) -> list[str]:
     return found
 
 
+def refuse_cited_dest(dest: Path, fix: str) -> None:
+    """Weights packaged into ``dest`` would replace ones the book or recorded runs cite: the
+    packaged checkpoint the book reads, or weights runs fine-tuned (trial 8's K1: the folder was
+    absent, and its runs turned BAD, told to re-run; trial 9's W1: `pretrain` packaged onto the
+    book's checkpoint without asking)."""
+    if dest.resolve() == checkpoints.packaged_dir().resolve() \
+            and checkpoints.package_manifest(dest) is not None:
+        raise UserError(f"{dest} holds the packaged checkpoint the book reads: replacing it sets "
+                        f"aside every run built on it; {fix}")
+    citing = runs_citing(dest / checkpoints.MODEL_FILE)
+    if citing:
+        more = f" and {len(citing) - 1} more" if len(citing) > 1 else ""
+        raise UserError(f"{dest} is where run {citing[0]}{more} found the weights it fine-tuned: "
+                        f"other weights there would reject it; {fix}")
+
+
 def _run_package(args: argparse.Namespace) -> int:
     checkpoints.check_package_source(args.source, args.dest)
     dest = Path(args.dest) if args.dest is not None else checkpoints.packaged_dir()
-    if not args.force and dest.resolve() == checkpoints.packaged_dir().resolve() \
-            and checkpoints.package_manifest(dest) is not None:
-        # the weights the book, the grid and every run on them cite, with their lineage
-        raise UserError(f"{dest} holds the packaged checkpoint the book reads: replacing it sets "
-                        "aside every run built on it; pass --force to do it, or --dest another "
-                        "folder")
-    citing = [] if args.force else runs_citing(dest / checkpoints.MODEL_FILE)
-    if citing:  # trial 8's K1: the folder was absent, and its runs turned BAD, told to re-run
-        more = f" and {len(citing) - 1} more" if len(citing) > 1 else ""
-        raise UserError(f"{dest} is where run {citing[0]}{more} found the weights it fine-tuned: "
-                        "other weights there would reject it; choose another --dest, or pass "
-                        "--force")
+    if not args.force:
+        refuse_cited_dest(dest, "choose another --dest, or pass --force")
     spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
     manifests = trust.default_manifests()
     dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest,
