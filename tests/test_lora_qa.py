@@ -43,7 +43,7 @@ def test_plan_without_bitsandbytes_and_flags():
 
 def test_report_without_runs_says_so_and_shows_the_labs_recipe(tmp_path):
     assert lora_qa_report.cached_runs(tmp_path) is None
-    assert lora_qa_report.runs_markdown(None).startswith("**This run has not been made.**")
+    assert lora_qa_report.runs_markdown(None).startswith("**This run has not been made** (@nte-bloom)")
     recipe = lora_qa_report.recipe_table().set_index("setting")["value"]
     assert recipe["max_steps"] == "80" and recipe["optim"] == "paged_adamw_8bit"
     assert recipe["generation: temperature"] == "0.7"

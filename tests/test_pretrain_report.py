@@ -328,7 +328,7 @@ def test_plateau_table_puts_tokens_over_the_lineage_and_finds_the_escape(tmp_pat
     assert table.loc["`pretrain-gpu/gpu2`", "loaders"] == 10
     assert table.loc["`pretrain/long`", "weights"] == "in progress"
     shown = pp.plateau_display(table.reset_index()).set_index("run")
-    assert shown.loc["`pretrain/cpu-c1`", "left the plateau at (M tokens)"] == "not yet"
+    assert shown.loc["`pretrain/cpu-c1`", "left the plateau at (M tokens)"] == "not reached"
     assert shown.loc["`pretrain-gpu/gpu2`", "left the plateau at (M tokens)"] == "131"
     seen = pp.plateau_facts(table.reset_index())
     assert (seen.runs, seen.stuck, seen.left, seen.left_lost) == (4, 3, 1, 1)

@@ -66,7 +66,8 @@ def test_epoch_summary_uses_sample_std() -> None:
     summ = ss.epoch_summary(_frame(rows), "valid", "accuracy")
     assert summ[["epoch", "mean", "std", "n"]].values.tolist()[0] == [1, 20.0, 10.0, 3]
     assert np.isnan(summ["std"].iloc[1]) and summ["n"].iloc[1] == 1
-    assert ss.fmt_mean_std(20.0, 10.0, 3) == "20.00 ± 10.00 (n=3)"
+    assert ss.fmt_mean_std(20.0, 10.0, 3) == "20.0 ± 10.0 (n=3)"
+    assert ss.fmt_mean_std(78.1333, 0.3786, 3, digits=2) == "78.13 ± 0.38 (n=3)"
     with pytest.raises(ss.MissingMetricError, match="no 'f1'"):
         ss.epoch_summary(_frame(rows), "valid", "f1")
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.config import store_within
+from finetune_lab.config import check_protected_file, protected
 from finetune_lab.errors import DamagedFileError, UserError
 
 CONVERSION_RECORD = "conversion.json"
@@ -85,7 +85,8 @@ def write_json_atomic(path: Path | str, data: Any) -> None:
 def write_bytes_atomic(path: Path | str, data: bytes) -> None:
     """Write ``data`` so that readers see either the old file or the new one, never a partial one."""
     target = Path(path)
-    if target.is_symlink():  # a link the user made (one file shared by two folders) stays
+    if target.is_symlink():  # a link the user made (one file shared by two folders) stays,
+        check_protected_file(target)  # but no run's or checkpoint's file is written through it
         target = target.resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -164,18 +165,14 @@ def _no_constant(name: str) -> Any:
 
 def check_writable(parent: Path) -> None:
     """Fail early, with the fix, when ``parent`` cannot receive the output folder."""
+    fix = "Choose a writable location (--out) or fix its permissions."
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(
-            f"cannot create the output folder {parent}: {exc.strerror}. "
-            "Choose a writable location (--out) or fix its permissions."
-        ) from exc
+        raise UserError(f"cannot create the output folder {parent}: {exc.strerror}. {fix}") \
+            from exc
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(
-            f"the output folder {parent} is not writable. "
-            "Choose a writable location (--out) or fix its permissions."
-        )
+        raise UserError(f"the output folder {parent} is not writable. {fix}")
 
 
 Recognizer = Callable[[Path], bool]
@@ -227,9 +224,11 @@ def data_step_output(*steps: str) -> Recognizer:
 def check_new_record(path: Path, what: str, *, force: bool = False) -> None:
     """A named record of ``data/summaries/`` (the book may cite it) is replaced only with
     ``--force``: refused before any work, naming it."""
+    check_protected_file(path)
     if (os.path.exists(path) or os.path.islink(path)) and not force:
         raise UserError(f"{path} exists ({what}): it was left as it is; choose another --name, "
                         "or pass --force to replace it")
+
 
 
 def not_there(path: Path | str, want: str = "file") -> str:
@@ -265,9 +264,12 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
     """
     if not os.path.lexists(dest):
         return
-    if kept := store_within(dest):
-        raise UserError(f"{dest} {kept}: no command replaces it, --force included; pass "
+    guard = protected(dest)
+    if guard and guard[1]:
+        raise UserError(f"{dest} {guard[0]}: no command replaces it, --force included; pass "
                         "another folder")
+    if guard:  # --force replaces there only what the command made
+        force, can_force = False, False
     if force:
         return
     who = f"`finetune-lab {owner}`" if owner else "finetune-lab"

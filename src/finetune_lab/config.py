@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune_lab.errors import DataRootError
+from finetune_lab.errors import DataRootError, UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 """The repository root (``src/finetune_lab/config.py`` -> two levels up)."""
@@ -82,14 +82,35 @@ def require_data_root(*relative: str, root: Path | None = None) -> Path:
     return base
 
 
-def store_within(dest: Path) -> str | None:
-    """Which of the project's own stores ``dest`` is, holds or lies in (the run store), said for
-    a refusal: no command replaces one, ``--force`` included (trial 10's A10:
-    ``package-checkpoint --force --dest data/runs`` deleted every run, committed or not)."""
+def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
+    """Which of the project's own stores ``dest`` is, holds or lies in, said for a refusal, and
+    whether no ``--force`` passes it (True) or ``--force`` replaces there only what the command
+    made itself (False). Trials 10 and 11: ``package-checkpoint --force --dest`` deleted every
+    run (``data/runs``), the probe records, the packaged checkpoint's folder, ``src/``. A
+    ``file`` (a record, a summary) may go into the records' folder; never into the run store,
+    the data root or the checkpoints' folder."""
     p, d = paths(), Path(dest).resolve()
     for name, store in (("the run store", p.runs), ("the records' folder", p.summaries),
-                        ("the work folder", p.work), ("the data root", p.data_root),
-                        ("the project", p.project)):
+                        ("the checkpoints' folder", p.checkpoints), ("the work folder", p.work),
+                        ("the data root", p.data_root), ("the project", p.project)):
         if store.resolve().is_relative_to(d):
-            return f"is or holds {name} {store}"
-    return f"lies in the run store {p.runs}" if d.is_relative_to(p.runs.resolve()) else None
+            return f"is or holds {name} {store}", True
+    for name, store, hard in (("the run store", p.runs, True), ("the data root", p.data_root, True),
+                              ("the records' folder", p.summaries, not file),
+                              ("the checkpoints' folder", p.checkpoints, file)):
+        if d.is_relative_to(store.resolve()):
+            return f"lies in {name} {store}", hard
+    if d.is_relative_to(p.project.resolve()) and not d.is_relative_to(p.work.resolve()):
+        return f"lies in the project {p.project}", False
+    return None
+
+
+def check_protected_file(path: Path | str) -> None:
+    """A file no command writes, through a link or not, ``--force`` included: one in the run
+    store, the data root or the checkpoints' folder (trial 11's L3: a record path linked to a
+    run's manifest overwrote the manifest)."""
+    guard = protected(Path(path).resolve(), file=True)
+    if guard and guard[1]:
+        raise UserError(f"{path} {guard[0]}" + (f" (it links to {Path(path).resolve()})"
+                                               if os.path.islink(path) else "")
+                        + ": no command writes there, --force included; pass another path")

@@ -12,15 +12,16 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab.book import fairseq_report, hf_compare, standin
+from finetune_lab.book import devices, fairseq_report, hf_compare, standin
 from finetune_lab.book.course_reference import COURSE_TEST_ACCURACY
-from finetune_lab.book.decomposition import decomposition_table
+from finetune_lab.book.decomposition import beyond_budget, decomposition_table
 from finetune_lab.book.lora_cls_report import gaps_to_full
 from finetune_lab.book.lora_cls_runs import cached_runs as lora_cached_runs
 from finetune_lab.book.pretrain_candidates import candidate_table
 from finetune_lab.book.pretrain_report import load_pretrain_runs
 from finetune_lab.book.report import fmt_int, signed
 from finetune_lab.models import params
+from finetune_lab.runs import seedstats
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,36 @@ def standin_cost() -> dict[str, Any] | None:
             "devices": sorted({r.manifest.get("device", {}).get("type", "cpu") for _, r in found})}
 
 
-def decomposition() -> pd.DataFrame:
+def candidates() -> pd.DataFrame:
+    """The packaged checkpoint and every set of weights tried beside it, fine-tuned
+    (:func:`~finetune_lab.book.pretrain_candidates.candidate_table`)."""
+    return candidate_table(load_pretrain_runs())
+
+
+def decomposition(cand: pd.DataFrame | None = None) -> pd.DataFrame:
     """The appendix's decomposition of the stand-in's gain over random, step by step."""
-    return decomposition_table(candidate_table(load_pretrain_runs()))
+    return decomposition_table(candidates() if cand is None else cand)
+
+
+def general_beyond_budget(cand: pd.DataFrame | None = None) -> pd.Series | None:
+    """The weights that read the most text that is not the task's, past the stand-in's budget
+    (:func:`~finetune_lab.book.decomposition.beyond_budget`), or None."""
+    rows = beyond_budget(candidates() if cand is None else cand)
+    return rows.iloc[-1] if len(rows) else None
+
+
+def random_init_by_library() -> seedstats.InitGap | None:
+    """Transformers − fairseq from random weights on the GPU, where both grids ran (each library
+    draws the random weights with its own initialiser), or None without two seeds a side."""
+    rnd = {}
+    for framework in ("transformers", "fairseq"):
+        table = devices.runs_by_device(framework)
+        rnd[framework] = table[(table["device"] == "GPU") & (table["group"] == "random")]["test"]
+    if min(len(v) for v in rnd.values()) < 2:
+        return None
+    both = pd.DataFrame({"init": [k for k, v in rnd.items() for _ in v],
+                         "test": [x for v in rnd.values() for x in v]})
+    return seedstats.init_gap(both, "transformers", "fairseq")
 
 
 def course_range(init: str) -> str:
@@ -118,5 +146,5 @@ def course_range(init: str) -> str:
     return COURSE_TEST_ACCURACY[init].text()
 
 
-__all__ = ["Accuracy", "Gap", "course_range", "decomposition", "fairseq_accuracies", "fmt_int", "lora_results",
+__all__ = ["Accuracy", "Gap", "candidates", "course_range", "decomposition", "fairseq_accuracies", "fmt_int", "general_beyond_budget", "lora_results", "random_init_by_library",
            "q1_counts", "standin_cost", "transformers_result"]

@@ -20,6 +20,7 @@ from pathlib import Path
 from finetune_lab._files import sha256_file
 from finetune_lab.book.qmd import code_cells, front_matter
 from finetune_lab.errors import UserError
+from finetune_lab.runs.manifest import hidden
 
 MISSING = "MISSING"
 """The hash recorded for a declared path that does not exist (yet): its arrival is a change."""
@@ -182,8 +183,7 @@ def chapters(project: Path) -> list[str]:
 def _is_ignored(path: Path) -> bool:
     """Bytecode, and hidden files (a run's ``.lock`` while it is written, ``.superseded/``):
     none of them is committed, so a freeze that hashed them would be stale on a clean clone."""
-    return ("__pycache__" in path.parts or path.suffix in {".pyc", ".pyo"}
-            or any(part.startswith(".") for part in path.parts))
+    return "__pycache__" in path.parts or path.suffix in {".pyc", ".pyo"} or hidden(path)
 
 
 EMPTY_FOLDER = "EMPTY FOLDER"

@@ -18,7 +18,7 @@ from typing import Any
 
 from finetune_lab.argtypes import folder
 from finetune_lab import _files
-from finetune_lab.config import paths
+from finetune_lab.config import check_protected_file, paths
 from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
 from finetune_lab.data.cls_books import SPLITS, read_split
 from finetune_lab.data.cls_splits import (
@@ -249,9 +249,15 @@ def check_summary_dest(dest: Path | None, *, force: bool = False) -> Path:
     dest = Path(dest) if dest is not None else summary_path()
     if dest.is_dir():
         raise UserError(f"{dest} is a folder, not a file: give --out a file name")
-    if (dest.exists() or dest.is_symlink()) and not force and not _is_summary(dest):
+    check_protected_file(dest)
+    # among the records, --force replaces only a data summary (trial 11's A15: a probe's record)
+    among_records = dest.resolve().is_relative_to(paths().summaries.resolve()) \
+        and dest.resolve() != summary_path().resolve()
+    if (dest.exists() or dest.is_symlink()) and (not force or among_records) \
+            and not _is_summary(dest):
         raise UserError(f"{dest} exists and is not a data summary: it was left as it is; "
-                        "choose another --out, or pass --force to replace it")
+                        + ("choose another --out" if among_records else
+                           "choose another --out, or pass --force to replace it"))
     return dest
 
 

@@ -68,3 +68,18 @@ def decomposition_table(cand: pd.DataFrame) -> pd.DataFrame:
                                       f"({row['ci_low']:.1f} to {row['ci_high']:.1f})"),
         })
     return pd.DataFrame(rows)
+
+
+def beyond_budget(cand: pd.DataFrame, kind: str = STEPS[0][1] or "",
+                  min_seeds: int = 2) -> pd.DataFrame:
+    """Weights of ``kind`` (by default the general masked LM) pretrained past the packaged
+    checkpoint's token budget and fine-tuned over ``min_seeds`` seeds or more, fewest tokens
+    first: what more text that is not the task's buys, which the equal-budget steps leave out."""
+    packaged = cand[cand["weights"] == PACKAGED]
+    if packaged.empty:
+        return cand.iloc[0:0]
+    budget = float(packaged["tokens (M, all runs)"].iloc[0])
+    rows = cand[(cand["weights"] != PACKAGED) & (cand["tokens (M, all runs)"] > budget + 1e-9)
+                & (cand["n fine-tuned"] >= min_seeds) & cand["ci_low"].notna()]
+    rows = rows[[kind_of(r) == kind for _, r in rows.iterrows()]]
+    return rows.sort_values("tokens (M, all runs)")

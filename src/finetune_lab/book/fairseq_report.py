@@ -103,7 +103,7 @@ def test_by_epoch(res: FairseqResults) -> pd.DataFrame:
     return s[["init", "epoch", "mean", "std", "n"]].reset_index(drop=True)
 
 
-def test_by_epoch_table(res: FairseqResults, digits: int = 2) -> pd.DataFrame:
+def test_by_epoch_table(res: FairseqResults, digits: int = 1) -> pd.DataFrame:
     """Display table: one row per epoch, one ``mean ± std (n)`` column per init."""
     s = test_by_epoch(res)
     if s.empty:

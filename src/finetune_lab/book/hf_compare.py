@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from finetune_lab.book.report import signed
 from finetune_lab.config import paths
 from finetune_lab.data.binarize import default_output as default_bin
 from finetune_lab.data.cls_books import default_output as default_cls
@@ -296,7 +297,7 @@ def framework_gaps(comp: Comparison, column: str = "test") -> pd.DataFrame:
                          "p": np.nan, "within seed noise": None})
             continue
         rows.append({"init": init, "difference": g.diff,
-                     "95 % CI": f"{g.ci_low:.2f} to {g.ci_high:.2f}", "p": g.p_value,
+                     "95 % CI": f"{signed(g.ci_low)} to {signed(g.ci_high)}", "p": g.p_value,
                      "within seed noise": bool(g.ci_low <= 0 <= g.ci_high),
                      "ci_low": g.ci_low, "ci_high": g.ci_high})
     return pd.DataFrame(rows)

@@ -77,9 +77,8 @@ def runs_markdown(loaded: LoadedRuns | None) -> str:
     """The chapter's paragraph on the cached runs: none, or each one with its fallbacks, then
     every excluded run with its reason."""
     if loaded is None or not loaded.used:
-        text = ("**This run has not been made.** No valid `lora-qa` run is recorded under "
-                "`data/runs/lora-qa/`: BLOOM-560m's weights and a GPU were not available to "
-                "this project, so this book shows no loss curve and no generations for the "
+        text = ("**This run has not been made** (@nte-bloom): the run cache holds no valid "
+                "`lora-qa` run, so this book shows no loss curve and no generations for the "
                 "lab's fine-tune.")
     else:
         n = len(loaded.used)

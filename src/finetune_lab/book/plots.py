@@ -14,6 +14,7 @@ from __future__ import annotations
 # included) away from its inline backend, and every figure of the book would silently vanish.
 # Without a display matplotlib falls back to Agg by itself.
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import pandas as pd
 import seaborn as sns
 
@@ -115,6 +116,8 @@ def plot_seed_curves(
         ax.fill_between(s["epoch"], s["mean"] - s["std"].fillna(0), s["mean"] + s["std"].fillna(0),
                         color=color, alpha=0.2, lw=0)
     ax.set_xlabel({"step": "update"}.get(x, x))
+    if x == "epoch":  # whole epochs: a tick at 1.5 epochs marks no evaluation
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel or f"{tag} ({subset if isinstance(subset, str) else 'valid'})")
     ax.legend(frameon=False, fontsize="small")
     sns.despine(ax=ax)

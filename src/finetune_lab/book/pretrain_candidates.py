@@ -191,8 +191,9 @@ def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
                "continued": continued,
                "first valid": facts.get("valid_first"),
                "started at": last_loss.get(continued) if continued else None}
-        row["acc mean"] = row["acc std"] = float("nan")
+        row["acc mean"] = row["acc std"] = row["valid mean"] = float("nan")
         if len(tuned):
+            row["valid mean"] = float(tuned["valid"].astype(float).mean())
             vals = tuned["test"].astype(float)
             row["acc mean"] = float(vals.mean())
             row["acc std"] = float(vals.std(ddof=1)) if len(vals) > 1 else float("nan")
@@ -303,6 +304,8 @@ def candidate_tuning_display(table: pd.DataFrame) -> pd.DataFrame:
                 for w, v in zip(table["weights"], verdicts)]
     return pd.DataFrame({
         "run": [_short_run(r) for r in table["run"]],
+        "valid acc. (%)": [f"{v:.1f}" if pd.notna(v) else "–"
+                           for v in table.get("valid mean", [float("nan")] * len(table))],
         "test acc. (%)": [f"{m:.1f} ± {s:.1f} (n={n})" if n > 1 else
                           (f"{m:.1f} (n=1)" if n == 1 else "–")
                           for m, s, n in zip(table["acc mean"], table["acc std"],
@@ -313,6 +316,26 @@ def candidate_tuning_display(table: pd.DataFrame) -> pd.DataFrame:
             table["minus packaged (points)"], table["pk_low"], table["pk_high"])],
         "verdict": verdicts,
     })
+
+
+def validation_ranking(table: pd.DataFrame, min_seeds: int = 2) -> dict[str, Any] | None:
+    """The packaged weights were chosen by their fine-tuned *test* accuracy
+    (:func:`candidate_verdict`); how they rank among the weights fine-tuned over ``min_seeds``
+    seeds or more by the mean best-epoch *validation* accuracy, the signal the lab picks epochs
+    by, and by test accuracy; and the first by validation. None without the packaged row."""
+    rows = table[table["n fine-tuned"] >= min_seeds]
+    packaged = rows[rows["weights"] == "packaged checkpoint"]
+    if packaged.empty:
+        return None
+    pk = packaged.iloc[0]
+    first = rows.loc[rows["valid mean"].idxmax()]
+    return {"n": len(rows), "min_seeds": min_seeds,
+            "rank_valid": 1 + int((rows["valid mean"] > pk["valid mean"]).sum()),
+            "rank_test": 1 + int((rows["acc mean"] > pk["acc mean"]).sum()),
+            "valid": float(pk["valid mean"]), "test": float(pk["acc mean"]),
+            "first_run": _short_run(first["run"]), "first_valid": float(first["valid mean"]),
+            "first_test": float(first["acc mean"]),
+            "first_gain": float(first["minus random (points)"])}
 
 
 def random_accuracy(runs_root: Path | None = None) -> tuple[float, float, int] | None:

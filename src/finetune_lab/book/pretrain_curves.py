@@ -212,7 +212,7 @@ def long_run_table(runs: PretrainRuns) -> pd.DataFrame:
         "done (M tokens)": f"{r.tokens_done / 1e6:.1f}",
         "launches": r.launches,
         "status": r.status if r.status == "complete" or r.resumable
-        else f"{r.status}, state lost",
+        else f"{r.status}, not resumable",
     } for r in long_run_facts(runs)]
     return pd.DataFrame(rows) if rows else pd.DataFrame(
         {"state": ["no long run yet: `finetune-lab pretrain --tokens N`"]})

@@ -42,7 +42,7 @@ POSITIONS = "positions"
 (as the weights it continues had it, or fairseq's random initialisation), ``sinusoidal``, or
 ``sinusoidal (NAME)`` for weights that continue those of a run NAME that started so."""
 LEFT = "left the plateau at (M tokens)"
-"""The column of :func:`plateau_table` that says where a run left the plateau (NaN: not yet)."""
+"""The column of :func:`plateau_table` that says where a run left the plateau (NaN: it did not, or not yet)."""
 
 
 STRANDED = "left on another machine"
@@ -273,7 +273,7 @@ def plateau_display(table: pd.DataFrame) -> pd.DataFrame:
     for col, fmt in (("tokens/s", ",.0f"), ("tokens behind (M)", ".1f"), ("novels (bits)", ".2f"),
                      ("reviews (bits)", ".2f"), ("tokens per update", ",d"), ("lr", "g")):
         out[col] = out[col].map(num(fmt))
-    out[LEFT] = out[LEFT].map(lambda v: "not yet" if v is None or pd.isna(v) else f"{v:.0f}")
+    out[LEFT] = out[LEFT].map(lambda v: "not reached" if v is None or pd.isna(v) else f"{v:.0f}")
     # a page's width: status, learning rate, loaders and speed are in the other tables
     return out[[c for c in DISPLAY_COLUMNS if c in out.columns]]
 

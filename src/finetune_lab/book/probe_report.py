@@ -16,6 +16,7 @@ from finetune_lab.book import fairseq_report as fr
 from finetune_lab.book.summary_files import NUMBER, PERCENT, read_records, summary_problem
 from finetune_lab.config import paths
 from finetune_lab.data.cls_splits import split_sizes
+from finetune_lab.models.sizing import SMALL
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.crosscheck import packaged_origin, weights_made_from
 from finetune_lab.runs.run_inputs import recorded_checkpoint_sha
@@ -47,6 +48,14 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
                         f"{lab[split]} {split} reviews gives")
         if not isinstance(grid, list) or probe.get("C") not in grid:
             return f"has probes.{feature}.C = {probe.get('C')}, not one of its C_grid {grid}"
+    device = record.get("device") if isinstance(record.get("device"), dict) else {}
+    if (device.get("type") == "cpu") != (device.get("name") == device.get("cpu")):
+        return (f"says device type {device.get('type')!r} named {device.get('name')!r} on the "
+                f"processor {device.get('cpu')!r}: a CPU is named by its processor, a GPU not")
+    if not isinstance(record.get("max_tokens"), int) or not 0 < record["max_tokens"] <= \
+            SMALL.max_positions:
+        return (f"reads {record.get('max_tokens')!r} tokens of each review, which no model of "
+                f"{SMALL.max_positions} positions reads")
     if record.get("threads") != (record.get("device") or {}).get("threads"):
         return (f"says threads {record.get('threads')} but device.threads "
                 f"{(record.get('device') or {}).get('threads')}")
@@ -60,10 +69,14 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
     problem = summary_problem(record, ((("checkpoint", "sha256"), str),))
     made = weights_made_from(record["checkpoint"].get("path"), record["checkpoint"]["sha256"],
                              runs_base, packaged) if problem is None else None
-    probed = pd.to_datetime(record.get("time"), utc=True, errors="coerce")
+    # the probe started wall_time_s before the time it records, after its weights were made
+    probed = pd.to_datetime(record.get("time"), utc=True, errors="coerce") \
+        - pd.Timedelta(seconds=float(record["wall_time_s"]))
     if made is not None and (pd.isna(probed) or probed < made):
-        return (f"probed at {record.get('time')} weights whose pretraining started at "
-                f"{made:%Y-%m-%d %H:%M}: its checkpoint path or sha256 was edited")
+        began = "an unknown time" if pd.isna(probed) else f"{probed:%Y-%m-%d %H:%M:%S}"
+        return (f"started a probe at {began} ({record.get('time')} less its "
+                f"{record['wall_time_s']:g} s) of weights made at {made:%Y-%m-%d %H:%M:%S}: its "
+                "checkpoint, its time or its wall time was edited")
     return problem
 
 

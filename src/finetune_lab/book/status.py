@@ -37,13 +37,12 @@ LAB_TASKS: tuple[LabTask, ...] = (
             "chapters/fairseq.qmd", "sec-fairseq", ("fairseq",)),
     LabTask("Task 5", "Fine-tune with HuggingFace Transformers, same hyperparameters",
             "chapters/transformers.qmd", "sec-transformers", ("transformers",)),
-    LabTask("Tasks 6-8, Question 2", "LoRA and 4-bit QLoRA of BLOOM-560m: configs, counts, memory",
+    LabTask("Tasks 6 and 8, Question 2", "LoRA and 4-bit QLoRA of BLOOM-560m: configs, counts, memory",
             "chapters/lora.qmd", "sec-lora",
             unrun="computed from BLOOM-560m's configuration: no run needed"),
     LabTask("Task 7", "Fine-tune BLOOM-560m with QLoRA on the e-commerce FAQ",
             "chapters/lora.qmd", "sec-lora-qa", ("lora-qa",),
-            unrun="not run: BLOOM-560m's weights cannot be downloaded here, nor sent to the "
-                  "lent GPU machine"),
+            unrun="not run: BLOOM-560m's weights could not be downloaded (@nte-bloom)"),
     LabTask("(beside Task 7)", "LoRA and QLoRA against full fine-tuning of RoBERTa-small-fr on "
             "CLS-Books", "chapters/lora.qmd", "sec-lora-cls", ("lora",)),
 )

@@ -11,7 +11,7 @@ from typing import Any
 
 from finetune_lab._files import regular_text
 from finetune_lab.runs.crosscheck import CANDIDATE
-from finetune_lab.runs.manifest import loads_strict
+from finetune_lab.runs.manifest import hidden, loads_strict
 
 Field = tuple[Any, ...]
 """A path of keys into the record, the type(s) its value must have, and optionally the closed
@@ -54,6 +54,8 @@ def read_json_files(folder: Path, problem: Any, pattern: str = "*.json"
     per file set aside."""
     good, bad = [], []
     for path in sorted(Path(folder).glob(pattern)):
+        if hidden(path.name):  # not committed, not hashed by the freeze: not read
+            continue
         try:
             record = loads_strict(regular_text(path))
         except (OSError, UnicodeDecodeError, ValueError) as exc:

@@ -7,6 +7,9 @@ The runs read it from their prepared data; the chapters and the recipe compariso
 
 from __future__ import annotations
 
+import itertools
+import math
+
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +299,29 @@ def _length_counts(record: Any) -> None:
         if last is not None and last != min(max(longest - 1, 0) // width, len(hist) - 1):
             raise _Contradiction(f"{stats}.max {longest} is not in {path}'s last filled bin "
                                  f"({last * width}, {(last + 1) * width}]")
+        _quantiles_in_bins(record, stats, path, hist, width)
+
+
+def _quantiles_in_bins(record: Any, stats: str, path: str, hist: list[int], width: int) -> None:
+    """The median and 90th percentile the chapter prints lie in the histogram's bins that hold
+    the reviews they are taken from (trial 11's D19, D23: a p90 of 250 was printed beside 12.8 %
+    of reviews over 256)."""
+    n = sum(hist)
+    if n == 0:
+        return
+    ends = list(itertools.accumulate(hist))
+
+    def span(i: int) -> tuple[float, float]:  # the bin of the i-th shortest review (from 0)
+        b = next(k for k, end in enumerate(ends) if end > i)
+        return (b * width if b else -math.inf), ((b + 1) * width if b < len(hist) - 1
+                                                 else math.inf)
+    for key, (i, j) in (("median", ((n - 1) // 2, n // 2)), ("p90", (int(0.9 * (n - 1)),) * 2)):
+        value = _get(record, f"{stats}.{key}")
+        low, high = span(i)[0], span(j)[1]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not low < value <= high:
+            raise _Contradiction(f"{stats}.{key} {value!r} is not in ({low:g}, {high:g}], "
+                                 f"where {path}'s bins put that review")
 
 
 def _example_counts(record: Any) -> None:

@@ -278,6 +278,6 @@ def token_id_check(
             "identical ids": same, "all identical": same == len(reviews) == len(ref),
             f"truncated to {tok.max_positions}": sum(len(r) == tok.max_positions and r[-1] != EOS
                                                     for r in ours),
-            "unk tokens": sum(r.count(UNK) for r in ours),
+            f"<unk> in the first {tok.max_positions}": sum(r.count(UNK) for r in ours),
         })
     return pd.DataFrame(rows)

@@ -320,7 +320,8 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
             + throughput_problems(path, man) + device_problems(man)
             + learning_rate_problems(man, events) + derived_count_problems(man)
             + subset_problems(path, man, events, _valid_subset(man))
-            + accuracy_problems(path, man, events) + log_problems(path, man, events)
+            + accuracy_problems(path, man, events, _valid_subset(man))
+            + log_problems(path, man, events)
             + trainer_loss_problems(path, man, events))
 
 

@@ -53,22 +53,27 @@ def packaged_origin() -> tuple[str, str] | None:
 
 def weights_made_from(path: Any, sha: Any, runs_base: Path,
                       packaged: tuple[str, str] | None = None) -> datetime | None:
-    """When the pretraining run that made the weights named by ``path`` (a candidate's) or
-    ``sha`` (the packaged checkpoint's, :func:`packaged_origin`, read when not given) started;
-    None when neither names a known run. Nothing that used those weights can be older."""
+    """When the weights named by ``path`` (a candidate's) or ``sha`` (the packaged checkpoint's,
+    :func:`packaged_origin`, read when not given) were made: the end of the pretraining run whose
+    last weights they are (a complete run, packaged as it ended), else its start (weights taken
+    at update N of it, ``-uN``); None when neither names a known run. Nothing that used those
+    weights can be older."""
     packaged = packaged if packaged is not None else packaged_origin()
-    origins = []
+    origins = []  # (run folder, whether the weights are its last: packaged when it completed)
     if isinstance(path, str) and (named := CANDIDATE.fullmatch(path)):
-        origins.append(runs_base / "pretrain" / named["run"])
+        origins.append((runs_base / "pretrain" / named["run"], named["name"] == named["run"]))
     if packaged is not None and sha == packaged[0]:
-        origins.append(runs_base / packaged[1])
-    starts = []
-    for run in origins:
+        origins.append((runs_base / packaged[1], True))
+    times = []
+    for run, last in origins:
         try:
-            starts.append(recorded_time(parse_json(regular_text(run / "manifest.json")).get("start_time")))
+            man = parse_json(regular_text(run / "manifest.json"))
+            # trial 11's PR12: a probe that started before its weights' run ended
+            ended = last and man.get("status") == "complete"
+            times.append(recorded_time(man.get("end_time" if ended else "start_time")))
         except (OSError, ValueError, AttributeError):
             continue
-    return max((t for t in starts if t is not None), default=None)
+    return max((t for t in times if t is not None), default=None)
 
 
 def weights_time_problems(records: Sequence[Judged], runs_base: Path) -> None:

@@ -314,10 +314,19 @@ def input_shape_problems(inputs: Any) -> list[str]:
             if p.startswith(("manifest 'inputs", "manifest lacks key 'inputs."))]
 
 
+def hidden(relative: Path | str) -> bool:
+    """A path with a hidden part (a run's ``.lock``, ``.superseded/``, a user's ``.x/``), which
+    git leaves uncommitted, the freeze does not hash, and so no reader reads (trial 11's CF11,
+    CF14: an event file in a hidden folder rejected a run that check-freeze never saw change)."""
+    return any(part.startswith(".") for part in Path(relative).parts)
+
+
 def event_files(run_dir: Path | str) -> list[Path]:
-    """TensorBoard event files anywhere under ``run_dir`` (fairseq writes one folder per subset)."""
+    """TensorBoard event files anywhere under ``run_dir`` (fairseq writes one folder per
+    subset), none :func:`hidden`."""
     root = Path(run_dir)
-    return sorted(p for p in root.rglob(f"{EVENT_FILE_MARKER}*") if p.is_file())
+    return sorted(p for p in root.rglob(f"{EVENT_FILE_MARKER}*")
+                  if p.is_file() and not hidden(p.relative_to(root)))
 
 
 def output_hashes(run_dir: Path | str) -> dict[str, str]:

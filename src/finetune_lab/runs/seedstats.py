@@ -124,10 +124,14 @@ class InitGap:
     def describe(self, unit: str = "") -> str:
         """One sentence, e.g. for a caption or the text around a table."""
         pct = round(100 * self.confidence)
+
+        def sign(v: float) -> str:  # one decimal, as every accuracy; − not -, as the book prints
+            return f"{v:+.1f}".replace("-", "\u2212")
+        p = "p < 0.01" if self.p_value < 0.01 else f"p = {self.p_value:.2f}"
         return (
-            f"{self.a} − {self.b}: {self.diff:.2f}{unit} "
-            f"({pct} % CI {self.ci_low:.2f} to {self.ci_high:.2f}; Welch t = {self.t:.2f}, "
-            f"df = {self.dof:.1f}, p = {self.p_value:.3g}; n = {self.n_a} and {self.n_b} seeds)"
+            f"{self.a} − {self.b}: {sign(self.diff)}{unit} "
+            f"({pct} % CI {sign(self.ci_low)} to {sign(self.ci_high)}; Welch t = {self.t:.1f}, "
+            f"df = {self.dof:.1f}, {p}; n = {self.n_a} and {self.n_b} seeds)"
         )
 
 
@@ -170,13 +174,13 @@ def best_epoch_caption(metric: str = "accuracy") -> str:
     )
 
 
-def fmt_mean_std(mean: float, std: float, n: int, digits: int = 2) -> str:
-    """``81.25 ± 1.30 (n=3)``; std shown as ``–`` when undefined (one seed)."""
+def fmt_mean_std(mean: float, std: float, n: int, digits: int = 1) -> str:
+    """``81.2 ± 1.3 (n=3)``; std shown as ``–`` when undefined (one seed)."""
     s = "–" if std is None or (isinstance(std, float) and math.isnan(std)) else f"{std:.{digits}f}"
     return f"{mean:.{digits}f} ± {s} (n={n})"
 
 
-def seed_table(best: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
+def seed_table(best: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
     """Display table: one row per group with ``mean ± std (n)`` for validation and test."""
     summ = seed_summary(best)
     return pd.DataFrame({
