@@ -60,7 +60,7 @@ def test_no_force_replaces_the_run_store_or_what_holds_it(cache, where):
     with pytest.raises(UserError) as err:
         check_replaceable(dest, "package-checkpoint", force=True)
     said = str(err.value)
-    assert "no command replaces it, --force included" in said and "\n" not in said
+    assert "no command writes there, --force included" in said and "\n" not in said
     assert (f"is or holds the run store {cache}" if where in ("", "..") else
             f"lies in the run store {cache}") in said
     assert sorted(p.relative_to(cache) for p in cache.rglob("*")) == before

@@ -29,7 +29,7 @@ def test_force_never_replaces_a_store_of_the_project(cache, dest, said):
 
     with pytest.raises(UserError) as err:
         check_replaceable(PROJECT_ROOT / dest, "package-checkpoint", force=True)
-    assert said in str(err.value) and "no command replaces it, --force included" in str(err.value)
+    assert said in str(err.value) and "no command writes there, --force included" in str(err.value)
 
 
 def test_force_in_the_project_replaces_only_what_the_command_made(cache):
@@ -65,7 +65,8 @@ def test_data_summary_force_replaces_no_record(cache):
 
 def test_no_writer_writes_a_runs_file_through_a_link(cache, tmp_path):
     """L3: `fill-mask --force` through a link at its record's path overwrote a run's manifest."""
-    from finetune_lab._files import check_new_record, write_json_atomic
+    from finetune_lab._files import write_json_atomic
+    from finetune_lab.config import check_new_record
 
     manifest = cache / "fairseq" / "random-seed0" / "manifest.json"
     before = manifest.read_bytes()
@@ -146,8 +147,8 @@ def test_a_probe_that_started_before_its_weights_were_made_is_set_aside(tmp_path
     aside: list[str] = []
     table = probe_report.probe_table(records, set_aside=aside)
     assert "cpu-tapt2" not in set(table["weights"])
-    assert len(aside) == 1 and aside[0].startswith("`cpu-tapt2.json` started a probe at ") \
-        and "of weights made at " in aside[0], aside
+    assert len(aside) == 1 and aside[0].startswith("`cpu-tapt2.json` started at ") \
+        and "before its weights were made at " in aside[0], aside
 
 
 @pytest.mark.parametrize("key, value, said", [
@@ -205,3 +206,21 @@ def test_a_probe_record_whose_device_or_length_cannot_be_is_set_aside(tmp_path, 
     aside: list[str] = []
     probe_report.probe_table(records, set_aside=aside)
     assert len(aside) == 1 and aside[0].startswith(f"`cpu-tapt2.json` {said}"), aside
+
+
+def test_a_damaged_event_file_is_one_reason_not_two(cache):
+    """E31: an accuracy logged twice also drew "no event file logs an accuracy", which is false."""
+    from test_faults_trial7 import _rewrite_events
+
+    key = "lora/lora-qv-seed0"
+
+    def twice(event):
+        for v in [v for v in event.summary.value if v.tag == "eval/accuracy"
+                  and event.step == 675]:
+            copy = event.summary.value.add()
+            copy.CopyFrom(v)
+            copy.simple_value = 80.0
+    _rewrite_events(_events_file(cache, key), twice)
+    rec = _record(cache, key)
+    assert not rec.valid and "logs eval/accuracy twice at update 675" in rec.reason
+    assert "no event file logs" not in rec.reason, rec.reason

@@ -188,7 +188,7 @@ def test_a_probe_of_weights_made_after_it_is_set_aside(tmp_path):
     bad: list[str] = []
     after = probe_table(folder, set_aside=bad)
     assert len(after) == len(before) - 1 and len(bad) == 1
-    assert bad[0].startswith("`cpu-long.json` started a probe at") and "was edited" in bad[0]
+    assert bad[0].startswith("`cpu-long.json` started at") and "was edited" in bad[0]
 
 
 @pytest.mark.parametrize("how", ["another sentence", "a rank twice", "rising probability",

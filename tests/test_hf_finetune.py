@@ -199,7 +199,7 @@ def test_framework_gap_says_whether_it_is_within_seed_noise():
     assert row["difference"] == pytest.approx(80.5 - 81.0)
     assert bool(row["within seed noise"])
     assert row["ci_low"] < row["difference"] < row["ci_high"]
-    assert row["95 % CI"] == f"{row['ci_low']:.2f} to {row['ci_high']:.2f}"
+    assert row["95 % CI"] == "−2.8 to +1.8"  # one decimal and signed, as the book prints gaps
     far = best.assign(test=[80.0, 80.1, 80.2, 90.0, 90.1, 90.2])
     row = hf_compare.framework_gaps(hf_compare.Comparison(None, far, {})).iloc[0]
     assert not bool(row["within seed noise"])

@@ -221,16 +221,6 @@ def data_step_output(*steps: str) -> Recognizer:
     return recognize
 
 
-def check_new_record(path: Path, what: str, *, force: bool = False) -> None:
-    """A named record of ``data/summaries/`` (the book may cite it) is replaced only with
-    ``--force``: refused before any work, naming it."""
-    check_protected_file(path)
-    if (os.path.exists(path) or os.path.islink(path)) and not force:
-        raise UserError(f"{path} exists ({what}): it was left as it is; choose another --name, "
-                        "or pass --force to replace it")
-
-
-
 def not_there(path: Path | str, want: str = "file") -> str:
     """How ``path`` fails to be the ``want`` (``"file"`` or ``"folder"``) a command needs, for a
     one-line error: a folder given for a file was once reported as "does not exist"."""
@@ -262,12 +252,12 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
     has not named its command): a folder made by any command of this project. ``can_force``
     False: the calling command has no ``--force``, so the refusal does not advise one.
     """
+    guard = protected(dest)  # a new folder too (trial 12's A43, A45)
+    if guard and guard[1]:
+        raise UserError(f"{dest} {guard[0]}: no command writes there, --force included; pass "
+                        "another folder")
     if not os.path.lexists(dest):
         return
-    guard = protected(dest)
-    if guard and guard[1]:
-        raise UserError(f"{dest} {guard[0]}: no command replaces it, --force included; pass "
-                        "another folder")
     if guard:  # --force replaces there only what the command made
         force, can_force = False, False
     if force:

@@ -87,8 +87,8 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
     whether no ``--force`` passes it (True) or ``--force`` replaces there only what the command
     made itself (False). Trials 10 and 11: ``package-checkpoint --force --dest`` deleted every
     run (``data/runs``), the probe records, the packaged checkpoint's folder, ``src/``. A
-    ``file`` (a record, a summary) may go into the records' folder; never into the run store,
-    the data root or the checkpoints' folder."""
+    ``file`` (a record, a summary) may go into the records' folder or the project's work folder,
+    and nowhere else in the project, the run store, the data root or the checkpoints' folder."""
     p, d = paths(), Path(dest).resolve()
     for name, store in (("the run store", p.runs), ("the records' folder", p.summaries),
                         ("the checkpoints' folder", p.checkpoints), ("the work folder", p.work),
@@ -100,8 +100,11 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
                               ("the checkpoints' folder", p.checkpoints, file)):
         if d.is_relative_to(store.resolve()):
             return f"lies in {name} {store}", hard
-    if d.is_relative_to(p.project.resolve()) and not d.is_relative_to(p.work.resolve()):
-        return f"lies in the project {p.project}", False
+    # in the project only the project's own work folder is scratch: a FINETUNE_LAB_WORK_DIR
+    # pointed at src/ or the root made them scratch too (trial 12's A29, A30)
+    scratch = (p.project / "data" / "work").resolve()
+    if d.is_relative_to(p.project.resolve()) and not d.is_relative_to(scratch):
+        return f"lies in the project {p.project}", file  # a file there is the project's
     return None
 
 
@@ -114,3 +117,16 @@ def check_protected_file(path: Path | str) -> None:
         raise UserError(f"{path} {guard[0]}" + (f" (it links to {Path(path).resolve()})"
                                                if os.path.islink(path) else "")
                         + ": no command writes there, --force included; pass another path")
+
+
+def check_new_record(path: Path, what: str, *, force: bool = False) -> None:
+    """A named record of ``data/summaries/`` (the book may cite it) is replaced only with
+    ``--force``: refused before any work, naming it."""
+    check_protected_file(path)
+    if os.path.islink(path):  # trial 12's L4, L5: through it, another record or a source file
+        raise UserError(f"{path} is a link (to {Path(path).resolve()}): a record is a file of "
+                        "its own; remove the link or choose another --name")
+    if os.path.exists(path) and not force:
+        raise UserError(f"{path} exists ({what}): it was left as it is; choose another --name, "
+                        "or pass --force to replace it")
+

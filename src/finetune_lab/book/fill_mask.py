@@ -17,15 +17,21 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab._files import (
-    check_new_record,
     not_there,
     sha256_file,
     utc_now,
     write_json_atomic,
 )
 from finetune_lab.argtypes import folder, record_name
-from finetune_lab.book.summary_files import NUMBER, PROBABILITY, read_records, summary_problem
-from finetune_lab.config import paths
+from finetune_lab.book.summary_files import (
+    NUMBER,
+    PROBABILITY,
+    device_problem,
+    read_records,
+    summary_problem,
+    weights_record_problem,
+)
+from finetune_lab.config import check_new_record, paths
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import (
     DICT_FILE,
@@ -43,6 +49,7 @@ from finetune_lab.runs.manifest import (
     portable_path,
     resolve_stored_path,
 )
+from finetune_lab.runs.crosscheck import packaged_origin
 from finetune_lab.runs.run_inputs import cached_sha256
 
 DEMO_SENTENCES = (
@@ -203,6 +210,10 @@ def _predictions_problem(record: dict[str, Any]) -> str | None:
     and adding up to at most 1, and each answer a piece of the dictionary of the checkpoint the
     record names, where that dictionary is on this machine (:func:`record_vocabulary`). A piece
     may be answered twice for one sentence: ``▁,`` and ``,`` are two pieces, shown alike."""
+    problem = device_problem(record) or weights_record_problem(record, paths().runs,
+                                                               packaged_origin())
+    if problem is not None:  # as a probe's record (trial 12's FM12, FM14)
+        return problem
     rows = record["predictions"]
     for i, row in enumerate(rows):
         if (problem := summary_problem(row, PREDICTION_FIELDS)) is not None:

@@ -13,12 +13,18 @@ from pathlib import Path
 import pandas as pd
 
 from finetune_lab.book import fairseq_report as fr
-from finetune_lab.book.summary_files import NUMBER, PERCENT, read_records, summary_problem
+from finetune_lab.book.summary_files import (
+    NUMBER,
+    PERCENT,
+    device_problem,
+    read_records,
+    weights_record_problem,
+)
 from finetune_lab.config import paths
 from finetune_lab.data.cls_splits import split_sizes
 from finetune_lab.models.sizing import SMALL
 from finetune_lab.runs import seedstats
-from finetune_lab.runs.crosscheck import packaged_origin, weights_made_from
+from finetune_lab.runs.crosscheck import packaged_origin
 from finetune_lab.runs.run_inputs import recorded_checkpoint_sha
 from finetune_lab.train.finetune_fairseq import candidate_experiments
 from finetune_lab.train.linear_probe import probe_dir
@@ -48,10 +54,6 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
                         f"{lab[split]} {split} reviews gives")
         if not isinstance(grid, list) or probe.get("C") not in grid:
             return f"has probes.{feature}.C = {probe.get('C')}, not one of its C_grid {grid}"
-    device = record.get("device") if isinstance(record.get("device"), dict) else {}
-    if (device.get("type") == "cpu") != (device.get("name") == device.get("cpu")):
-        return (f"says device type {device.get('type')!r} named {device.get('name')!r} on the "
-                f"processor {device.get('cpu')!r}: a CPU is named by its processor, a GPU not")
     if not isinstance(record.get("max_tokens"), int) or not 0 < record["max_tokens"] <= \
             SMALL.max_positions:
         return (f"reads {record.get('max_tokens')!r} tokens of each review, which no model of "
@@ -59,6 +61,8 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
     if record.get("threads") != (record.get("device") or {}).get("threads"):
         return (f"says threads {record.get('threads')} but device.threads "
                 f"{(record.get('device') or {}).get('threads')}")
+    if (problem := device_problem(record)) is not None:
+        return problem
     seed = record.get("seed")
     if (record["init"] == "random") != (isinstance(seed, int) and not isinstance(seed, bool)):
         # `probe --random` records the seed of the initialisation it probed; weights have none
@@ -66,18 +70,7 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
                 "has a seed, trained weights have none")
     if record["init"] == "random":
         return None
-    problem = summary_problem(record, ((("checkpoint", "sha256"), str),))
-    made = weights_made_from(record["checkpoint"].get("path"), record["checkpoint"]["sha256"],
-                             runs_base, packaged) if problem is None else None
-    # the probe started wall_time_s before the time it records, after its weights were made
-    probed = pd.to_datetime(record.get("time"), utc=True, errors="coerce") \
-        - pd.Timedelta(seconds=float(record["wall_time_s"]))
-    if made is not None and (pd.isna(probed) or probed < made):
-        began = "an unknown time" if pd.isna(probed) else f"{probed:%Y-%m-%d %H:%M:%S}"
-        return (f"started a probe at {began} ({record.get('time')} less its "
-                f"{record['wall_time_s']:g} s) of weights made at {made:%Y-%m-%d %H:%M:%S}: its "
-                "checkpoint, its time or its wall time was edited")
-    return problem
+    return weights_record_problem(record, runs_base, packaged)
 
 
 def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None,

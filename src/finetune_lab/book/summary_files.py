@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import regular_text
-from finetune_lab.runs.crosscheck import CANDIDATE
+from finetune_lab.runs.consistency import recorded_time
+from finetune_lab.runs.crosscheck import CANDIDATE, weights_made_from
 from finetune_lab.runs.manifest import hidden, loads_strict
 
 Field = tuple[Any, ...]
@@ -98,3 +100,34 @@ def set_aside_markdown(bad: Sequence[str], what: str, fix: str) -> str:
         return ""
     return (f"{len(bad)} {what} file{'s were' if len(bad) != 1 else ' was'} set aside, damaged "
             f"({fix}):\n\n" + "\n".join(f"- {line}" for line in bad) + "\n")
+
+
+def device_problem(record: dict[str, Any]) -> str | None:
+    """A record's device is named as one is: a CPU by its processor, a GPU by another name."""
+    device = record.get("device") if isinstance(record.get("device"), dict) else {}
+    if (device.get("type") == "cpu") != (device.get("name") == device.get("cpu")):
+        return (f"says device type {device.get('type')!r} named {device.get('name')!r} on the "
+                f"processor {device.get('cpu')!r}: a CPU is named by its processor, a GPU not")
+    return None
+
+
+def weights_record_problem(record: dict[str, Any], runs_base: Path,
+                           packaged: tuple[str, str] | None) -> str | None:
+    """A record of pretrained weights (a probe, fill-mask answers) names them by sha256 and was
+    started (its time less its wall time) after they were made (trials 11 and 12's PR12, FM12:
+    a record older than its weights was shown as theirs)."""
+    problem = summary_problem(record, ((("checkpoint", "sha256"), str), (("time",), str),
+                                       (("wall_time_s",), NUMBER, (0, 1e7))))
+    if problem is not None:
+        return problem
+    made = weights_made_from(record["checkpoint"].get("path"), record["checkpoint"]["sha256"],
+                             runs_base, packaged)
+    began = recorded_time(record["time"])
+    if made is not None and began is not None:
+        began -= timedelta(seconds=float(record["wall_time_s"]))
+    if made is not None and (began is None or began < made):
+        when = "an unknown time" if began is None else f"{began:%Y-%m-%d %H:%M:%S}"
+        return (f"started at {when} ({record['time']} less its {record['wall_time_s']:g} s), "
+                f"before its weights were made at {made:%Y-%m-%d %H:%M:%S}: its checkpoint, its "
+                "time or its wall time was edited")
+    return None

@@ -322,6 +322,8 @@ def _quantiles_in_bins(record: Any, stats: str, path: str, hist: list[int], widt
                 or not low < value <= high:
             raise _Contradiction(f"{stats}.{key} {value!r} is not in ({low:g}, {high:g}], "
                                  f"where {path}'s bins put that review")
+        if (2 * value) % 1:  # trial 12's D32: a length, or the mean of two
+            raise _Contradiction(f"{stats}.{key} {value!r} is no length, nor the mean of two")
 
 
 def _example_counts(record: Any) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import regular_text
-from finetune_lab.runs.eventfiles import accuracy_steps, logged_values
+from finetune_lab.runs.eventfiles import accuracy_steps, all_sound, logged_values
 from finetune_lab.runs.fairseq_logs import printed_metrics
 
 STEP_SERIES = ("train_inner",)
@@ -68,6 +68,8 @@ def accuracy_problems(path: Path, man: dict[str, Any], events: Sequence[Path],
     if man.get("status") != "complete" or not isinstance(epochs, int) or isinstance(epochs, bool) \
             or man.get("framework") not in ("fairseq", "transformers"):
         return []
+    if not all_sound(events):  # a damaged event file, named already: its accuracies are not
+        return []  # missing (trial 11's E31: a false second reason)
     series = accuracy_series(path, events)
     wanted = TRAINER_SERIES if man["framework"] == "transformers" else \
         tuple(s for s in (valid_subset or "").split(",") if s)

@@ -10,7 +10,7 @@ reported with the file and the byte offset of the record it is in.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -213,6 +213,11 @@ def peak_learning_rate(paths: Iterable[Path]) -> tuple[int, float] | None:
     run's schedule reached, to hold against the recipe its manifest records."""
     peaks = [s.peak_lr for s in _sound(paths) if s.peak_lr]
     return max(peaks, key=lambda p: p[1], default=None)
+
+
+def all_sound(paths: Sequence[Path]) -> bool:
+    """Whether every one of ``paths`` is a sound event file (the registry names the others)."""
+    return len(_sound(paths)) == len(paths)
 
 
 def accuracy_steps(path: Path) -> dict[str, frozenset[int]]:

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from finetune_lab.argtypes import folder, record_name
-from finetune_lab._files import check_new_record, sha256_file, utc_now, write_json_atomic
-from finetune_lab.config import paths
+from finetune_lab._files import sha256_file, utc_now, write_json_atomic
+from finetune_lab.config import check_new_record, paths
 from finetune_lab.data.cls_books import default_output as default_cls_dir
 from finetune_lab.data.cls_books import read_split
 from finetune_lab.models.checkpoints import MODEL_FILE, load_hub_model, packaged_dir
