@@ -122,6 +122,12 @@ def regular_text(path: Path | str) -> str:
     return Path(path).read_text(encoding="utf-8")
 
 
+def regular_bytes(path: Path | str) -> bytes:
+    """A regular file's bytes (:func:`regular_text`'s rule), for a reader that decodes them."""
+    _regular(path)
+    return Path(path).read_bytes()
+
+
 def _regular(path: Path | str) -> None:
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise OSError(errno.EINVAL, "not a regular file (a pipe, socket, device or folder)",

@@ -110,8 +110,9 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
 
 def check_protected_file(path: Path | str) -> None:
     """A file no command writes, through a link or not, ``--force`` included: one in the run
-    store, the data root or the checkpoints' folder (trial 11's L3: a record path linked to a
-    run's manifest overwrote the manifest)."""
+    store, the data root, the checkpoints' folder, or the project outside its work folder and
+    records (:func:`protected`; trials 11 and 12: a record path linked to a run's manifest, and
+    ``data-summary --out`` a source file, overwrote them)."""
     guard = protected(Path(path).resolve(), file=True)
     if guard and guard[1]:
         raise UserError(f"{path} {guard[0]}" + (f" (it links to {Path(path).resolve()})"

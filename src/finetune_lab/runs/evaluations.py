@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import regular_text
+from finetune_lab._files import regular_bytes
 from finetune_lab.runs.eventfiles import accuracy_steps, all_sound, logged_values
 from finetune_lab.runs.fairseq_logs import printed_metrics
 
@@ -104,10 +104,8 @@ def log_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -> lis
         # trial 11's N6: nothing to hold its values to
         return ["its manifest lists no train.log, which every fairseq run writes and its event "
                 "files' values are held against"]
-    try:
-        text = regular_text(log)
-    except UnicodeDecodeError:  # trial 11's N4: one byte must not switch the check off
-        text = log.read_bytes().decode("utf-8", errors="replace")
+    try:  # read once; a byte that is not UTF-8 must not switch the check off (trial 11's N4)
+        text = regular_bytes(log).decode("utf-8", errors="replace")
     except OSError:
         return []  # the log's own check names it (missing, changed)
     printed = printed_metrics(text)
