@@ -133,3 +133,21 @@ def test_fine_tuning_flops_follow_the_data_and_the_epochs():
     assert devices.finetune_flops(tok, 5) == pytest.approx(5 * one)
     more = {**tok, "train": {"tokens": 2000, "reviews": 20}}  # same length, twice the reviews
     assert devices.finetune_flops(more, 1) == pytest.approx(one * (2000 + 100) / (1000 + 100))
+
+
+def test_the_gpu_gaps_read_the_committed_gpu_runs_once_per_side():
+    """The Transformers chapter's random means come from one computation: the libraries' gap
+    from random weights and each library's pretrained − random use the same GPU runs."""
+    from scipy import stats
+
+    from finetune_lab.book import answers
+
+    rnd = answers.random_init_by_library()
+    hf, fs = (answers.init_gap_on_gpu(f) for f in ("transformers", "fairseq"))
+    assert (rnd.mean_a, rnd.mean_b) == (hf.mean_b, fs.mean_b)
+    table = devices.runs_by_device("transformers")
+    gpu = table[table["device"] == "GPU"]
+    a, b = (gpu.loc[gpu["group"] == g, "test"] for g in ("pretrained", "random"))
+    assert (hf.n_a, hf.n_b) == (len(a), len(b)) >= (2, 2)
+    assert hf.diff == pytest.approx(a.mean() - b.mean())
+    assert hf.p_value == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)

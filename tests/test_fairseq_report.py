@@ -17,7 +17,8 @@ from finetune_lab.book import course_reference as cr
 from finetune_lab.book import fairseq_command as fc
 from finetune_lab.book import fairseq_report as fr
 from finetune_lab.book.fairseq_figure import plot_curves
-from finetune_lab.book.pretrain_budget import budget_markdown, budget_table, pretrain_budget
+from finetune_lab.book.report import signed
+from finetune_lab.book.pretrain_budget import budget_table, pretrain_budget
 from finetune_lab.train import finetune_fairseq as ff
 from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.train.recipe import LAB_RECIPE
@@ -120,11 +121,18 @@ def test_gap_is_welch_on_the_best_epoch_test_accuracies(grid):
     welch_p = stats.ttest_ind(a, b, equal_var=False).pvalue if spread else float("nan")
     assert g.p_value == pytest.approx(welch_p, nan_ok=True)
     gap_row = fr.comparison_table(res).iloc[-1]
-    assert gap_row["this project"].startswith(f"{g.diff:.2f} (95 % Welch CI")
+    assert gap_row["this project"] == (f"{signed(g.diff)} (95 % Welch CI {signed(g.ci_low)} "
+                                       f"to {signed(g.ci_high)})")
     assert gap_row.iloc[2] == cr.course_gap().text()
-    assert "Welch t" in fr.gap_markdown(res) and "n = 2 and 2 seeds" in fr.gap_markdown(res)
+    # the gap is said once, in the Answer; the section after it says how it was computed
+    answer = fr.answer_markdown(res)
+    assert f"**{signed(g.diff)} points**" in answer and fr.gap_verdict(g) in answer
+    assert answer.startswith("::: {.callout-tip}\n## Answer\nWith the lab's recipe and 2 seeds")
+    how = fr.gap_markdown(res)
+    assert f"t = {g.t:.1f}, df = {g.dof:.1f}" in how and "n = 2 and 2 seeds" in how
     results = fr.results_markdown(res)
-    assert results.startswith("The 2 pretrained runs reach ") and fr.gap_verdict(g) in results
+    assert results.startswith("The 2 pretrained runs reach ")
+    assert f"{signed(g.diff)} points" not in how and fr.gap_verdict(g) not in results
 
 
 @needs_data_root
@@ -191,10 +199,6 @@ def test_pretraining_budget_comes_from_the_pretraining_manifest(grid):
     assert pretrain_budget(grid["report_runs"], checkpoint_dir=grid["root"] / "none").updates == 30
     table = budget_table(budget)
     assert f"{budget.tokens_seen:,}" in set(table["this project's stand-in"])
-    text = budget_markdown(budget)
-    assert text.startswith(f"The last pretraining run of our stand-in (`{budget.run}`) saw "
-                           f"{budget.tokens_seen:,} tokens")
-    assert budget_markdown(None).startswith("No complete pretraining run")
 
 
 @needs_data_root
@@ -258,6 +262,7 @@ def test_no_runs_state_shows_the_commands_and_schedule(tmp_path, repo_paths):
         assert table.empty
     assert "not run yet" in set(fr.comparison_table(res)["this project"])
     assert "not computed yet" in fr.gap_markdown(res)
+    assert "Not known yet: the run cache does not hold two valid seeds" in fr.answer_markdown(res)
     assert fr.results_markdown(res).startswith("No result can be discussed")
     assert fr.speed_markdown(res) == "There is no run to time yet."
 
@@ -286,15 +291,13 @@ def test_course_figures_are_labelled_external_references():
 
 
 @pytest.mark.parametrize("pretrained, verdict", [
-    ([78.0, 79.0, 80.0], "beats random initialisation by 12.0 points"),
-    ([66.0, 67.5, 65.0], "within seed noise"),
-    ([55.0, 56.0, 57.0], "does worse than random initialisation, by 11.0 points"),
+    ([78.0, 79.0, 80.0], "a margin the seeds clearly show"),
+    ([66.0, 67.5, 65.0], "a difference the seeds cannot tell from noise"),
+    ([55.0, 56.0, 57.0], "worse than random, by a margin the seeds show"),
 ])
 def test_gap_verdict_reads_the_welch_interval(pretrained, verdict):
     from finetune_lab.runs import seedstats
 
     best = pd.DataFrame({"init": ["pretrained"] * 3 + ["random"] * 3,
                          "test": pretrained + [66.0, 67.0, 68.0]})
-    text = fr.gap_verdict(seedstats.init_gap(best))
-    assert verdict in text and "n = 3 and 3 seeds" in text
-    assert "not known yet" in fr.gap_verdict(None)
+    assert fr.gap_verdict(seedstats.init_gap(best)).startswith(verdict)

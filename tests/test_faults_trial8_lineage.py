@@ -60,7 +60,7 @@ def _outputs() -> dict:
     cand = pc.candidate_table(runs, facts=facts)
     records = pp.all_pretraining_runs()
     return {"facts": (facts["tokens_total"], facts["lineage"]), "budget": budget,
-            "budget text": pb.budget_markdown(budget), "budget table": pb.budget_table(budget),
+            "budget table": pb.budget_table(budget),
             "candidates": cand, "decomposition": decomposition_table(cand),
             "plateau": pp.plateau_table(records, facts["unigram_bits"]),
             "curves": pcu.curves(runs), "long runs": pcu.long_run_table(runs),
@@ -72,7 +72,8 @@ def test_every_reader_prints_what_the_copies_said_on_the_committed_data():
     what it printed from the copies; here, the figures the chapters print from them."""
     after = _outputs()
     assert after["budget"].tokens_all_runs == after["facts"][0] == ALL_RUNS_TOKENS
-    assert f"{ALL_RUNS_TOKENS:,} tokens over 4 runs" in after["budget text"]
+    assert f"{ALL_RUNS_TOKENS:,} over the 4 runs" in " ".join(
+        after["budget table"]["this project's stand-in"])
     packaged = after["candidates"].iloc[0]
     assert packaged["tokens (M, all runs)"] == ALL_RUNS_TOKENS / 1e6
     assert packaged["updates (all runs)"] == 1600 + 977 + 2930 + 977
@@ -217,8 +218,7 @@ def test_a_summary_whose_counts_contradict_is_refused_by_the_budget(tmp_path, mo
         change(data)
         edited.write_text(json.dumps(data), encoding="utf-8")
         monkeypatch.setattr(pb, "summary_path", lambda: edited)
-        for read in (pb.corpus_counts, pb.corpus_description, lambda: pb.budget_table(None),
-                     lambda: pb.budget_markdown(None)):
+        for read in (pb.corpus_counts, pb.corpus_description, lambda: pb.budget_table(None)):
             with pytest.raises(UserError) as err:
                 read()
             _one_line(err, str(edited), f"{section}.", "git checkout -- data/summaries/data.json")

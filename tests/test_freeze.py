@@ -375,3 +375,67 @@ def test_an_edited_chapter_text_makes_it_stale(tmp_path):
     chapter.write_text(chapter.read_text() + "\nOne more sentence.\n")
     (stale,) = fz.check_freeze(root)
     assert stale.chapter == "chapters/architecture.qmd" and "its text changed" in stale.reason
+
+
+def test_a_chapter_executed_without_its_prepared_data_is_warned_of(tmp_path: Path) -> None:
+    """A fresh clone has no data/work/: a chapter that executes there writes pages that say
+    what they could not compute, and the render log says so, naming the commands that fix it."""
+    root = _project(tmp_path)
+    (root / "chapters" / "tokens.qmd").write_text(
+        "---\ninputs:\n  - data/work/cls.books/*\n  - data/work/hf/**\n  - data/work/other/*\n"
+        "---\n# Tokens\n")
+    said: list[str] = []
+    fz.pre_render(root, {"QUARTO_PROJECT_RENDER_ALL": "1"}, log=said.append)
+    warned = [line for line in said if "WARNING" in line]
+    assert warned == ["finetune-lab freeze: WARNING: chapters/tokens.qmd executes without its "
+                      "prepared data (data/work/cls.books/*, data/work/hf/**): its pages will say "
+                      "what they could not compute; `finetune-lab prepare-cls`, `finetune-lab "
+                      "convert-hf` prepare it, in that order"]
+    (root / "data" / "work" / "cls.books").mkdir(parents=True)
+    (root / "data" / "work" / "cls.books" / "train.review").write_text("x\n")
+    (root / "data" / "work" / "hf").mkdir(parents=True)  # a folder with no file is not data
+    fz.post_render(root, log=lambda *_: None)
+    said.clear()
+    fz.pre_render(root, {"QUARTO_PROJECT_RENDER_ALL": "1"}, log=said.append)
+    assert [line for line in said if "WARNING" in line] == [
+        line.replace("data/work/cls.books/*, ", "").replace("`finetune-lab prepare-cls`, ", "")
+        for line in warned]
+
+
+def test_a_rebuilt_work_folder_with_the_same_data_leaves_the_freeze_fresh(tmp_path: Path) -> None:
+    """data/work/ rebuilt on another machine: the same data, but build records made at another
+    moment from another path, laid out otherwise, and another fairseq-preprocess log. The freeze
+    stays fresh; a changed output or timing (the data chapter prints the timings), or a record
+    damaged, does not."""
+    from finetune_lab.book.chapter_inputs import hash_inputs
+
+    work = tmp_path / "data" / "work" / "cls-books-bin"
+    (work / "input0").mkdir(parents=True)
+    (work / "input0" / "train.bin").write_bytes(b"\x01\x02")
+    (work / "input0" / "preprocess.log").write_text("Namespace(destdir='/home/a/input0')\n")
+    record = {"outputs": {"input0/train.bin": "ab"}, "step": "binarize-cls", "timings_s": {"total": 3.0},
+              "workers": 2, "commands": ["fairseq-preprocess --workers 2"],
+              "tool_versions": {"python": "3.11.7"}, "source": "/home/a/tokenizer"}
+    (work / "manifest.json").write_text(json.dumps(record))
+    patterns = ["data/work/cls-books-bin/**"]
+    before = hash_inputs(tmp_path, patterns)
+    assert sorted(before) == ["data/work/cls-books-bin/input0/train.bin",
+                              "data/work/cls-books-bin/manifest.json"]
+    (work / "input0" / "preprocess.log").write_text("Namespace(destdir='/srv/b/input0')\n")
+    (work / "manifest.json").write_text(json.dumps(
+        {**record, "created": "2026-12-01T00:00:00+00:00", "source": "/srv/b/tokenizer"},
+        indent=2))
+    assert hash_inputs(tmp_path, patterns) == before
+    (work / "manifest.json").write_text(json.dumps({**record, "timings_s": {"total": 9.5}}))
+    assert fz.diff_files(before, hash_inputs(tmp_path, patterns)) == [
+        "data/work/cls-books-bin/manifest.json (changed)"]
+    (work / "manifest.json").write_text(json.dumps({**record, "outputs": {"input0/train.bin": "cd"}}))
+    assert fz.diff_files(before, hash_inputs(tmp_path, patterns)) == [
+        "data/work/cls-books-bin/manifest.json (changed)"]
+    (work / "manifest.json").write_text('{"outputs": ')
+    assert hash_inputs(tmp_path, patterns)["data/work/cls-books-bin/manifest.json"] != \
+        before["data/work/cls-books-bin/manifest.json"]
+    (work / "manifest.json").write_text(json.dumps(record))
+    (work / "input0" / "train.bin").write_bytes(b"\x01\x03")
+    assert fz.diff_files(before, hash_inputs(tmp_path, patterns)) == [
+        "data/work/cls-books-bin/input0/train.bin (changed)"]

@@ -211,3 +211,14 @@ def test_framework_gap_says_whether_it_is_within_seed_noise():
     assert bool(rows.loc["pretrained", "within seed noise"])
     assert hf_compare.inits_without_transformers(both) == ["random"]
     assert hf_compare.inits_without_transformers(comp) == []
+
+
+def test_the_loss_figure_gives_both_libraries_in_bits():
+    """fairseq logs bits and Transformers nats: the figure shows bits, as every other loss."""
+    import math
+
+    df = pd.DataFrame({"framework": ["fairseq", "transformers", "transformers"],
+                       "subset": ["train"] * 3, "tag": ["loss", "epoch_loss", "loss"],
+                       "value": [1.5, math.log(2) * 2.0, 9.0], "epoch": [1, 1, 1]})
+    bits = hf_compare.loss_in_bits(df).set_index("framework")["value"]
+    assert bits.to_dict() == {"fairseq": 1.5, "transformers": pytest.approx(2.0)}

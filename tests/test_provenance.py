@@ -33,7 +33,7 @@ def test_footer_lists_runs_hashes_devices_and_inputs(tiny_grid, tmp_path: Path,
     assert digest_of(man["outputs"])[:12] in text
     assert man["device"]["name"] in text
     assert f"torch {man['environment']['packages']['torch']}" in text
-    assert "Executed " in text and "from Quarto's freeze" in text
+    assert "Executed " in text and "from Quarto's freeze" not in text  # said once, on the front page
     n_files = sum(1 for p in (runs_root / EXPERIMENT).rglob("*") if p.is_file())
     assert f"Inputs of `chapters/r.qmd` (its declared data, and the package modules its code " \
         f"imports, directly or not): {n_files} files" in text

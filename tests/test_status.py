@@ -15,12 +15,30 @@ def test_empty_cache_says_not_run(tmp_path):
     assert df.loc["Question 1 / Task 1", "chapter"] == "@sec-architecture"
 
 
-def test_broken_run_is_counted_as_excluded(tmp_path):
+def test_a_run_that_does_not_count_is_named_by_what_it_is(tmp_path):
     run = tmp_path / "runs" / "fairseq" / "random-seed0"
     run.mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"status": "running"}))
     df = lab_status(runs_root=tmp_path / "runs").set_index("lab part")
-    assert df.loc["Tasks 3-4", "runs"] == "0 valid runs, 1 excluded"
+    assert df.loc["Tasks 3-4", "runs"] == "0 valid runs; 1 rejected"
+
+
+def test_the_stand_in_row_names_its_unfinished_runs_by_status():
+    """The committed cache holds paused and failed pretraining runs: they are said to be
+    paused and failed, not "excluded", and every recorded run is counted once."""
+    import re
+
+    from finetune_lab.config import paths
+    from finetune_lab.runs.registry import discover_runs
+
+    mine = [r for r in discover_runs(paths().runs)
+            if r.experiment in ("pretrain", "pretrain-gpu")]
+    row = lab_status().set_index("lab part").loc["(stand-in)", "runs"]
+    valid, rest = re.fullmatch(r"(\d+) valid runs: .*?(?:; (.*))?", row).groups()
+    said = {s: int(n) for n, s in (part.split(" ", 1) for part in (rest or "").split(", ") if part)}
+    assert int(valid) == sum(r.valid for r in mine) and "excluded" not in row
+    assert said == {s: sum(r.status == s for r in mine if not r.valid)
+                    for s in {r.status for r in mine if not r.valid}}
 
 
 def test_unwritten_chapter_is_said(tmp_path):

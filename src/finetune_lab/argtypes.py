@@ -18,6 +18,19 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+MAX_SEED = 2**32 - 1
+"""numpy's and the run manifest's largest seed (trial 13's X7: one past it started fairseq,
+which failed, and left a failed run in the run store)."""
+
+
+def seed_arg(text: str) -> int:
+    """A seed: 0 to :data:`MAX_SEED`."""
+    value = non_negative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SEED}, not {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:

@@ -100,6 +100,14 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
                               ("the checkpoints' folder", p.checkpoints, file)):
         if d.is_relative_to(store.resolve()):
             return f"lies in {name} {store}", hard
+    # the work folder is scratch but for what no command can make again: packaged candidate
+    # weights that runs and records cite, and long runs' resumable state (trial 13's A1, A2)
+    for name, store in (("the candidates' weights", p.work / "candidates"),
+                        ("the long runs' resumable state", p.work / "pretrain-checkpoints")):
+        if store.resolve().is_relative_to(d):
+            return f"is or holds {name} {store}", True
+        if d.is_relative_to(store.resolve()):
+            return f"lies in {name} {store}", file
     # in the project only the project's own work folder is scratch: a FINETUNE_LAB_WORK_DIR
     # pointed at src/ or the root made them scratch too (trial 12's A29, A30)
     scratch = (p.project / "data" / "work").resolve()

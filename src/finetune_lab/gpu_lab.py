@@ -27,9 +27,9 @@ from finetune_lab._files import sha256_file
 from finetune_lab.argtypes import (
     folder,
     non_negative_float,
-    non_negative_int,
     positive_float,
     positive_int,
+    seed_arg,
 )
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--then-finetune", action="store_true",
                    help="with --steps pretrain lab: fine-tune the new weights in the same call")
     p.add_argument("--lab-parts", nargs="+", choices=LAB_PARTS, default=list(LAB_PARTS))
-    p.add_argument("--seeds", nargs="+", type=non_negative_int, default=None)
+    p.add_argument("--seeds", nargs="+", type=seed_arg, default=None)
     p.add_argument("--inits", nargs="+", choices=("pretrained", "random"), default=None,
                    help="the initialisations of the fairseq and Transformers runs (default both)")
     p.add_argument("--checkpoint", type=folder, default=None,

@@ -22,6 +22,7 @@ from finetune_lab.book.pretrain_report import load_pretrain_runs
 from finetune_lab.book.report import fmt_int, signed
 from finetune_lab.models import params
 from finetune_lab.runs import seedstats
+from finetune_lab.runs.runspeed import device_name
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ def standin_cost() -> dict[str, Any] | None:
     return {"hours": sum(float(r.manifest.get("wall_time_s") or 0) for _, r in found) / 3600,
             "tokens_m": sum(standin.step_tokens(s, r) for s, r in found) / 1e6,
             "runs": len(found),
-            "devices": sorted({r.manifest.get("device", {}).get("type", "cpu") for _, r in found})}
+            "devices": sorted({r.manifest.get("device", {}).get("type", "cpu") for _, r in found}),
+            "device_names": sorted({device_name(r.manifest, cores=True) for _, r in found})}
 
 
 def candidates() -> pd.DataFrame:
@@ -127,18 +129,39 @@ def general_beyond_budget(cand: pd.DataFrame | None = None) -> pd.Series | None:
     return rows.iloc[-1] if len(rows) else None
 
 
+def _on_gpu(framework: str, group: str) -> pd.Series:
+    """Test accuracies of one framework's valid GPU runs of one group (init)."""
+    table = devices.runs_by_device(framework)
+    return table[(table["device"] == "GPU") & (table["group"] == group)]["test"]
+
+
+def _welch(a: tuple[str, pd.Series], b: tuple[str, pd.Series]) -> seedstats.InitGap | None:
+    """a − b by Welch's method, or None without two values a side."""
+    if min(len(a[1]), len(b[1])) < 2:
+        return None
+    both = pd.DataFrame({"init": [a[0]] * len(a[1]) + [b[0]] * len(b[1]),
+                         "test": [*a[1], *b[1]]})
+    return seedstats.init_gap(both, a[0], b[0])
+
+
 def random_init_by_library() -> seedstats.InitGap | None:
     """Transformers − fairseq from random weights on the GPU, where both grids ran (each library
     draws the random weights with its own initialiser), or None without two seeds a side."""
-    rnd = {}
-    for framework in ("transformers", "fairseq"):
-        table = devices.runs_by_device(framework)
-        rnd[framework] = table[(table["device"] == "GPU") & (table["group"] == "random")]["test"]
-    if min(len(v) for v in rnd.values()) < 2:
-        return None
-    both = pd.DataFrame({"init": [k for k, v in rnd.items() for _ in v],
-                         "test": [x for v in rnd.values() for x in v]})
-    return seedstats.init_gap(both, "transformers", "fairseq")
+    return _welch(("transformers", _on_gpu("transformers", "random")),
+                  ("fairseq", _on_gpu("fairseq", "random")))
+
+
+def pretrained_by_library() -> seedstats.InitGap | None:
+    """Transformers − fairseq from the stand-in on the GPU, where each grid has more seeds than
+    the lab's three on the CPU, or None without two seeds a side."""
+    return _welch(("transformers", _on_gpu("transformers", "pretrained")),
+                  ("fairseq", _on_gpu("fairseq", "pretrained")))
+
+
+def init_gap_on_gpu(framework: str) -> seedstats.InitGap | None:
+    """Pretrained − random of one framework's GPU runs, or None without two seeds a side."""
+    return _welch(("pretrained", _on_gpu(framework, "pretrained")),
+                  ("random", _on_gpu(framework, "random")))
 
 
 def course_range(init: str) -> str:
@@ -146,5 +169,5 @@ def course_range(init: str) -> str:
     return COURSE_TEST_ACCURACY[init].text()
 
 
-__all__ = ["Accuracy", "Gap", "candidates", "course_range", "decomposition", "fairseq_accuracies", "fmt_int", "general_beyond_budget", "lora_results", "random_init_by_library",
+__all__ = ["Accuracy", "Gap", "candidates", "course_range", "decomposition", "fairseq_accuracies", "fmt_int", "general_beyond_budget", "init_gap_on_gpu", "lora_results", "pretrained_by_library", "random_init_by_library",
            "q1_counts", "standin_cost", "transformers_result"]

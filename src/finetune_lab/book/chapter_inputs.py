@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import errno
+import hashlib
+import json
 import os
 import re
 import stat
@@ -19,8 +21,9 @@ from pathlib import Path
 
 from finetune_lab._files import sha256_file
 from finetune_lab.book.qmd import code_cells, front_matter
+from finetune_lab.config import RUNS_DIR_ENV, WORK_DIR_ENV
 from finetune_lab.errors import UserError
-from finetune_lab.runs.manifest import hidden
+from finetune_lab.runs.manifest import BUILD_LOG, hidden
 
 MISSING = "MISSING"
 """The hash recorded for a declared path that does not exist (yet): its arrival is a change."""
@@ -140,10 +143,11 @@ def package_data(project: Path) -> list[str]:
 _PREPARED = ("data/work/cls.books/*", "data/work/tokenizer/*", "data/work/cls-books-bin/**")
 MODULE_READS: dict[str, tuple[str, ...]] = {
     # a run's validity: the device calls' records (a GPU run names its call's GPU), the
-    # packaged checkpoint and the pretraining runs (no run names weights made after it
-    # started), the prepared data its inputs are checked against
+    # packaged checkpoint, its weights hashed for every run that fine-tuned them (trial 13's
+    # CF6), and the pretraining runs (no run names weights made after it started), the
+    # prepared data its inputs are checked against
     "src/finetune_lab/runs/registry.py": (
-        "data/summaries/gpu-lab/*", "data/checkpoints/roberta-small-fr/manifest.json",
+        "data/summaries/gpu-lab/*", "data/checkpoints/roberta-small-fr/*",
         "data/runs/pretrain/*/manifest.json", *_PREPARED, "data/work/hf/**"),
     # the data chapter's statistics, from the prepared data when it is there
     "src/finetune_lab/book/data_summary.py": (*_PREPARED, "data/work/pretrain-bin/manifest.json"),
@@ -181,9 +185,12 @@ def chapters(project: Path) -> list[str]:
 
 
 def _is_ignored(path: Path) -> bool:
-    """Bytecode, and hidden files (a run's ``.lock`` while it is written, ``.superseded/``):
-    none of them is committed, so a freeze that hashed them would be stale on a clean clone."""
-    return "__pycache__" in path.parts or path.suffix in {".pyc", ".pyo"} or hidden(path)
+    """The package's bytecode, and hidden files (a run's ``.lock`` while it is written,
+    ``.superseded/``): none of them is committed, so a freeze that hashed them would be stale on
+    a clean clone. Under ``data/`` a file named like bytecode is data: a run may list it, and the
+    registry reads it (trial 13's CF1)."""
+    bytecode = "__pycache__" in path.parts or path.suffix in {".pyc", ".pyo"}
+    return (bytecode and path.parts[:1] != ("data",)) or hidden(path)
 
 
 EMPTY_FOLDER = "EMPTY FOLDER"
@@ -219,6 +226,33 @@ def file_hash(path: Path) -> str:
     if not stat.S_ISREG(st.st_mode):
         return _not_regular(st.st_mode)
     return sha256_file(path)
+
+
+BUILD_RECORDS = ("manifest.json", "conversion.json")
+BUILD_NOISE = frozenset({"created", "source"})
+"""What the build records of ``data/work/`` say of where and when a folder was built that no
+chapter reads (the moment of a conversion, the absolute path of what it was made from): data
+rebuilt on another machine must not make the freeze stale for them. What the data chapter
+prints (the commands, their workers, the timings) stays an input; fairseq-preprocess's log,
+all paths and times, read by no chapter, is not an input at all."""
+
+
+def work_file_hash(path: Path) -> str:
+    """:func:`file_hash` of a file of ``data/work/``, a build record without its
+    :data:`BUILD_NOISE` (hashed as canonical JSON, so its layout is no change either; a record that is not a JSON object is hashed
+    whole, so its damage is a change)."""
+    digest = file_hash(path)
+    if path.name not in BUILD_RECORDS or digest in (MISSING, BROKEN_LINK) or \
+            digest.startswith(NOT_REGULAR):
+        return digest
+    try:
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return digest
+    if not isinstance(record, dict):
+        return digest
+    kept = json.dumps({k: v for k, v in record.items() if k not in BUILD_NOISE}, sort_keys=True)
+    return "record:" + hashlib.sha256(kept.encode()).hexdigest()
 
 
 def _walk(folder: Path) -> Iterator[tuple[Path, bool]]:
@@ -286,6 +320,25 @@ def _matches(project: Path, pattern: str) -> list[tuple[Path, bool]] | None:
     return None
 
 
+def absent_inputs(project: Path, patterns: Iterable[str], under: Iterable[str]) -> list[str]:
+    """The declared inputs below one of the folders ``under`` that name no file (machine-local
+    data a fresh clone lacks until it is prepared)."""
+    under = tuple(under)
+    return [p for p in patterns if p.startswith(under)
+            and not any(not empty for _, empty in (_matches(project, p) or ()))]
+
+
+def check_book_stores(project: Path) -> None:
+    """Refuse a render whose chapters would read another run store or work folder than the
+    project's, which the freeze hashes (trial 13's X2: with ``FINETUNE_LAB_RUNS_DIR`` set, a
+    render froze another store's numbers under the record of ``data/runs``)."""
+    for var, own in ((RUNS_DIR_ENV, "data/runs"), (WORK_DIR_ENV, "data/work")):
+        value = os.environ.get(var)
+        if value and Path(value).expanduser().resolve() != (project / own).resolve():
+            raise UserError(f"{var} points at {value}, but the book is rendered from the "
+                            f"project's {own}, which its freeze records; unset {var} to render")
+
+
 def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
     """``{relative path: sha256}`` of every file the patterns name right now.
 
@@ -294,7 +347,9 @@ def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
     it is recorded as :data:`EMPTY_FOLDER` (``path/``), a link to nothing as
     :data:`BROKEN_LINK`, and a pipe, socket or device, never opened, as
     ``not-a-regular-file:<kind>`` (:func:`file_hash`). A plain path that does not exist is
-    recorded as ``MISSING`` so that its later appearance counts as a change.
+    recorded as ``MISSING`` so that its later appearance counts as a change. In ``data/work/``,
+    a build record is hashed without what says where and when it was built, and a build log
+    not at all (:func:`work_file_hash`).
     """
     hashes: dict[str, str] = {}
     for pattern in patterns:
@@ -306,8 +361,9 @@ def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
             rel = p.relative_to(project).as_posix()
             if _is_ignored(Path(rel)) or rel in hashes or f"{rel}/" in hashes:
                 continue
+            work = rel.startswith("data/work/")
             if empty:
                 hashes[f"{rel}/"] = EMPTY_FOLDER
-            else:
-                hashes[rel] = file_hash(p)
+            elif not (work and p.name == BUILD_LOG):
+                hashes[rel] = work_file_hash(p) if work else file_hash(p)
     return dict(sorted(hashes.items()))

@@ -96,8 +96,10 @@ def train_command(p: Plan, init: str = "pretrained", seed: int = SEEDS[0], *,
     return ["fairseq-train", *args, "--tensorboard-logdir", str(logdir)]
 
 
-def render_command(argv: list[str], width: int = 88) -> str:
-    """Shell text, one option (with its values) per line, project paths made relative."""
+def render_command(argv: list[str], width: int = 76) -> str:
+    """Shell text, options (with their values) joined up to ``width`` characters a line, project
+    paths made relative: a line, its indent and its `` \\`` fit the PDF's code width, so none
+    wraps between a flag and its value."""
     shown = [project_path(a) if a.startswith("/") else a for a in argv]
     groups: list[list[str]] = []
     for tok in shown:

@@ -5,7 +5,7 @@ valid ones' scalars (:mod:`finetune_lab.runs.tblogs`) give the best epochs, the 
 Welch gap (:mod:`finetune_lab.runs.seedstats`). Runs that fail validation are listed with their
 reason, never used. Until the runs exist every table is empty, so the chapter executes in both
 states; the few paragraphs whose wording depends on what the cache holds (the run status, the
-gap and its verdict, the times) are returned as Markdown, for a cell with ``output: asis``.
+answer, the gap, the times) are returned as Markdown, for a cell with ``output: asis``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pandas as pd
 from finetune_lab.book.course_reference import COURSE_COLUMN, COURSE_TEST_ACCURACY, course_gap
 from finetune_lab.book.fairseq_command import (
     EXPERIMENT, FINETUNE_COMMAND, INITS, SEEDS, default_checkpoint)
-from finetune_lab.book.report import minus_signs, project_path, signed
+from finetune_lab.book.report import project_path, signed
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.listing import exclusions_markdown
@@ -134,8 +134,8 @@ def comparison_table(res: FairseqResults) -> pd.DataFrame:
     g = gap(res)
     rows.append({
         "": "gap pretrained − random (points)",
-        "this project": (f"{g.diff:.2f} (95 % Welch CI {g.ci_low:.2f} to {g.ci_high:.2f})"
-                         if g else "needs ≥ 2 seeds per init"),
+        "this project": (f"{signed(g.diff)} (95 % Welch CI {signed(g.ci_low)} to "
+                         f"{signed(g.ci_high)})" if g else "needs ≥ 2 seeds per init"),
         COURSE_COLUMN: course_gap().text(),
     })
     return pd.DataFrame(rows)
@@ -194,21 +194,41 @@ def status_markdown(res: FairseqResults) -> str:
     return status + (f"\n\n{excluded_list}" if excluded_list else "")
 
 
+def answer_markdown(res: FairseqResults) -> str:
+    """The chapter's Answer callout: both means, the gap with its Welch interval and what the
+    seeds say of it, and the course's figures; without two valid seeds per initialisation,
+    that the answer is not known."""
+    g = gap(res)
+    if g is None:
+        body = ("Not known yet: the run cache does not hold two valid seeds per initialisation "
+                "(@sec-fairseq-results says which runs are missing).")
+    else:
+        body = (f"With the lab's recipe and {g.n_a} seeds, fine-tuning the pretrained stand-in "
+                f"reaches **{g.mean_a:.1f} %** test accuracy at the best-validation epoch and a "
+                f"random initialisation **{g.mean_b:.1f} %**: pretrained − random is "
+                f"**{signed(g.diff)} points** (95 % Welch CI {signed(g.ci_low)} to "
+                f"{signed(g.ci_high)}), {gap_verdict(g)}. The course reports "
+                f"{COURSE_TEST_ACCURACY['pretrained'].text()} and "
+                f"{COURSE_TEST_ACCURACY['random'].text()} with its own checkpoint.")
+    return f"::: {{.callout-tip}}\n## Answer\n{body}\n:::"
+
+
 def gap_markdown(res: FairseqResults) -> str:
-    """The Welch statement of the pretrained − random gap, or why it cannot be computed yet."""
+    """How the Answer's interval was computed (Welch's t, its degrees of freedom and p), or why
+    it cannot be computed yet; the gap itself is the Answer's, not said again."""
     g = gap(res)
     if g is None:
         have = ", ".join(f"{res.n(i)} {i}" for i in INITS)
         return (f"The gap needs at least two valid seeds per initialisation (the cache has "
                 f"{have}), so it is not computed yet.")
-    within = g.ci_low <= 0 <= g.ci_high
-    return (f"Test accuracy at the best-validation epoch, {g.describe(' points')}. The 95 % "
-            "interval " + ("contains 0: with these seeds the gap is not distinguishable from "
-                           "seed noise." if within else "excludes 0."))
+    p = "p < 0.01" if g.p_value < 0.01 else f"p = {g.p_value:.2f}"
+    return (f"The interval of the Answer is Welch's, which does not assume that the two "
+            f"initialisations spread alike over seeds: t = {g.t:.1f}, df = {g.dof:.1f}, {p}, "
+            f"n = {g.n_a} and {g.n_b} seeds.")
 
 
 def results_markdown(res: FairseqResults) -> str:
-    """Each init's test accuracy against the course's range, then :func:`gap_verdict`; every
+    """Each init's test accuracy against the course's range (the gap is the Answer's); every
     number computed from the runs, a plain 'not yet' without them."""
     if not res.ready:
         return ("No result can be discussed before the runs exist; the comparison with the "
@@ -232,9 +252,7 @@ def results_markdown(res: FairseqResults) -> str:
                      f"{row['best_epoch_mean']:.1f} of {epochs}), {where} the course's "
                      f"{ref.text()}")
     text = "; ".join(parts)
-    text = text[0].upper() + text[1:] + "."
-    g = gap(res)
-    return text + (f" {gap_verdict(g)}" if g is not None else "")
+    return text[0].upper() + text[1:] + "."
 
 
 def speed_markdown(res: FairseqResults) -> str:
@@ -248,21 +266,12 @@ def speed_markdown(res: FairseqResults) -> str:
             "updates/s.")
 
 
-def gap_verdict(g: seedstats.InitGap | None) -> str:
-    """Whether fine-tuning from the stand-in beats random initialisation by a margin the seeds
-    can show (the 95 % Welch interval of pretrained − random excludes 0 on the positive side)."""
-    if g is None:
-        return ("Whether fine-tuning from the stand-in beats random initialisation is not known "
-                "yet: that needs at least two valid seeds per initialisation.")
-    ci = minus_signs(f"95 % Welch CI {g.ci_low:.1f} to {g.ci_high:.1f}; "
-                     f"n = {g.n_a} and {g.n_b} seeds")
+def gap_verdict(g: seedstats.InitGap) -> str:
+    """What the 95 % Welch interval of pretrained − random says: a win the seeds show, a
+    difference they cannot tell from noise, or a loss they show."""
     if g.ci_low > 0:
-        return (f"Fine-tuning from the stand-in beats random initialisation by {g.diff:.1f} "
-                f"points of test accuracy ({ci}): a margin the seeds clearly show.")
+        return "a margin the seeds clearly show"
     if g.ci_high < 0:
-        return (f"Fine-tuning from the stand-in does worse than random initialisation, by "
-                f"{-g.diff:.1f} points of test accuracy ({ci}): this checkpoint does not do "
-                "what pretraining is for.")
-    return (f"Fine-tuning from the stand-in and from a random initialisation differ by "
-            f"{signed(g.diff)} points of test accuracy ({ci}): within seed noise, so this "
-            "checkpoint does not beat random initialisation by a margin the seeds can show.")
+        return "worse than random, by a margin the seeds show: this checkpoint does not do " \
+               "what pretraining is for"
+    return "a difference the seeds cannot tell from noise"

@@ -42,7 +42,8 @@ from typing import Any
 from finetune_lab import render_cache
 from finetune_lab._files import digest_of, parse_json, utc_now, write_json_atomic
 from finetune_lab.book import prewarm
-from finetune_lab.book.chapter_inputs import EMPTY_FOLDER, MISSING, chapter_inputs, chapters
+from finetune_lab.book.chapter_inputs import (EMPTY_FOLDER, MISSING, absent_inputs, chapter_inputs,
+                                              chapters, check_book_stores)
 from finetune_lab.book.freeze_env import record_inputs
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
@@ -87,7 +88,20 @@ def damaged_results(project: Path, chapter: str) -> str | None:
         for ref in sorted(set(re.findall(re.escape(files) + r"[\w./-]+", result["markdown"]))):
             if not (entry / ref[len(files):]).is_file():
                 return f"{shown} shows {ref}, which is not in {entry.relative_to(project)}/"
+            if not _whole_figure(entry / ref[len(files):]):  # trial 13's CF5: emptied, cut
+                return f"{shown} shows {ref}, which is cut short or empty"
     return None
+
+
+def _whole_figure(path: Path) -> bool:
+    """An SVG that ends its ``<svg>``, a PNG that ends with its IEND chunk, anything else not
+    empty: what a figure cut short or emptied is not."""
+    data = path.read_bytes()
+    if path.suffix == ".svg":
+        return data.rstrip().endswith(b"</svg>")
+    if path.suffix == ".png":
+        return data.startswith(b"\x89PNG\r\n\x1a\n") and data.endswith(b"IEND\xaeB`\x82")
+    return bool(data)
 
 
 def text_changed(project: Path, chapter: str) -> str | None:
@@ -120,6 +134,13 @@ def make_record(project: Path, chapter: str, patterns: list[str]) -> dict[str, A
     files = record_inputs(project, chapter, patterns)  # and its packages' locked versions
     return {"chapter": chapter, "inputs": patterns, "files": files, "digest": digest_of(files),
             "hashed_at": utc_now()}
+
+
+PREPARED_BY = {"data/work/cls.books": "prepare-cls", "data/work/tokenizer": "adopt-tokenizer",
+               "data/work/cls-books-bin": "binarize-cls", "data/work/pretrain-bin": "prepare-pretrain",
+               "data/work/hf": "convert-hf"}
+"""The machine-local data a chapter reads and the command that makes each, in order (git
+ignores them: a fresh clone has none until they are made)."""
 
 
 # --- comparing ------------------------------------------------------------------------------
@@ -262,6 +283,7 @@ def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = No
     that fills it ahead of Quarto (:mod:`finetune_lab.book.prewarm`) for the chapters Quarto
     will execute.
     """
+    check_book_stores(project)
     prewarm.stop(project)
     render_cache.open_cache(project)
     invalidated, executed = [], []
@@ -285,6 +307,11 @@ def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = No
             write_json_atomic(record_path(project, chapter, pending=True),
                               make_record(project, chapter, patterns))
             executed.append(chapter)
+            if absent := absent_inputs(project, patterns, PREPARED_BY):
+                steps = [c for d, c in PREPARED_BY.items() if any(a.startswith(d) for a in absent)]
+                log(f"finetune-lab freeze: WARNING: {chapter} executes without its prepared data "
+                    f"({', '.join(absent)}): its pages will say what they could not compute; "
+                    f"`finetune-lab {'`, `finetune-lab '.join(steps)}` prepare it, in that order")
     if warm:
         prewarm.start(project, prewarm.book_order(project, executed))
     return invalidated

@@ -330,13 +330,14 @@ def framework_answer(comp: Comparison, init: str = "pretrained") -> FrameworkAns
     return FrameworkAnswer(g, float(std["transformers"]), float(std["fairseq"]))
 
 
-def loss_in_nats(df: pd.DataFrame) -> pd.DataFrame:
-    """End-of-epoch mean training loss of both frameworks in nats (fairseq logs bits)."""
+def loss_in_bits(df: pd.DataFrame) -> pd.DataFrame:
+    """End-of-epoch mean training loss of both frameworks in bits, the unit fairseq logs and
+    every other loss of the book is given in (Transformers logs nats)."""
     fs = df[(df["framework"] == "fairseq") & (df["subset"] == "train") & (df["tag"] == "loss")]
     hf = df[(df["framework"] == "transformers") & (df["subset"] == "train")
             & (df["tag"] == "epoch_loss")]
-    fs = fs.assign(value=fs["value"] * math.log(2))
-    return pd.concat([fs, hf]).assign(subset="train", tag="loss (nats)")
+    hf = hf.assign(value=hf["value"] / math.log(2))
+    return pd.concat([fs, hf]).assign(subset="train", tag="loss (bits)")
 
 
 def plot_framework_curves(comp: Comparison, init: str, what: str = "valid"):
@@ -354,7 +355,7 @@ def plot_framework_curves(comp: Comparison, init: str, what: str = "valid"):
         ax.set_axis_off()
         return check_legend(fig)
     if what == "loss":
-        return plot_seed_curves(loss_in_nats(df), "train", "loss (nats)", hue="framework",
-                                ylabel="training loss (nats, epoch mean)")
+        return plot_seed_curves(loss_in_bits(df), "train", "loss (bits)", hue="framework",
+                                ylabel="training loss (bits, epoch mean)")
     subset = VALID_SUBSET if what == "valid" else TEST_SUBSET
     return plot_seed_curves(df, subset, "accuracy", hue="framework", ylabel=f"{what} accuracy (%)")

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import pandas as pd
 
 from finetune_lab.book.lora_cls_runs import method_of, per_run_table, summary
-from finetune_lab.book.report import fmt_int
+from finetune_lab.book.report import fmt_int, signed
 from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 from finetune_lab.models.hf_convert import hf_model_config
@@ -158,8 +158,8 @@ def gaps_table(loaded: LoadedRuns | None) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     return pd.DataFrame({
         "difference": [f"{m} − full" for m in gaps["method"]],
-        "LoRA − full (points)": [f"{d:+.2f}" for d in gaps["test gap (points)"]],
-        "95 % Welch CI": [f"{lo:+.2f} to {hi:+.2f}" for lo, hi in
+        "LoRA − full (points)": [signed(d) for d in gaps["test gap (points)"]],
+        "95 % Welch CI": [f"{signed(lo)} to {signed(hi)}" for lo, hi in
                           zip(gaps["ci_low"], gaps["ci_high"])],
         "verdict": [verdict(lo, hi) for lo, hi in zip(gaps["ci_low"], gaps["ci_high"])],
         "time / full": [f"{x:.2f}" for x in gaps["time / full"]],

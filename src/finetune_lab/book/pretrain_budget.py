@@ -281,28 +281,3 @@ def budget_table(budget: PretrainBudget | None) -> pd.DataFrame:
                                                               " tokens/s"), course: "–"},
         ]
     return pd.DataFrame(rows)
-
-
-def budget_markdown(budget: PretrainBudget | None) -> str:
-    """What the stand-in saw (names its run as code), or that no pretraining run exists yet."""
-    words = budget.corpus_words if budget else corpus_counts()[0]
-    course = (f"{COURSE_PRETRAINING['corpus_gb']:g} GB of {COURSE_PRETRAINING['corpus']} for "
-              f"{COURSE_PRETRAINING['epochs']} epochs")
-    if budget is None:
-        return (f"No complete pretraining run of the stand-in is in the run cache yet; it reads "
-                f"{fmt(words)} words, against the course's {course}.")
-    mins = budget.wall_time_s / 60 if budget.wall_time_s else None
-    ceiling = "at most " if budget.whole_lines else ""
-    corpus = (f"{fmt(budget.passes, '.2f')} passes over the task-adaptive corpus"
-              if budget.task_adaptive else f"{fmt(budget.passes, '.2f')} passes over "
-              f"{fmt(words)} words")
-    text = (f"The last pretraining run of our stand-in (`{budget.run}`) saw {ceiling}"
-            f"{fmt(budget.tokens_seen)} tokens ({corpus}) in {fmt(mins, '.1f')} min on "
-            f"{budget.device}")
-    if budget.tokens_all_runs:
-        text += (f"; its weights have seen {ceiling}{fmt(budget.tokens_all_runs)} tokens over "
-                 f"{budget.runs_behind} runs")
-    text += f", against the course's {course}."
-    # the caveat itself is said once, in the stand-in chapter's callout
-    return text + (" @nte-standin says how else it differs." if checkpoint_caveat(budget)
-                   else "")

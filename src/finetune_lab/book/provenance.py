@@ -110,19 +110,15 @@ def provenance_markdown(
     chapter = chapter or current_chapter(project)
     git = git_commit(project)
     commit = (git["commit"][:10] if git["commit"] else "no commit") + (
-        " with uncommitted changes" if git["dirty"] else "")
+        " and changes committed after it (the digest below names the inputs exactly)"
+        if git["dirty"] else "")
     versions = package_versions(("finetune-lab",) + _VERSION_KEYS)
     parts = [
         "## Provenance {.unnumbered .unlisted}",
         "",
-        f"Executed {utc_now()} (UTC) at commit {commit}; "
+        f"Executed {utc_now()} (UTC) from commit {commit}; "
         + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
-        "",
-        "This footer is written when the page's code runs. If the page was rendered from "
-        "Quarto's freeze, the time above is when it was executed, not when it was rendered; "
-        "`finetune-lab check-freeze` fails if any input hashed below has changed since, and the "
-        "pre-render script then makes Quarto execute the page again.",
-    ]
+    ]  # what the footer means is said once, in the front page's "Reading the book"
     full: list[str] = []
     compact: list[str] = []
     patterns = chapter_inputs(project, chapter) if chapter and (project / chapter).is_file() else None
@@ -136,7 +132,8 @@ def provenance_markdown(
         full += ["", _md_table([{"input": f"`{k}`", "sha256": _short(v)} for k, v in shown])]
         if len(files) > max_files:
             full.append(f"\n(and {len(files) - max_files} more files in the digest)")
-        compact += ["", "The files and their hashes are listed in the HTML book."]
+        compact += ["", "The files and their hashes are listed in the HTML book, with each "
+                        "run's device, package versions, commit and hashes."]
     elif chapter:
         parts += ["", f"`{chapter}` declares no `inputs:` and imports no package module; its "
                       "freeze follows its text only."]
@@ -145,8 +142,6 @@ def provenance_markdown(
         excluded = [r for r in runs if not r.valid]
         parts += ["", f"Runs: {len(used)} used, {len(excluded)} excluded."]
         full += ["", _md_table(run_rows(runs))]
-        compact += ["", "Each run's device, package versions, commit and hashes are in the HTML "
-                        "book and in its manifest."]
         if excluded:  # the PDF names only the runs it did not use, in a sentence that flows
             # with the text (a table's last row alone on a page is what a table risks)
             compact += ["", "Excluded: " + "; ".join(

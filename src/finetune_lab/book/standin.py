@@ -7,8 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab.book.course_reference import COURSE_PRETRAINING
-from finetune_lab.book.pretrain_report import COURSE_MODEL, VALID_SUBSETS, checked_step, loss_curve
+from finetune_lab.book.pretrain_report import VALID_SUBSETS, checked_step, loss_curve
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.runs.manifest import run_key
 from finetune_lab.runs.registry import RunRecord, find_run
@@ -86,20 +85,3 @@ def lineage_table() -> pd.DataFrame:
 def task_adaptive_steps() -> list[str]:
     """Names of the runs behind the packaged checkpoint that read the CLS-Books training texts."""
     return [rec.name for _, rec in lineage_records() if reads_task_texts(rec)]
-
-
-def course_comparison(tokens_m: float, hours: float, device: str) -> pd.DataFrame:
-    """The course's model as its writeups describe it, beside the stand-in (measured)."""
-    return pd.DataFrame([
-        {"": "text", "course's RoBERTa_small_fr (reported)":
-            f"{COURSE_PRETRAINING['corpus']}, {COURSE_PRETRAINING['corpus_gb']:g} GB",
-         "this project's stand-in (measured)": "French novels (ELTeC) and dvd/music reviews; "
-                                               "in its last phases, also the CLS-Books "
-                                               "training texts" if task_adaptive_steps() else
-                                               "French novels (ELTeC) and dvd/music reviews"},
-        {"": "training", "course's RoBERTa_small_fr (reported)":
-            f"masked LM, {COURSE_PRETRAINING['epochs']} epochs",
-         "this project's stand-in (measured)": f"{tokens_m:.1f} M tokens"},
-        {"": "hardware", "course's RoBERTa_small_fr (reported)": COURSE_MODEL["hardware"],
-         "this project's stand-in (measured)": f"{device}, {hours:.1f} h"},
-    ])

@@ -64,11 +64,22 @@ def by_device(valid: list[RunRecord]) -> str:
     return text
 
 
+def not_counted(runs: list[RunRecord]) -> str:
+    """``; 2 paused, 2 failed``: the runs that do not count, by what they are (a run the
+    registry rejects for a damaged file or a wrong value is ``rejected``); empty when all do."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        if not r.valid:
+            counts[r.status] = counts.get(r.status, 0) + 1
+    return ("; " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+            if counts else "")
+
+
 def lab_status(root: Path = PROJECT_ROOT, runs_root: Path | None = None) -> pd.DataFrame:
     """One row per lab part: its chapter (a cross-reference when written) and its runs.
 
-    Runs are counted by the run registry: only complete runs that pass validation count; others
-    are reported as excluded. A device call's runs (``fairseq-gpu``, ...) count with their part,
+    Runs are counted by the run registry: only complete runs that pass validation count; the
+    others are named by their status (:func:`not_counted`). A device call's runs (``fairseq-gpu``, ...) count with their part,
     by device.
     """
     records = discover_runs(runs_root if runs_root is not None else paths().runs)
@@ -76,15 +87,12 @@ def lab_status(root: Path = PROJECT_ROOT, runs_root: Path | None = None) -> pd.D
     for task in LAB_TASKS:
         written = (root / task.chapter).is_file()
         mine = [r for r in records if r.experiment.removesuffix(GPU_SUFFIX) in task.experiments]
-        valid = sum(r.valid for r in mine)
         if not task.experiments:
             runs = task.unrun or "no training run needed"
         elif not mine:
             runs = task.unrun or "not run yet"
         else:
-            runs = by_device([r for r in mine if r.valid])
-            if len(mine) > valid:
-                runs += f", {len(mine) - valid} excluded"
+            runs = by_device([r for r in mine if r.valid]) + not_counted(mine)
         rows.append({
             "lab part": task.part,
             "asks": task.question,

@@ -120,6 +120,8 @@ def weights_record_problem(record: dict[str, Any], runs_base: Path,
                                        (("wall_time_s",), NUMBER, (0, 1e7))))
     if problem is not None:
         return problem
+    if (problem := name_problem(record, runs_base, packaged)) is not None:
+        return problem
     made = weights_made_from(record["checkpoint"].get("path"), record["checkpoint"]["sha256"],
                              runs_base, packaged)
     began = recorded_time(record["time"])
@@ -131,3 +133,20 @@ def weights_record_problem(record: dict[str, Any], runs_base: Path,
                 f"before its weights were made at {made:%Y-%m-%d %H:%M:%S}: its checkpoint, its "
                 "time or its wall time was edited")
     return None
+
+
+def name_problem(record: dict[str, Any], runs_base: Path,
+                 packaged: tuple[str, str] | None) -> str | None:
+    """A record named after a pretraining run holds that run's weights: its candidate package,
+    or the packaged checkpoint where that run made it (trial 13's W3: the packaged weights
+    recorded as `cpu-long` were shown as cpu-long's, asked before they were packaged)."""
+    name, path = record.get("name"), record["checkpoint"].get("path")
+    if not isinstance(name, str) or not (runs_base / "pretrain" / name).is_dir():
+        return None
+    named = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
+    current = packaged is not None and record["checkpoint"]["sha256"] == packaged[0]
+    if (named is None or named["run"] == name) and \
+            (not current or packaged[1] == f"pretrain/{name}"):
+        return None  # an earlier packaged checkpoint's weights are known by no run here
+    return (f"is named after the pretraining run {name}, but holds other weights ({path}): "
+            "record them under another --name")

@@ -194,6 +194,28 @@ def default_output() -> Path:
     return paths().work / OUTPUT_NAME
 
 
+def check_sources(root: Path, sources: dict[str, Path]) -> dict[str, str]:
+    """The sources' sha256, checked against the data root's ``SHA256SUMS`` where it lists them,
+    and the training file never the test file (trial 13's D8: a ``train.review`` copied from
+    ``test.review`` went through, and the test reviews leaked into training)."""
+    hashes = {name: _files.sha256_file(p) for name, p in sources.items()}
+    sums = root / "SHA256SUMS"
+    listed = {}
+    if sums.is_file():
+        for line in sums.read_text(encoding="utf-8", errors="replace").splitlines():
+            digest, _, rel = line.partition("  ")
+            listed[rel.strip().removeprefix("./")] = digest.strip()
+    for name, p in sources.items():
+        rel = p.relative_to(root).as_posix()
+        if rel in listed and listed[rel] != hashes[name]:
+            raise UserError(f"{p} is not the file the data root's {sums} lists (sha256 "
+                            f"{hashes[name][:12]}…, listed {listed[rel][:12]}…); restore it")
+    if len(set(hashes.values())) < len(hashes):
+        raise UserError(f"{sources['train']} is the same file as {sources['test']}: the test "
+                        "reviews would be trained on; restore Webis-CLS-10's training file")
+    return hashes
+
+
 def prepare_cls(
     data_root: Path | None = None,
     out: Path | None = None,
@@ -211,6 +233,7 @@ def prepare_cls(
     out = Path(out) if out is not None else default_output()
     _files.check_replaceable(out, COMMAND, force=force)
     sources = {name: root / BOOKS_DIR / f"{name}.review" for name in ("train", "test")}
+    hashes = check_sources(root, sources)
     train_all = read_reviews(sources["train"])
     test = read_reviews(sources["test"])
     train, valid = stratified_split(train_all, seed=seed, valid_fraction=valid_fraction)
@@ -220,9 +243,7 @@ def prepare_cls(
             write_split(tmp, split, reviews)
         manifest = {
             "step": COMMAND,
-            "inputs": {
-                f"{BOOKS_DIR}/{name}.review": _files.sha256_file(p) for name, p in sources.items()
-            },
+            "inputs": {f"{BOOKS_DIR}/{name}.review": hashes[name] for name in sources},
             "outputs": _files.sha256_tree(tmp, exclude=("manifest.json",)),
             "seed": seed,
             "parameters": {"valid_fraction": valid_fraction, "label": "1 if rating > 3, 0 if < 3"},

@@ -53,11 +53,13 @@ class Judged(Protocol):
 
 
 def recorded_time(value: Any) -> datetime | None:
-    """A manifest's ISO time (None when it is none)."""
+    """A manifest's or record's ISO time with its UTC offset (None when it is none, or has no
+    offset, which no other time can be compared with: trial 13's PR-i crashed a chapter)."""
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
+    return when if when.tzinfo is not None else None
 
 
 def _number(value: Any) -> float | None:

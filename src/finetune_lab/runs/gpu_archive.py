@@ -352,11 +352,13 @@ def keep_call_record(meta: dict[str, Any], stage: Path, root: Path) -> list[Path
     dest.mkdir(parents=True, exist_ok=True)
     made = []
     record = dest / f"{stamp}.json"
-    if not record.exists():
+    # lexists: a link there, dangling or not, is left as it is, never written through (trial
+    # 13's GL5 wrote a file into the package through one)
+    if not os.path.lexists(record):
         record.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         made.append(record)
     smi = stage / logs[0] / "nvidia-smi.csv"
-    if smi.is_file() and not (dest / f"{stamp}-nvidia-smi.csv").exists():
+    if smi.is_file() and not os.path.lexists(dest / f"{stamp}-nvidia-smi.csv"):
         shutil.copyfile(smi, dest / f"{stamp}-nvidia-smi.csv")
         made.append(dest / f"{stamp}-nvidia-smi.csv")
     return made

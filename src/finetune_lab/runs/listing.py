@@ -3,9 +3,11 @@ results: every excluded run named with its reasons."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.runs.registry import RunRecord, excluded_runs
 
 if TYPE_CHECKING:
@@ -43,7 +45,10 @@ def exclusions_markdown(records: Iterable[RunRecord]) -> str:
     """
     bad = excluded_runs(records)
     stale = [r for r in bad if r.stale_checkpoint and len(r.problems) == 1]
-    lines = [f"- `{r.experiment}/{r.name}` excluded: {r.reason}" for r in bad if r not in stale]
+    # a reason names files by their path on this machine: the book names them from the project
+    # (trial 13's X1; issue 35, item 5: no machine path in the book)
+    lines = [f"- `{r.experiment}/{r.name}` excluded: "
+             + r.reason.replace(f"{PROJECT_ROOT}{os.sep}", "") for r in bad if r not in stale]
     if stale:
         names = ", ".join(f"`{r.experiment}/{r.name}`" for r in stale)
         lines.insert(0, f"- {names}: made from an earlier stand-in checkpoint, which a new "

@@ -291,10 +291,10 @@ SUPERSEDED = ".superseded"
 
 
 def set_aside(run_dir: Path) -> Path | None:
-    """Clear ``run_dir`` for a new run. A run that had completed (its inputs may have changed
-    since, but its results are real) is moved to ``<runs root>/.superseded/<experiment>/
-    <run>-<time>/`` and the move is printed; an unfinished or failed one is deleted when it holds
-    only what a run writes. A folder without a readable manifest was not written by a run of
+    """Clear ``run_dir`` for a new run. A run that had completed or paused (its results are
+    real; a paused run can be resumed and the book shows it: trial 13's W1) is moved to
+    ``<runs root>/.superseded/<experiment>/<run>-<time>/`` and the move is printed; a failed or
+    never-finished one is deleted when it holds only what a run writes. A folder without a readable manifest was not written by a run of
     this project (or not as one), and one that holds other files holds a user's: either is moved
     aside too, never deleted."""
     status, man = None, {}
@@ -304,7 +304,7 @@ def set_aside(run_dir: Path) -> Path | None:
             status = man.get("status")
         except (UserError, AttributeError):
             status = None
-    if status is not None and status != mf.STATUS_COMPLETE and _only_run_files(run_dir, man):
+    if status in (mf.STATUS_FAILED, mf.STATUS_RUNNING) and _only_run_files(run_dir, man):
         shutil.rmtree(run_dir)
         return None
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
@@ -315,8 +315,8 @@ def set_aside(run_dir: Path) -> Path | None:
         target = folder / f"{run_dir.name}-{stamp}-{n}"
     folder.mkdir(parents=True, exist_ok=True)
     shutil.move(str(run_dir), str(target))
-    what = ("a complete run" if status == mf.STATUS_COMPLETE else "no run manifest"
-            if status is None else "an unfinished run and files no run writes")
+    what = {mf.STATUS_COMPLETE: "a complete run", mf.STATUS_PAUSED: "a paused run", None:
+            "no run manifest"}.get(status, "an unfinished run and files no run writes")
     print(f"{run_dir} held {what}, which this one replaces: it was moved to {target}",
           flush=True)
     return target

@@ -18,9 +18,9 @@ from typing import Any
 from finetune_lab._files import not_there, sha256_file
 from finetune_lab.argtypes import (
     folder,
-    non_negative_int,
     positive_int,
     resolved_folder,
+    seed_arg,
 )
 from finetune_lab.config import paths
 from finetune_lab.data import binarize
@@ -235,7 +235,7 @@ def add_finetune_parser(sub) -> None:
     """Register ``finetune fairseq`` under the ``finetune`` command group."""
     p = sub.add_parser("fairseq", help="Tasks 3-4: the lab's fairseq-train recipe, seeds x inits")
     p.add_argument("--init", nargs="+", choices=INITS, default=list(INITS))
-    p.add_argument("--seeds", nargs="+", type=non_negative_int, default=[0, 1, 2])
+    p.add_argument("--seeds", nargs="+", type=seed_arg, default=[0, 1, 2])
     p.add_argument("--data", type=resolved_folder, help="binarized CLS-Books (default: binarize-cls's)")
     p.add_argument("--checkpoint", type=folder,
                    help="packaged checkpoint folder (default: data/checkpoints/roberta-small-fr)")

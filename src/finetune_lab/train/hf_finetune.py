@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import sha256_file
-from finetune_lab.argtypes import folder, non_negative_int, positive_int
+from finetune_lab.argtypes import folder, positive_int, seed_arg
 from finetune_lab.data.cls_books import SPLITS, read_split
 from finetune_lab.data.cls_books import default_output as default_cls
 from finetune_lab.data.tokenizer import default_output as default_tok
@@ -345,7 +345,7 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
         description=finetune_transformers.__doc__)
     p.add_argument("--init", choices=INITS, nargs="+", default=["pretrained"],
                    help="pretrained (converted checkpoint) and/or random")
-    p.add_argument("--seeds", type=non_negative_int, nargs="+", default=list(DEFAULT_SEEDS))
+    p.add_argument("--seeds", type=seed_arg, nargs="+", default=list(DEFAULT_SEEDS))
     p.add_argument("--cls-dir", type=folder, default=None, help="cls.books folder (default: work dir)")
     p.add_argument("--model-dir", type=folder, default=None,
                    help="converted model (default: <work dir>/hf/roberta-small-fr)")

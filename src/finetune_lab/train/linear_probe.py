@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from finetune_lab.argtypes import folder, record_name
+from finetune_lab.argtypes import folder, record_name, seed_arg
 from finetune_lab._files import sha256_file, utc_now, write_json_atomic
 from finetune_lab.config import check_new_record, paths
 from finetune_lab.data.cls_books import default_output as default_cls_dir
@@ -143,7 +143,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--name", required=True, help="result name (data/summaries/probes/NAME.json)")
     p.add_argument("--random", action="store_true",
                    help="probe a random initialisation of the checkpoint's architecture")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the random initialisation")
     p.add_argument("--cls-dir", type=folder, default=None, help="cls.books folder (default: work dir)")
     p.add_argument("--force", action="store_true", help="replace an existing record of NAME")
     p.set_defaults(func=_run)

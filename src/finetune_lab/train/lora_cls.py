@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.argtypes import folder, non_negative_int, positive_float, positive_int
+from finetune_lab.argtypes import folder, positive_float, positive_int, seed_arg
 from finetune_lab.errors import UserError
 from finetune_lab.models.four_bit import bitsandbytes_available, keep_cpu_4bit_trainable
 from finetune_lab.models.lora_configs import LAB_BNB, LAB_LORA, bnb_config, lora_config
@@ -264,7 +264,7 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
         description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(DEFAULT_METHODS),
                    help="qlora-qv needs bitsandbytes (a GPU, or its 4-bit CPU kernels)")
-    p.add_argument("--seeds", type=non_negative_int, nargs="+", default=list(DEFAULT_SEEDS))
+    p.add_argument("--seeds", type=seed_arg, nargs="+", default=list(DEFAULT_SEEDS))
     p.add_argument("--lora-lr", type=positive_float, default=LORA_LR,
                    help=f"peak learning rate of the LoRA methods (default {LORA_LR:g}; "
                         f"full fine-tuning keeps the lab's {LAB_RECIPE.lr:g})")

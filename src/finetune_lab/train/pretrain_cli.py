@@ -20,6 +20,7 @@ from finetune_lab.argtypes import (
     positive_int,
     probability,
     resolved_folder,
+    seed_arg,
 )
 from finetune_lab.config import paths
 from finetune_lab.data import tokenizer
@@ -75,7 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "initialisation, drawn to a file first")
     p.add_argument("--stop-minutes", type=positive_float,
                    help="with --max-update: also stop (and save) when this much time has passed")
-    p.add_argument("--seed", type=non_negative_int,
+    p.add_argument("--seed", type=seed_arg,
                    help="fixes initialisation and sample order (default 1; with --continue-from, "
                         "1 + the runs behind the weights, so that no run replays its parent's "
                         "samples)")
