@@ -76,6 +76,7 @@ def test_layouts_are_read_from_when_runs_ran_and_what_else_ran():
     assert [len(runspeed.overlapping(r, runs)) for r in runs] == [1, 1, 0, 0, 0]
     s = runspeed.jobs_speedup(t)
     assert s["speed-up"].tolist() == pytest.approx([1.0]) and s["runs"].tolist() == [4]
+    assert (s["side by side"].tolist(), s["alone"].tolist()) == ([2], [2])
     quicker = pair[:1] + [_timed("pretrained-seed1", 1, 1, 30)] + alone
     faster = runspeed.layout_table(quicker, quicker)
     assert runspeed.jobs_speedup(faster)["speed-up"].iloc[0] == pytest.approx(

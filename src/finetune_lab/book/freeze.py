@@ -88,12 +88,12 @@ def damaged_results(project: Path, chapter: str) -> str | None:
         for ref in sorted(set(re.findall(re.escape(files) + r"[\w./-]+", result["markdown"]))):
             if not (entry / ref[len(files):]).is_file():
                 return f"{shown} shows {ref}, which is not in {entry.relative_to(project)}/"
-            if not _whole_figure(entry / ref[len(files):]):  # trial 13's CF5: emptied, cut
+            if not _whole_image(entry / ref[len(files):]):  # trial 13's CF5: emptied, cut
                 return f"{shown} shows {ref}, which is cut short or empty"
     return None
 
 
-def _whole_figure(path: Path) -> bool:
+def _whole_image(path: Path) -> bool:
     """An SVG that ends its ``<svg>``, a PNG that ends with its IEND chunk, anything else not
     empty: what a figure cut short or emptied is not."""
     data = path.read_bytes()

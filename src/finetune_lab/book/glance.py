@@ -79,6 +79,7 @@ def glance_table() -> pd.DataFrame:
         rows += [_row(f"`{m}` on RoBERTa-small-fr: test accuracy", acc.text(), "", where),
                  _row(f"`{m}` − full fine-tuning (Task 5's Transformers runs; each at its "
                       f"own learning rate)", gap.text(), "", where)]
-    rows.append(_row("LoRA (`lora-qv`): trainable share of all parameters",
+    rows.append(_row("LoRA (`lora-qv`): trainable share of all parameters, the new "
+                     "classification head included",
                      f"{100 * trainable_share('lora-qv'):.2f} %", "", where))
     return pd.DataFrame(rows)

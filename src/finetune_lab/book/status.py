@@ -42,7 +42,7 @@ LAB_TASKS: tuple[LabTask, ...] = (
             unrun="computed from BLOOM-560m's configuration: no run needed"),
     LabTask("Task 7", "Fine-tune BLOOM-560m with QLoRA on the e-commerce FAQ",
             "chapters/lora.qmd", "sec-lora-qa", ("lora-qa",),
-            unrun="not run: BLOOM-560m's weights could not be downloaded (@nte-bloom)"),
+            unrun="not run: BLOOM-560m's weights were not available to this project (@nte-bloom)"),
     LabTask("(beside Task 7)", "LoRA and QLoRA against full fine-tuning of RoBERTa-small-fr on "
             "CLS-Books", "chapters/lora.qmd", "sec-lora-cls", ("lora",)),
 )

@@ -137,16 +137,17 @@ def weights_record_problem(record: dict[str, Any], runs_base: Path,
 
 def name_problem(record: dict[str, Any], runs_base: Path,
                  packaged: tuple[str, str] | None) -> str | None:
-    """A record named after a pretraining run holds that run's weights: its candidate package,
-    or the packaged checkpoint where that run made it (trial 13's W3: the packaged weights
-    recorded as `cpu-long` were shown as cpu-long's, asked before they were packaged)."""
+    """A record of the packaged checkpoint named after a pretraining run is named after the run
+    that made it (trial 13's W3: the packaged weights recorded as `cpu-long` were shown as
+    cpu-long's, asked before they were packaged); a candidate's record is compared with its
+    folder by the record readers."""
     name, path = record.get("name"), record["checkpoint"].get("path")
     if not isinstance(name, str) or not (runs_base / "pretrain" / name).is_dir():
         return None
-    named = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
-    current = packaged is not None and record["checkpoint"]["sha256"] == packaged[0]
-    if (named is None or named["run"] == name) and \
-            (not current or packaged[1] == f"pretrain/{name}"):
+    if isinstance(path, str) and CANDIDATE.fullmatch(path):
+        return None  # a candidate's folder names its run: the record readers compare the two
+    if packaged is None or record["checkpoint"]["sha256"] != packaged[0] \
+            or packaged[1] == f"pretrain/{name}":
         return None  # an earlier packaged checkpoint's weights are known by no run here
     return (f"is named after the pretraining run {name}, but holds other weights ({path}): "
             "record them under another --name")

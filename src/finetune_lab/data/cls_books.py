@@ -233,9 +233,9 @@ def prepare_cls(
     out = Path(out) if out is not None else default_output()
     _files.check_replaceable(out, COMMAND, force=force)
     sources = {name: root / BOOKS_DIR / f"{name}.review" for name in ("train", "test")}
-    hashes = check_sources(root, sources)
-    train_all = read_reviews(sources["train"])
+    train_all = read_reviews(sources["train"])  # a file that is none is said here, in one line
     test = read_reviews(sources["test"])
+    hashes = check_sources(root, sources)
     train, valid = stratified_split(train_all, seed=seed, valid_fraction=valid_fraction)
     parts = {"train": train, "valid": valid, "test": test}
     with _files.atomic_dir(out, COMMAND, force=force) as tmp:

@@ -151,10 +151,12 @@ def jobs_speedup(table: pd.DataFrame, cores: int = 2) -> pd.DataFrame:
     one run with ``cores`` threads (> 1: ``--jobs`` pays); devices that lack either layout are
     left out."""
     out = []
+    side, alone = f"{cores} × 1 thread", f"1 × {cores} threads"
     for device, g in table.groupby("device"):
         rate = dict(zip(g["layout"], g["runs per hour (machine)"]))
-        parallel, single = rate.get(f"{cores} × 1 thread"), rate.get(f"1 × {cores} threads")
-        if parallel and single:
-            out.append({"device": device, "speed-up": parallel / single,
-                        "runs": int(g["runs"].sum())})
-    return pd.DataFrame(out, columns=["device", "speed-up", "runs"])
+        count = dict(zip(g["layout"], g["runs"]))
+        if rate.get(side) and rate.get(alone):
+            out.append({"device": device, "speed-up": rate[side] / rate[alone],
+                        "runs": int(count[side] + count[alone]),
+                        "side by side": int(count[side]), "alone": int(count[alone])})
+    return pd.DataFrame(out, columns=["device", "speed-up", "runs", "side by side", "alone"])
