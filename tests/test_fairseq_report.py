@@ -154,6 +154,9 @@ def test_figure_draws_every_run_and_a_band_per_init(grid):
         # 4 runs (thin) + 2 init means (thick); the learning-rate panel adds the planned schedule
         assert len(ax.lines) == 4 + 2 + (ax is axes[3])
         assert len(ax.collections) == 2  # one mean ± std band per init
+    # one legend, the learning-rate panel's: both inits and the planned schedule
+    assert [ax.get_legend() is not None for ax in axes] == [False, False, False, True]
+    assert [t.get_text() for t in axes[3].get_legend().get_texts()][-1] == "planned schedule"
     # the thin valid-accuracy lines are the logged values at the logged updates
     raw = [_raw(grid["report_runs"] / "fairseq" / ff.run_name(i, s), "valid")
            for i in fc.INITS for s in SEEDS]

@@ -83,3 +83,13 @@ def test_negative_numbers_get_a_minus_sign_but_code_and_dates_do_not():
     assert [signed(x) for x in (1.46, -0.44, -0.04, 0.0)] == ["+1.5", "\u22120.4", "0.0", "0.0"]
     table = markdown_table(pd.DataFrame({"gap": [-1.47], "code": ["`-1`"]}))
     assert "\u22121.47" in table and "`-1`" in table
+
+
+def test_a_truth_value_reads_as_a_word():
+    """Table 1.1's "equal" column printed Python's True; numpy's bools the same."""
+    import numpy as np
+
+    df = pd.DataFrame({"name": ["a", "b"], "equal": [True, False],
+                       "all identical": np.array([False, True])})
+    rows = [line.split("|")[2:4] for line in markdown_table(df).splitlines()[2:]]
+    assert [[cell.strip() for cell in row] for row in rows] == [["yes", "no"], ["no", "yes"]]

@@ -46,6 +46,9 @@ def plot_curves(res: FairseqResults, p: Plan) -> plt.Figure:
     lr_ax.plot(planned["update"] - 1, planned["fairseq"], ls="--", color="0.2", lw=1,
                label="planned schedule")
     lr_ax.legend(frameon=False, fontsize="small")
+    for ax in (axes[0, 0], axes[0, 1], axes[1, 0]):  # one legend serves the four panels
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
     for ax in axes[0]:
         ax.tick_params(labelbottom=True)
     return check_legend(fig)

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from finetune_lab.config import paths
@@ -55,8 +56,10 @@ def markdown_table(
     shown = df.copy()
     for column, fn in (formatters or {}).items():
         shown[column] = shown[column].map(fn)
+    # a truth value reads as a word, not as Python's True (numpy's bool_ too)
     shown = shown.rename(columns=escape_tags).map(
-        lambda v: escape_tags(v) if isinstance(v, str) else v)
+        lambda v: escape_tags(v) if isinstance(v, str) else
+        ("yes" if v else "no") if isinstance(v, (bool, np.bool_)) else v)
     text = shown.to_markdown(index=index, disable_numparse=True)
     lines = [line if i == 1 else minus_signs(line) for i, line in enumerate(text.split("\n"))]
     if len(lines) > 1:
