@@ -204,3 +204,40 @@ def test_a_seed_out_of_range_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as stop:
         main(argv)
     assert stop.value.code == 2 and "must be" in capsys.readouterr().err
+
+
+def test_trial_14s_variants_of_trial_13s_classes(tmp_path, monkeypatch):
+    """Trial 14 re-tried trial 13's classes: the project's own candidates with the work folder
+    pointed elsewhere (A1), a relative run store for a render (X2), a sha256sum -b list and a
+    training file that is the test file plus a byte (D1, D2), a record named after a GPU
+    pretraining run (W3)."""
+    from finetune_lab._files import check_replaceable
+    from finetune_lab.book.chapter_inputs import check_book_stores
+    from finetune_lab.book.summary_files import name_problem
+    from finetune_lab.data.cls_books import BOOKS_DIR, Review, check_overlap, check_sources
+    from finetune_lab.runs.crosscheck import packaged_origin
+
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    for store in ("candidates", "lora-runs"):
+        with pytest.raises(UserError, match="--force included"):
+            check_replaceable(PROJECT_ROOT / "data" / "work" / store, "prepare-cls", force=True)
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", "data/runs")
+    with pytest.raises(UserError, match="FINETUNE_LAB_RUNS_DIR points at data/runs"):
+        check_book_stores(PROJECT_ROOT)
+    books = tmp_path / BOOKS_DIR
+    books.mkdir(parents=True)
+    (books / "train.review").write_text("<b/>\n")
+    (books / "test.review").write_text("<a/>\n")
+    sources = {s: books / f"{s}.review" for s in ("train", "test")}
+    (tmp_path / "SHA256SUMS").write_text(f"{'0' * 64} *./{BOOKS_DIR}/train.review\n")
+    with pytest.raises(UserError, match="is not the file the data root's"):
+        check_sources(tmp_path, sources)
+    test = [Review(text=f"review {i}", label=i % 2, rating=5.0, position=i) for i in range(20)]
+    with pytest.raises(UserError, match="shares 20 of its 20 reviews"):
+        check_overlap(sources, test, test)
+    check_overlap(sources, test[:1] + [Review("other", 1, 5.0, 99)] * 19, test)  # 1 in 20
+    packaged = packaged_origin()
+    record = {"name": "gpu4", "checkpoint": {
+        "path": "data/checkpoints/roberta-small-fr/model.pt", "sha256": packaged[0]}}
+    assert name_problem(record, PROJECT_ROOT / "data" / "runs", packaged).startswith(
+        "is named after the pretraining run gpu4")

@@ -102,12 +102,16 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
             return f"lies in {name} {store}", hard
     # the work folder is scratch but for what no command can make again: packaged candidate
     # weights that runs and records cite, and long runs' resumable state (trial 13's A1, A2)
-    for name, store in (("the candidates' weights", p.work / "candidates"),
-                        ("the long runs' resumable state", p.work / "pretrain-checkpoints")):
-        if store.resolve().is_relative_to(d):
-            return f"is or holds {name} {store}", True
-        if d.is_relative_to(store.resolve()):
-            return f"lies in {name} {store}", file
+    # (trial 14: the project's own as well as FINETUNE_LAB_WORK_DIR's, and the run cache of
+    # `--runs-root data/work/lora-runs` that the README names)
+    for work in dict.fromkeys((p.work, p.project / "data" / "work")):
+        for name, store in (("the candidates' weights", work / "candidates"),
+                            ("the long runs' resumable state", work / "pretrain-checkpoints"),
+                            ("a run cache", work / "lora-runs")):
+            if store.resolve().is_relative_to(d):
+                return f"is or holds {name} {store}", True
+            if d.is_relative_to(store.resolve()):
+                return f"lies in {name} {store}", file
     # in the project only the project's own work folder is scratch: a FINETUNE_LAB_WORK_DIR
     # pointed at src/ or the root made them scratch too (trial 12's A29, A30)
     scratch = (p.project / "data" / "work").resolve()

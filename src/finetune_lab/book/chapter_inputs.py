@@ -239,8 +239,8 @@ all paths and times, read by no chapter, is not an input at all."""
 
 def work_file_hash(path: Path) -> str:
     """:func:`file_hash` of a file of ``data/work/``, a build record without its
-    :data:`BUILD_NOISE` (hashed as canonical JSON, so its layout is no change either; a record that is not a JSON object is hashed
-    whole, so its damage is a change)."""
+    :data:`BUILD_NOISE` (hashed as canonical JSON, so its layout is no change either; a record
+    that is not a JSON object is hashed whole, so its damage is a change)."""
     digest = file_hash(path)
     if path.name not in BUILD_RECORDS or digest in (MISSING, BROKEN_LINK) or \
             digest.startswith(NOT_REGULAR):
@@ -334,7 +334,9 @@ def check_book_stores(project: Path) -> None:
     render froze another store's numbers under the record of ``data/runs``)."""
     for var, own in ((RUNS_DIR_ENV, "data/runs"), (WORK_DIR_ENV, "data/work")):
         value = os.environ.get(var)
-        if value and Path(value).expanduser().resolve() != (project / own).resolve():
+        # a relative path is read from each chapter's own folder (trial 14's X2): refused too
+        if value and (not Path(value).expanduser().is_absolute()
+                      or Path(value).expanduser().resolve() != (project / own).resolve()):
             raise UserError(f"{var} points at {value}, but the book is rendered from the "
                             f"project's {own}, which its freeze records; unset {var} to render")
 

@@ -137,8 +137,8 @@ def make_record(project: Path, chapter: str, patterns: list[str]) -> dict[str, A
 
 
 PREPARED_BY = {"data/work/cls.books": "prepare-cls", "data/work/tokenizer": "adopt-tokenizer",
-               "data/work/cls-books-bin": "binarize-cls", "data/work/pretrain-bin": "prepare-pretrain",
-               "data/work/hf": "convert-hf"}
+               "data/work/cls-books-bin": "binarize-cls",
+               "data/work/pretrain-bin": "prepare-pretrain", "data/work/hf": "convert-hf"}
 """The machine-local data a chapter reads and the command that makes each, in order (git
 ignores them: a fresh clone has none until they are made)."""
 

@@ -135,6 +135,9 @@ def weights_record_problem(record: dict[str, Any], runs_base: Path,
     return None
 
 
+PRETRAINING_EXPERIMENTS = ("pretrain", "pretrain-gpu", "pretrain-ablation")
+
+
 def name_problem(record: dict[str, Any], runs_base: Path,
                  packaged: tuple[str, str] | None) -> str | None:
     """A record of the packaged checkpoint named after a pretraining run is named after the run
@@ -142,12 +145,14 @@ def name_problem(record: dict[str, Any], runs_base: Path,
     cpu-long's, asked before they were packaged); a candidate's record is compared with its
     folder by the record readers."""
     name, path = record.get("name"), record["checkpoint"].get("path")
-    if not isinstance(name, str) or not (runs_base / "pretrain" / name).is_dir():
+    # a run of any pretraining experiment (trial 14's W3: pretrain-gpu, pretrain-ablation)
+    if not isinstance(name, str) or not any(
+            (runs_base / exp / name).is_dir() for exp in PRETRAINING_EXPERIMENTS):
         return None
     if isinstance(path, str) and CANDIDATE.fullmatch(path):
         return None  # a candidate's folder names its run: the record readers compare the two
     if packaged is None or record["checkpoint"]["sha256"] != packaged[0] \
-            or packaged[1] == f"pretrain/{name}":
+            or packaged[1].rsplit("/", 1)[-1] == name:
         return None  # an earlier packaged checkpoint's weights are known by no run here
     return (f"is named after the pretraining run {name}, but holds other weights ({path}): "
             "record them under another --name")

@@ -291,12 +291,11 @@ SUPERSEDED = ".superseded"
 
 
 def set_aside(run_dir: Path) -> Path | None:
-    """Clear ``run_dir`` for a new run. A run that had completed or paused (its results are
-    real; a paused run can be resumed and the book shows it: trial 13's W1) is moved to
-    ``<runs root>/.superseded/<experiment>/<run>-<time>/`` and the move is printed; a failed or
-    never-finished one is deleted when it holds only what a run writes. A folder without a readable manifest was not written by a run of
-    this project (or not as one), and one that holds other files holds a user's: either is moved
-    aside too, never deleted."""
+    """Clear ``run_dir`` for a new run. A complete or paused run (real results; a paused one
+    resumes, and the book shows it: trial 13's W1) is moved to ``<runs root>/.superseded/
+    <experiment>/<run>-<time>/``, the move printed; a failed or never-finished one is deleted
+    when it holds only what a run writes. A folder without a readable manifest, or one holding
+    other files (a user's), is moved aside too, never deleted."""
     status, man = None, {}
     if (run_dir / mf.MANIFEST_NAME).is_file():
         try:
