@@ -42,6 +42,7 @@ COLUMNS = ["group", "seed", "device", "device name", "torch", "test", "best epoc
            "peak memory (bytes)", "tokens/s", "updates/s"]
 
 
+@per_render  # several answers of one chapter read the same runs
 def runs_by_device(base: str, root: Path | None = None) -> pd.DataFrame:
     """One row per valid run of ``base`` (made on the CPU) and ``base-gpu``: its group (the
     initialisation, or the LoRA method), seed, device, test accuracy at the best-validation

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,10 +68,7 @@ def by_device(valid: list[RunRecord]) -> str:
 def not_counted(runs: list[RunRecord]) -> str:
     """``; 2 paused, 2 failed``: the runs that do not count, by what they are (a run the
     registry rejects for a damaged file or a wrong value is ``rejected``); empty when all do."""
-    counts: dict[str, int] = {}
-    for r in runs:
-        if not r.valid:
-            counts[r.status] = counts.get(r.status, 0) + 1
+    counts = Counter(r.status for r in runs if not r.valid)
     return ("; " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
             if counts else "")
 
@@ -79,8 +77,8 @@ def lab_status(root: Path = PROJECT_ROOT, runs_root: Path | None = None) -> pd.D
     """One row per lab part: its chapter (a cross-reference when written) and its runs.
 
     Runs are counted by the run registry: only complete runs that pass validation count; the
-    others are named by their status (:func:`not_counted`). A device call's runs (``fairseq-gpu``, ...) count with their part,
-    by device.
+    others are named by their status (:func:`not_counted`). A device call's runs
+    (``fairseq-gpu``, ...) count with their part, by device.
     """
     records = discover_runs(runs_root if runs_root is not None else paths().runs)
     rows = []
