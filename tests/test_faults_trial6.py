@@ -42,10 +42,10 @@ def test_an_unfinished_run_holding_a_users_files_is_moved_aside_not_deleted(tmp_
     assert moved is not None and not run.exists()
     assert (moved / "why-it-failed.txt").read_text() == "my notes"
     assert (moved / "mydata" / "a.txt").read_text() == "mine"
-    assert "files no run writes" in capsys.readouterr().out
-    # what a run alone wrote is still cleared, as before
+    assert "held a failed run" in capsys.readouterr().out
+    # what a run alone wrote is moved aside too: no run is deleted (trial 14's W1)
     plain = _failed_run(tmp_path / "again")
-    assert set_aside(plain) is None and not plain.exists()
+    assert set_aside(plain).is_dir() and not plain.exists()
 
 
 # --- silent wrong results: S1, S3, S4, S5, S6, S9, S10 ---------------------------------------

@@ -287,7 +287,7 @@ def test_run_folders_that_hold_no_file_of_their_own_are_inputs(tmp_path: Path, h
         elsewhere.mkdir(parents=True)
         (elsewhere / "manifest.json").write_text('{"run": "r3"}')
         (runs / "r3").symlink_to(elsewhere, target_is_directory=True)
-        want = "data/runs/exp/r3/manifest.json (new)"
+        want = "data/runs/exp/r3 (new)"  # a link, not entered: the registry reads none
     else:
         (runs / "r4").symlink_to(tmp_path / "nowhere")
         want = "data/runs/exp/r4 (new)"
@@ -296,11 +296,19 @@ def test_run_folders_that_hold_no_file_of_their_own_are_inputs(tmp_path: Path, h
 
 
 def test_a_symlink_loop_is_read_once(tmp_path: Path) -> None:
+    work = tmp_path / "data" / "work" / "bin"
+    work.mkdir(parents=True)
+    (work / "dict.txt").write_text("a 1")
+    (work / "loop").symlink_to(work, target_is_directory=True)
+    assert list(ci.hash_inputs(tmp_path, ["data/work/**"])) == ["data/work/bin/dict.txt"]
+    # in the run store a link to a folder is never entered (the registry reads none)
     runs = tmp_path / "data" / "runs" / "exp" / "r1"
     runs.mkdir(parents=True)
     (runs / "manifest.json").write_text("{}")
     (runs / "loop").symlink_to(runs, target_is_directory=True)
-    assert list(ci.hash_inputs(tmp_path, ["data/runs/**"])) == ["data/runs/exp/r1/manifest.json"]
+    assert ci.hash_inputs(tmp_path, ["data/runs/**"]) == {
+        "data/runs/exp/r1/loop": ci.LINK + str(runs),
+        "data/runs/exp/r1/manifest.json": ci.file_hash(runs / "manifest.json")}
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty", "not a record", "figure gone"])

@@ -46,22 +46,23 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
 
 def sha256_tree(path: Path | str, exclude: Iterable[str] = ()) -> dict[str, str]:
     """sha256 of every file under ``path`` (or of ``path`` itself if it is a file), leaving out
-    files named in ``exclude`` (a data step's own manifest and logs).
-
-    Keys are POSIX paths relative to ``path`` (``"."`` for a single file), sorted, so two trees
-    compare equal exactly when they hold the same files with the same bytes.
-    """
-    skip = {*exclude, OUTPUT_MARKER}  # the marker names who wrote the folder; it is not data
-    root = Path(path)
+    files named in ``exclude`` (a data step's own manifest and logs) and :func:`hidden` ones
+    (the :data:`OUTPUT_MARKER` among them). Keys are POSIX paths relative to ``path`` (``"."``
+    for a single file), sorted: two trees compare equal when they hold the same files."""
+    root, skip = Path(path), frozenset(exclude)
     if root.is_file():
         return {".": sha256_file(root)}
     if not root.is_dir():
         raise UserError(f"cannot hash {root}: no such file or directory")
-    return {
-        f.relative_to(root).as_posix(): sha256_file(f)
-        for f in sorted(root.rglob("*"))
-        if f.is_file() and f.name not in skip
-    }
+    return {rel.as_posix(): sha256_file(f) for f in sorted(root.rglob("*"))
+            if f.is_file() and f.name not in skip and not hidden(rel := f.relative_to(root))}
+
+
+def hidden(relative: Path | str) -> bool:
+    """A path with a hidden part (a run's ``.lock``, ``.superseded/``, a ``.DS_Store``), which
+    git leaves uncommitted, the freeze does not hash, and so no reader reads or records (trial
+    11's CF11, CF14; trial 14's CF1: a ``.DS_Store`` in prepared data rejected its runs)."""
+    return any(part.startswith(".") for part in Path(relative).parts)
 
 
 def digest_of(hashes: Mapping[str, str]) -> str:

@@ -2,7 +2,8 @@
 
 Each field is a plain value read through the same functions the chapters use (the registry's
 valid runs only), so that a page states an answer with inline values and guards its wording with
-an assertion: a render whose runs no longer support a sentence fails, naming the claim.
+:func:`holds`: a render whose runs no longer support a sentence fails, naming the claim and the
+runs the registry excluded.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.book import devices, fairseq_report, hf_compare, standin
+from finetune_lab.book.claims import holds  # noqa: F401  (the pages guard their claims with it)
 from finetune_lab.book.course_reference import COURSE_TEST_ACCURACY
 from finetune_lab.book.decomposition import beyond_budget, decomposition_table
 from finetune_lab.book.lora_cls_report import gaps_to_full

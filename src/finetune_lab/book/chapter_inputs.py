@@ -24,6 +24,7 @@ from finetune_lab.book.qmd import code_cells, front_matter
 from finetune_lab.config import RUNS_DIR_ENV, WORK_DIR_ENV
 from finetune_lab.errors import UserError
 from finetune_lab.runs.manifest import BUILD_LOG, hidden
+from finetune_lab.runs.run_inputs import work_inputs
 
 MISSING = "MISSING"
 """The hash recorded for a declared path that does not exist (yet): its arrival is a change."""
@@ -140,13 +141,15 @@ def package_data(project: Path) -> list[str]:
                   and not _is_ignored(Path(rel := p.relative_to(project).as_posix())))
 
 
+REGISTRY = "src/finetune_lab/runs/registry.py"
+"""Its reads also include what the runs name as inputs in ``data/work`` (:func:`work_inputs`)."""
 _PREPARED = ("data/work/cls.books/*", "data/work/tokenizer/*", "data/work/cls-books-bin/**")
 MODULE_READS: dict[str, tuple[str, ...]] = {
     # a run's validity: the device calls' records (a GPU run names its call's GPU), the
     # packaged checkpoint, its weights hashed for every run that fine-tuned them (trial 13's
     # CF6), and the pretraining runs (no run names weights made after it started), the
     # prepared data its inputs are checked against
-    "src/finetune_lab/runs/registry.py": (
+    REGISTRY: (
         "data/summaries/gpu-lab/*", "data/checkpoints/roberta-small-fr/*",
         "data/runs/pretrain/*/manifest.json", *_PREPARED, "data/work/hf/**"),
     # the data chapter's statistics, from the prepared data when it is there
@@ -164,6 +167,7 @@ def chapter_inputs(project: Path, chapter: str) -> list[str] | None:
     declared = declared_inputs(project / chapter) or []
     code = import_closure(project, chapter_imports(project / chapter))
     implied = [p for module in code for p in MODULE_READS.get(module, ())]
+    implied += work_inputs(project) if REGISTRY in code else []
     code += package_data(project) if code else []
     inputs = list(dict.fromkeys(declared + implied + code))
     return inputs or None
@@ -196,6 +200,11 @@ def _is_ignored(path: Path) -> bool:
 EMPTY_FOLDER = "EMPTY FOLDER"
 """The hash recorded for a folder with no file below it: an empty run folder is listed by the
 registry (as a run without a manifest), so its arrival or removal changes a chapter."""
+RUNS_STORE = "data/runs/"
+LINK = "LINK TO "
+"""The hash recorded for a link to a folder under :data:`RUNS_STORE`, never entered: the
+registry reads no run through a link (it lists it as bad), so a run folder replaced by a link
+to an identical copy changes the book, and its record (trial 14's L3)."""
 BROKEN_LINK = "BROKEN LINK"
 """The hash recorded for a symbolic link whose target is gone (or a link loop)."""
 NOT_REGULAR = "not-a-regular-file:"
@@ -255,10 +264,10 @@ def work_file_hash(path: Path) -> str:
     return "record:" + hashlib.sha256(kept.encode()).hexdigest()
 
 
-def _walk(folder: Path) -> Iterator[tuple[Path, bool]]:
+def _walk(folder: Path, into_links: bool = True) -> Iterator[tuple[Path, bool]]:
     """``(path, is_empty_folder)`` for every file below ``folder`` and every folder with no file
-    below it, following symbolic links as the registry does (a run folder may be a link), each
-    real folder once (a link loop ends there)."""
+    below it, following symbolic links (each real folder once: a link loop ends there); with
+    ``into_links`` False, a link to a folder is yielded as a file, not entered."""
     seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         real = os.path.realpath(dirpath)
@@ -267,6 +276,9 @@ def _walk(folder: Path) -> Iterator[tuple[Path, bool]]:
             continue
         seen.add(real)
         here = Path(dirpath)
+        if not into_links:
+            filenames += [d for d in dirnames if os.path.islink(here / d)]
+            dirnames[:] = [d for d in dirnames if d not in filenames]
         for name in filenames:
             yield here / name, False
         if not filenames and not dirnames:
@@ -305,16 +317,22 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
 
 
 def _matches(project: Path, pattern: str) -> list[tuple[Path, bool]] | None:
-    """Files (and empty folders) a pattern names; None for a plain path that does not exist."""
+    """Files (and empty folders) a pattern names; None for a plain path that does not exist.
+    Under ``data/runs`` a link to a folder is a file, not entered (:data:`LINK`)."""
+    runs = pattern.startswith(RUNS_STORE)
     if _GLOB_CHARS & set(pattern):
         base = project / _glob_base(pattern)
+        if runs and base.is_symlink() and base != project / RUNS_STORE:  # a run or experiment
+            return [(base, False)]
         regex = _glob_regex(pattern)
-        # an empty folder anywhere a glob looks is a change (a run folder without a manifest)
-        return [(p, empty) for p, empty in (_walk(base) if base.is_dir() else ())
-                if empty or regex.fullmatch(p.relative_to(project).as_posix())]
+        # an empty folder or a folder link anywhere a glob looks is a change (a run folder
+        # without a manifest, or one the registry will not read)
+        return [(p, empty) for p, empty in (_walk(base, not runs) if base.is_dir() else ())
+                if empty or os.path.islink(p) and os.path.isdir(p)
+                or regex.fullmatch(p.relative_to(project).as_posix())]
     target = project / pattern
-    if target.is_dir():
-        return list(_walk(target))
+    if target.is_dir() and not (runs and target.is_symlink()):
+        return list(_walk(target, not runs))
     if os.path.lexists(target):  # a file, a link (to nothing, too), a pipe, a device ...
         return [(target, False)]
     return None
@@ -345,8 +363,9 @@ def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
     """``{relative path: sha256}`` of every file the patterns name right now.
 
     A glob matches files (``**`` recurses); a plain path may be a file or a folder (all files
-    below it). Symbolic links are followed (a loop is read once); a folder with no file below
-    it is recorded as :data:`EMPTY_FOLDER` (``path/``), a link to nothing as
+    below it). Symbolic links are followed (a loop is read once), but for a link to a folder
+    under ``data/runs`` (:data:`LINK`); a folder with no file below it is recorded as
+    :data:`EMPTY_FOLDER` (``path/``), a link to nothing as
     :data:`BROKEN_LINK`, and a pipe, socket or device, never opened, as
     ``not-a-regular-file:<kind>`` (:func:`file_hash`). A plain path that does not exist is
     recorded as ``MISSING`` so that its later appearance counts as a change. In ``data/work/``,
@@ -366,6 +385,8 @@ def hash_inputs(project: Path, patterns: Iterable[str]) -> dict[str, str]:
             work = rel.startswith("data/work/")
             if empty:
                 hashes[f"{rel}/"] = EMPTY_FOLDER
+            elif rel.startswith(RUNS_STORE) and os.path.islink(p) and os.path.isdir(p):
+                hashes[rel] = LINK + os.readlink(p)
             elif not (work and p.name == BUILD_LOG):
                 hashes[rel] = work_file_hash(p) if work else file_hash(p)
     return dict(sorted(hashes.items()))

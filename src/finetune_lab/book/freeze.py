@@ -18,7 +18,8 @@ and two project scripts keep ``_freeze/`` honest:
   ``_freeze/<chapter>/`` folder removed, which makes Quarto execute it again. Every chapter that
   will be executed gets a *pending* record of the hashes it is executed with.
 * ``finetune-lab freeze post-render`` turns a pending record into the chapter's record once
-  Quarto has written fresh frozen results for it.
+  Quarto has written fresh frozen results for it, with the sha256 of each file of those results
+  (:mod:`~finetune_lab.book.freeze_results`): results edited after the render are stale too.
 
 Records live in ``_freeze/finetune-lab/<chapter>.qmd.json`` (not inside ``_freeze/<chapter>/``,
 which Quarto copies next to the chapter's output). ``finetune-lab check-freeze`` compares every
@@ -28,9 +29,7 @@ frozen chapter with its record and fails, naming the changed files, when one is 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -45,75 +44,11 @@ from finetune_lab.book import prewarm
 from finetune_lab.book.chapter_inputs import (EMPTY_FOLDER, MISSING, absent_inputs, chapter_inputs,
                                               chapters, check_book_stores)
 from finetune_lab.book.freeze_env import record_inputs
+from finetune_lab.book.freeze_results import (FREEZE_DIR, RECORDS_DIR, damaged_results,
+                                              freeze_entry, is_frozen, output_hashes,
+                                              text_changed)
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
-
-FREEZE_DIR = "_freeze"
-RECORDS_DIR = "finetune-lab"
-
-
-# --- where things live in _freeze ---------------------------------------------------------
-
-
-def freeze_entry(project: Path, chapter: str) -> Path:
-    """``_freeze/<chapter without .qmd>/`` (Quarto's layout)."""
-    return project / FREEZE_DIR / Path(chapter).with_suffix("")
-
-
-def is_frozen(project: Path, chapter: str) -> bool:
-    results = freeze_entry(project, chapter) / "execute-results"
-    return results.is_dir() and any(results.glob("*.json"))
-
-
-def damaged_results(project: Path, chapter: str) -> str | None:
-    """What is wrong with a chapter's frozen results (None: each parses and is whole).
-
-    Quarto re-executes a chapter whose results it cannot read, which a publish job without
-    torch cannot do; so a truncated or hand-edited ``execute-results/*.json``, or a figure its
-    Markdown shows that is gone, makes the chapter stale here, before the render."""
-    entry = freeze_entry(project, chapter)
-    for path in sorted((entry / "execute-results").glob("*.json")):
-        shown = path.relative_to(project).as_posix()
-        if not path.is_file():  # a pipe would block the read for ever: never opened
-            return f"{shown} is not a regular file"
-        try:
-            data = parse_json(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            return f"{shown} cannot be read ({exc})"
-        result = data.get("result") if isinstance(data, dict) else None
-        if not isinstance(data, dict) or not isinstance(data.get("hash"), str) \
-                or not isinstance(result, dict) or not isinstance(result.get("markdown"), str):
-            return f"{shown} is not a Quarto freeze record (hash, result.markdown)"
-        files = f"{Path(chapter).stem}_files/"
-        for ref in sorted(set(re.findall(re.escape(files) + r"[\w./-]+", result["markdown"]))):
-            if not (entry / ref[len(files):]).is_file():
-                return f"{shown} shows {ref}, which is not in {entry.relative_to(project)}/"
-            if not _whole_image(entry / ref[len(files):]):  # trial 13's CF5: emptied, cut
-                return f"{shown} shows {ref}, which is cut short or empty"
-    return None
-
-
-def _whole_image(path: Path) -> bool:
-    """An SVG that ends its ``<svg>``, a PNG that ends with its IEND chunk, anything else not
-    empty: what a figure cut short or emptied is not."""
-    data = path.read_bytes()
-    if path.suffix == ".svg":
-        return data.rstrip().endswith(b"</svg>")
-    if path.suffix == ".png":
-        return data.startswith(b"\x89PNG\r\n\x1a\n") and data.endswith(b"IEND\xaeB`\x82")
-    return bool(data)
-
-
-def text_changed(project: Path, chapter: str) -> str | None:
-    """Which frozen result was made from another text of the chapter (None: none). Quarto keys
-    each result on the md5 of the ``.qmd`` file, and executes a chapter again when it differs,
-    which a publish job without torch cannot do."""
-    now = hashlib.md5((project / chapter).read_bytes()).hexdigest()
-    for path in sorted((freeze_entry(project, chapter) / "execute-results").glob("*.json")):
-        if parse_json(path.read_text(encoding="utf-8")).get("hash") != now:
-            return f"{path.relative_to(project).as_posix()} holds the md5 of another text"
-    return None
-
 
 def record_path(project: Path, chapter: str, pending: bool = False) -> Path:
     suffix = ".pending.json" if pending else ".json"
@@ -138,9 +73,11 @@ def make_record(project: Path, chapter: str, patterns: list[str]) -> dict[str, A
 
 PREPARED_BY = {"data/work/cls.books": "prepare-cls", "data/work/tokenizer": "adopt-tokenizer",
                "data/work/cls-books-bin": "binarize-cls",
-               "data/work/pretrain-bin": "prepare-pretrain", "data/work/hf": "convert-hf"}
+               "data/work/pretrain-bin/manifest.json": "prepare-pretrain",
+               "data/work/hf": "convert-hf"}
 """The machine-local data a chapter reads and the command that makes each, in order (git
-ignores them: a fresh clone has none until they are made)."""
+ignores them: a fresh clone has none until they are made). Of the pretraining corpus a chapter
+needs only the record; the corpus itself is read by the registry only to check runs."""
 
 
 # --- comparing ------------------------------------------------------------------------------
@@ -237,7 +174,17 @@ def stale_chapter(project: Path, chapter: str,
         changed = diff_files(record["files"], current, project)
         return StaleChapter(chapter, "its inputs (declared, or imported) changed", changed)
     changed = diff_files(record["files"], current, project)
-    return StaleChapter(chapter, "inputs changed since it was executed", changed) if changed else None
+    if changed:
+        return StaleChapter(chapter, "inputs changed since it was executed", changed)
+    outputs = record.get("outputs")
+    if not isinstance(outputs, dict):
+        return StaleChapter(chapter, "its record does not hold its frozen results' hashes (it "
+                                     "was executed before they were recorded)")
+    changed = diff_files(outputs, output_hashes(project, chapter))
+    return StaleChapter(chapter, "its frozen results changed after it was executed (Quarto "
+                                 "writes them; an edit there is not a render)",
+                        [f"{freeze_entry(project, chapter).relative_to(project)}/{c}"
+                         for c in changed]) if changed else None
 
 
 def check_freeze(project: Path = PROJECT_ROOT) -> list[StaleChapter]:
@@ -331,10 +278,17 @@ def post_render(project: Path = PROJECT_ROOT, log=print) -> list[str]:
         record = read_record(pending)
         chapter = record.get("chapter") if record else None
         if chapter and is_frozen(project, chapter):
-            write_json_atomic(record_path(project, chapter), record)
+            write_json_atomic(record_path(project, chapter),
+                              {**record, "outputs": output_hashes(project, chapter)})
             promoted.append(chapter)
             log(f"finetune-lab freeze: recorded the input hashes {chapter} was executed with")
         pending.unlink(missing_ok=True)
+    for chapter in chapters(project):  # a format rendered later (Typst after an HTML render)
+        record = read_record(record_path(project, chapter))
+        old, now = (record or {}).get("outputs"), output_hashes(project, chapter)
+        if chapter not in promoted and isinstance(old, dict) and old != now \
+                and all(now.get(k) == v for k, v in old.items()):  # added, none changed
+            write_json_atomic(record_path(project, chapter), {**record, "outputs": now})
     return promoted
 
 

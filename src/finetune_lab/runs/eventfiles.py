@@ -140,6 +140,12 @@ def _scan(path: Path) -> Scanned:
         if event.wall_time:
             walls.append(event.wall_time)
         for value in event.summary.value:
+            numeric = value.tag in LOGGED_TAGS or value.tag in LR_TAGS or \
+                _accuracy_tag(value.tag) or _metric_tag(value.tag)
+            if numeric and not value.HasField("simple_value"):  # trial 14's E1
+                raise EventFileError(f"event file {path} logs {value.tag} at update "
+                                     f"{event.step} as a tensor, not as a scalar value: the "
+                                     "book's reader (tbparse) would not see it")
             if _metric_tag(value.tag):
                 if (value.tag, event.step) in seen:  # a second value the tables could pick
                     raise EventFileError(f"event file {path} logs {value.tag} twice at update "
@@ -166,14 +172,9 @@ def _scan(path: Path) -> Scanned:
 
 
 def _scalar(value: Any) -> float | None:
-    if value.HasField("simple_value"):
-        return float(value.simple_value)
-    if value.HasField("tensor"):
-        from tensorboard.util import tensor_util
-
-        array = tensor_util.make_ndarray(value.tensor)
-        return float(array) if array.size == 1 else None
-    return None
+    """A summary value's number: only a ``simple_value`` is one, as for tbparse's ``scalars``
+    (a one-element tensor, even a string, once read here as a number: trial 14's E1)."""
+    return float(value.simple_value) if value.HasField("simple_value") else None
 
 
 def _checked(path: Path) -> tuple[Scanned, str | None]:

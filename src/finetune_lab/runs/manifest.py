@@ -20,6 +20,7 @@ from typing import Any
 
 from finetune_lab._files import (
     CONVERSION_RECORD, OUTPUT_MARKER,
+    hidden,
     not_there,
     parse_json,
     regular_text,
@@ -312,13 +313,6 @@ def input_shape_problems(inputs: Any) -> list[str]:
     only when their shape is right)."""
     return [p for p in schema_problems({"inputs": inputs})
             if p.startswith(("manifest 'inputs", "manifest lacks key 'inputs."))]
-
-
-def hidden(relative: Path | str) -> bool:
-    """A path with a hidden part (a run's ``.lock``, ``.superseded/``, a user's ``.x/``), which
-    git leaves uncommitted, the freeze does not hash, and so no reader reads (trial 11's CF11,
-    CF14: an event file in a hidden folder rejected a run that check-freeze never saw change)."""
-    return any(part.startswith(".") for part in Path(relative).parts)
 
 
 def event_files(run_dir: Path | str) -> list[Path]:

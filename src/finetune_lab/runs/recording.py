@@ -172,7 +172,7 @@ def record_run(
     weights (``None`` for a random init). ``hyperparameters`` must not contain ``seed`` or
     ``init``: those are recorded separately because they are what varies inside an experiment.
     An existing run folder is refused unless ``overwrite``, which clears it first so that no
-    stale event file can mix into the new run: a complete run is moved aside
+    stale event file can mix into the new run: the run there is moved aside
     (:func:`set_aside`), never deleted.
 
     ``resume`` makes the run resumable: its manifest lists ``segments`` (one per launch), an
@@ -287,56 +287,40 @@ def _with_new_segment(fresh: dict[str, Any], previous: dict[str, Any] | None,
 
 
 SUPERSEDED = ".superseded"
-"""``<runs root>/.superseded/``: complete runs that a re-run replaced, kept (never listed)."""
+"""``<runs root>/.superseded/``: the runs that a re-run replaced, kept (never listed)."""
 
 
-def set_aside(run_dir: Path) -> Path | None:
-    """Clear ``run_dir`` for a new run. A complete or paused run (real results; a paused one
-    resumes, and the book shows it: trial 13's W1) is moved to ``<runs root>/.superseded/
-    <experiment>/<run>-<time>/``, the move printed; a failed or never-finished one is deleted
-    when it holds only what a run writes. A folder without a readable manifest, or one holding
-    other files (a user's), is moved aside too, never deleted."""
-    status, man = None, {}
+def set_aside(run_dir: Path) -> Path:
+    """Clear ``run_dir`` for a new run by moving it to ``<runs root>/.superseded/<experiment>/
+    <run>-<time>/``, the move printed. Whatever its status (complete, paused, failed or never
+    finished), a run in the store is a record the book counts, so it is never deleted (trial
+    14's W1); a folder without a readable manifest, or holding a user's files, moves too."""
+    status = None
     if (run_dir / mf.MANIFEST_NAME).is_file():
         try:
-            man = mf.read_manifest(run_dir)
-            status = man.get("status")
+            status = mf.read_manifest(run_dir).get("status")
         except (UserError, AttributeError):
             status = None
-    if status in (mf.STATUS_FAILED, mf.STATUS_RUNNING) and _only_run_files(run_dir, man):
-        shutil.rmtree(run_dir)
-        return None
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    folder = run_dir.parent.parent / SUPERSEDED / run_dir.parent.name
-    target, n = folder / f"{run_dir.name}-{stamp}", 1
-    while target.exists():  # two replacements within a second
-        n += 1
-        target = folder / f"{run_dir.name}-{stamp}-{n}"
-    folder.mkdir(parents=True, exist_ok=True)
+    target = aside_target(run_dir.parent.parent / SUPERSEDED / run_dir.parent.name, run_dir.name)
     shutil.move(str(run_dir), str(target))
-    what = {mf.STATUS_COMPLETE: "a complete run", mf.STATUS_PAUSED: "a paused run", None:
-            "no run manifest"}.get(status, "an unfinished run and files no run writes")
+    what = {mf.STATUS_COMPLETE: "a complete run", mf.STATUS_PAUSED: "a paused run",
+            mf.STATUS_FAILED: "a failed run", mf.STATUS_RUNNING: "an unfinished run",
+            None: "no run manifest"}.get(status, "a run of another status")
     print(f"{run_dir} held {what}, which this one replaces: it was moved to {target}",
           flush=True)
     return target
 
 
-RUN_FILES = frozenset({mf.MANIFEST_NAME, "train.log", "generations.json"})
-"""What runs write into their folder besides event files (generations.json: a LoRA QA run's)."""
-
-
-def _only_run_files(run_dir: Path, man: dict[str, Any]) -> bool:
-    """Whether every file under ``run_dir`` is one a run writes (its manifest, log, event files
-    and what the manifest lists): only then may an unfinished run's folder be deleted."""
-    listed = {str(k) for key in ("outputs", "logs", "checkpoints")
-              for k in (man.get(key) or {}) if isinstance(man.get(key), dict)}
-
-    def written(path: Path) -> bool:  # where a run writes it: a "train.log" of a user's own
-        parts = path.relative_to(run_dir).parts  # folder inside the run's is the user's
-        return (path.is_dir() and not path.is_symlink() or "/".join(parts) in listed
-                or len(parts) == 1 and path.name in RUN_FILES
-                or len(parts) <= 2 and path.name.startswith("events.out.tfevents."))
-    return all(written(path) for path in run_dir.rglob("*"))
+def aside_target(folder: Path, name: str) -> Path:
+    """A new ``folder/<name>-<UTC time>`` (``-2``, ``-3``… for two within a second), its parent
+    made: where a replaced run, or a replaced run's resumable state, is kept."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    target, n = folder / f"{name}-{stamp}", 1
+    while target.exists():
+        n += 1
+        target = folder / f"{name}-{stamp}-{n}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return target
 
 
 def resumable_manifest(run_dir: Path, *, seed: int, init: str,

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from pathlib import Path
 from typing import Any, Protocol
 
-from finetune_lab._files import OUTPUT_MARKER, parse_json, read_json, sha256_file
+from finetune_lab._files import OUTPUT_MARKER, parse_json, read_json, regular_text, sha256_file
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
@@ -117,7 +118,8 @@ def input_differences(label: str, record: dict[str, Any], rec: Findings,
             )
     if root.is_dir():
         now = {rel for f in root.rglob("*") if f.is_file()
-               if not mf.is_build_record(rel := f.relative_to(root).as_posix())}
+               if not mf.is_build_record(rel := f.relative_to(root).as_posix())
+               and not mf.hidden(rel)}
         for extra in sorted(now - set(recorded)):
             found.append(f"{label} folder {stored} has a new file {extra} the run never saw")
     return found
@@ -189,3 +191,30 @@ def refuse_inside_output(folder: Path, what: str) -> None:
                 made_by = "a finetune-lab command"
             raise UserError(f"{what} {folder} is inside {parent}, which {made_by} made (its "
                             f"{OUTPUT_MARKER} says so): choose a folder outside it")
+
+
+WORK_STORE = "data/work/"
+
+
+def work_inputs(project: Path) -> list[str]:
+    """What the runs in ``project``'s ``data/runs`` name as inputs inside its ``data/work`` (a
+    folder as ``folder/**``), sorted: the registry checks each of them where it is, so each is
+    an input of every chapter that judges runs (trial 14's CF2: ``pretrain-bin/bin``, the
+    ablations' and GPU runs' corpora and the candidates' weights were declared by none)."""
+    found: set[str] = set()
+    for man in sorted((project / "data" / "runs").glob("*/*/manifest.json")):
+        if mf.hidden(man.relative_to(project)):
+            continue
+        try:
+            inputs = parse_json(regular_text(man)).get("inputs")
+        except (OSError, UserError, ValueError, AttributeError):
+            continue  # a damaged manifest: the registry lists its run as bad, reading no input
+        records = [*(inputs.get("data") or []), inputs.get("checkpoint")] \
+            if isinstance(inputs, dict) and isinstance(inputs.get("data") or [], list) else []
+        for record in records:
+            stored = record.get("path") if isinstance(record, dict) else None
+            path = posixpath.normpath(stored) if isinstance(stored, str) else ""
+            if path.startswith(WORK_STORE):
+                single = list(record.get("sha256") or {}) == ["."]
+                found.add(path if single else f"{path}/**")
+    return sorted(found)

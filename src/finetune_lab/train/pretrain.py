@@ -49,8 +49,8 @@ from finetune_lab.train.pretrain_recipe import (
     default_recipe,
     device_defaults,
     experiment_config,
+    fresh_state_dir,
     spread,
-    state_dir,
 )
 from finetune_lab.train.pretrain_throughput import throughput_record
 
@@ -106,8 +106,7 @@ def pretrain(
     if package:  # before pin_config, which may write experiment.json (trial 7's P6)
         checkpoints.check_package_dest(package_to)
     pin_config(root / experiment, experiment_config(recipe), recipe.hyperparameters())
-    save_dir = state_dir(run if experiment == EXPERIMENT else f"{experiment}-{run}")
-    save_dir.mkdir(parents=True, exist_ok=True)
+    save_dir = fresh_state_dir(run if experiment == EXPERIMENT else f"{experiment}-{run}")
 
     calibration = None
     if minutes is None and max_update is None:

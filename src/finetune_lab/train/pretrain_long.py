@@ -130,6 +130,21 @@ def start_over_unsaved(run_dir: Path, save_dir: Path, save_every: int) -> None:
         "(`--continue-from DIR --run NEW`), or delete the run folder to start it over")
 
 
+def check_own_state(run_dir: Path, last: Path, updates: int) -> None:
+    """Refuse to resume ``run_dir`` from state that is not its own (trial 14's W2): a paused
+    run recorded the sha256 of the state it paused with, and nothing has launched it since;
+    a launch killed after that pause can only have gone further."""
+    man = read_manifest(run_dir)
+    recorded = man.get("resume_state")
+    if not isinstance(recorded, dict):
+        return  # paused before the record was kept
+    ahead = updates >= int(recorded.get("updates") or 0)
+    if man.get("status") == "paused" and sha256_file(last) != recorded.get("sha256") \
+            or not ahead:
+        raise UserError(f"{last} is not the state {run_dir} paused with (its sha256 or update "
+                        "count differs): move that folder away, or put the run's own state back")
+
+
 def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str | None:
     """``tokens done / budget, tokens/s, ETA`` from one of fairseq's ``train_inner`` lines."""
     if "| train_inner |" not in line:
@@ -223,6 +238,8 @@ def pretrain_long(
     if point is None and run_manifest.is_file():
         if read_manifest(run_manifest.parent).get("status") != "complete":
             start_over_unsaved(run_manifest.parent, save_dir, recipe.validate_every)
+    if point is not None:
+        check_own_state(run_manifest.parent, save_dir / LAST, point["updates"])
 
     init_copy = save_dir / "init_model.pt"
     # from scratch with sinusoids: the random weights fairseq would draw, in a file to rewrite
@@ -291,8 +308,12 @@ def pretrain_long(
         handle.manifest["throughput"] = throughput_record(log_text, recipe, device_info())
         final = save_dir / LAST
         if not handle.paused:
+            handle.manifest.pop("resume_state", None)
             handle.manifest["saved_checkpoints"] = {
                 LAST: {"path": portable_path(final), "sha256": sha256_file(final)}}
+        elif final.is_file():  # what the next launch must find there (check_own_state)
+            handle.manifest["resume_state"] = {"path": portable_path(final), "updates": done,
+                                               "sha256": sha256_file(final)}
         run_dir = handle.run_dir
     if done < total:
         print(f"pretrain: {run} paused at update {done} of {total}; run the same command "

@@ -15,6 +15,7 @@ from typing import Any
 
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
+from finetune_lab.runs.recording import SUPERSEDED, aside_target
 
 EXPERIMENT = "pretrain"
 
@@ -200,3 +201,18 @@ def state_dir(run: str) -> Path:
     git-ignored, on this machine only."""
     return paths().work / "pretrain-checkpoints" / run
 
+
+
+def fresh_state_dir(run: str) -> Path:
+    """:func:`state_dir` for a run that starts from update 0. fairseq continues from any
+    ``checkpoint_last.pt`` in its ``--save-dir``, so state left there by an earlier run of this
+    name (a replaced paused run's, or a copy) would be continued under this run's record (trial
+    14's W2): it is moved to ``pretrain-checkpoints/.superseded/<run>-<time>/``, never deleted."""
+    save_dir = state_dir(run)
+    if save_dir.is_dir() and any(save_dir.iterdir()):
+        target = aside_target(save_dir.parent / SUPERSEDED, save_dir.name)
+        save_dir.rename(target)
+        print(f"{save_dir} held the state of an earlier run named {run}: it was moved to "
+              f"{target}", flush=True)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    return save_dir

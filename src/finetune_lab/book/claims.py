@@ -1,0 +1,32 @@
+"""The guard of a sentence that the runs must support: a render whose valid runs no longer
+support it fails in one message that names the claim and the runs the registry excluded."""
+
+from __future__ import annotations
+
+import os
+from fnmatch import fnmatch
+
+from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.runs.registry import discover_runs, excluded_runs
+
+
+class ClaimError(AssertionError):
+    """A sentence of the book that the valid runs no longer support."""
+
+
+def holds(ok: bool, claim: str, *experiments: str) -> None:
+    """Guard a sentence: when the runs no longer support it, fail in one message naming the
+    claim and the runs of ``experiments`` (globs) that the registry excluded, with the first
+    reason of each (trial 14's M3: one damaged random run stopped the render with a bare
+    assertion that named no run)."""
+    if ok:
+        return
+    bad = [r for r in excluded_runs(discover_runs())
+           if any(fnmatch(r.experiment, e) for e in experiments)]
+    where = ", ".join(experiments)
+    why = ("; excluded there: " + "; ".join(
+        f"{r.experiment}/{r.name} ({r.problems[0] if r.problems else r.reason})".replace(
+            f"{PROJECT_ROOT}{os.sep}", "") for r in bad)
+        + ". Repair or re-run those runs, or rewrite the sentence") if bad else (
+        ": no run there is excluded, so the results themselves changed; rewrite the sentence")
+    raise ClaimError(f"the sentence '{claim}' no longer holds with the valid runs of {where}{why}")
