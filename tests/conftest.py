@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import replace
 
 import matplotlib
 
@@ -18,6 +19,7 @@ os.environ.setdefault("FINETUNE_LAB_PREWARM", "0")
 import pytest  # noqa: E402
 
 from finetune_lab.config import default_data_root  # noqa: E402
+from finetune_lab.train.recipe import LAB_RECIPE  # noqa: E402
 
 TINY_ARCH = {"encoder_layers": 1, "encoder_embed_dim": 32, "encoder_ffn_embed_dim": 32,
              "encoder_attention_heads": 2}
@@ -30,15 +32,44 @@ needs_data_root = pytest.mark.skipif(
 )
 
 
+def built_once(tmp_path_factory, name: str, build):
+    """``build(folder)``'s result, built once per test run and shared by the xdist workers.
+
+    Session fixtures are per worker: with two workers, each built the tiny pipeline and grid
+    (real fairseq runs, a minute each). The first worker to ask builds them under a lock in the
+    run's shared temporary folder; the other waits and reads the pickled result. Tests copy what
+    they damage (the fixtures' rule already), so one copy serves both."""
+    import pickle
+    import shutil
+
+    from filelock import FileLock
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / f"shared-{name}"
+    done = shared.with_name(shared.name + ".pickle")
+    with FileLock(str(shared) + ".lock"):
+        if done.is_file():
+            return pickle.loads(done.read_bytes())
+        shutil.rmtree(shared, ignore_errors=True)  # a build that failed half-way
+        shared.mkdir()
+        result = build(shared)
+        done.write_bytes(pickle.dumps(result))
+        return result
+
+
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
     """Tokenizer (400 pieces, 3 novels), corpus, a 30-update pretraining run, packaged checkpoint,
     and CLS-Books sliced to 64/16/32 reviews and binarized: real files through the real code."""
+    return built_once(tmp_path_factory, "pipeline", _build_pipeline)
+
+
+def _build_pipeline(root):
     from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
     from finetune_lab.train import pretrain
     from finetune_lab.train.pretrain_recipe import PretrainRecipe
 
-    root = tmp_path_factory.mktemp("pipeline")
     mp = pytest.MonkeyPatch()
     mp.setenv("FINETUNE_LAB_WORK_DIR", str(root / "work"))
     mp.setenv("FINETUNE_LAB_RUNS_DIR", str(root / "runs"))
@@ -62,9 +93,9 @@ def tiny_pipeline(tmp_path_factory):
     cls_bin, _ = binarize.binarize_cls(cls_dir=sliced, tokenizer_dir=tok, out=root / "cls-bin",
                                        workers=1)
     mp.undo()  # later tests (and the chapters they execute) must see the real data/ again
-    yield {"root": root, "tok": tok, "corpus": corpus, "pretrain_run": run_dir,
-           "packaged": root / "packaged", "cls": sliced, "cls_bin": cls_bin,
-           "runs": root / "runs"}
+    return {"root": root, "tok": tok, "corpus": corpus, "pretrain_run": run_dir,
+            "packaged": root / "packaged", "cls": sliced, "cls_bin": cls_bin,
+            "runs": root / "runs"}
 
 
 @pytest.fixture(scope="session")
@@ -73,11 +104,36 @@ def tiny_tapt_corpus(tiny_pipeline, tmp_path_factory):
     training texts twice), many of them longer than the tiny runs' 64-token samples."""
     from finetune_lab.data import pretrain_corpus
 
-    out, _ = pretrain_corpus.prepare_pretrain(
-        tokenizer_dir=tiny_pipeline["tok"], out=tmp_path_factory.mktemp("tapt") / "bin",
-        max_novels=3, workers=1, with_reviews=True, review_repeat=1, task_repeat=2,
-        train_novels=False)
-    return out
+    def build(folder):
+        return pretrain_corpus.prepare_pretrain(
+            tokenizer_dir=tiny_pipeline["tok"], out=folder / "bin", max_novels=3, workers=1,
+            with_reviews=True, review_repeat=1, task_repeat=2, train_novels=False)[0]
+    return built_once(tmp_path_factory, "tapt", build)
+
+
+CLS_GRID_SEEDS = (0, 1)
+CLS_GRID_RECIPE = replace(LAB_RECIPE, epochs=3, lr=1e-3)
+
+
+@pytest.fixture(scope="session")
+def cls_grid(tiny_pipeline, tmp_path_factory):
+    """The tiny CLS-Books grid through the lab's recipe (both inits, seeds 0 and 1; 64 training
+    reviews, batch 8, 3 epochs: 24 updates, at a learning rate high enough that the seeds do not
+    all end where they started), with a copy of the tiny pretraining run beside it: one runs
+    root, shared by the fairseq tests. A test that changes a run copies it first."""
+    import shutil
+
+    from finetune_lab.train import finetune_fairseq as ff
+
+    def build(root):
+        ff.finetune_grid(("pretrained", "random"), CLS_GRID_SEEDS,
+                         bin_dir=tiny_pipeline["cls_bin"], checkpoint_dir=tiny_pipeline["packaged"],
+                         recipe=CLS_GRID_RECIPE, arch=TINY_ARCH, runs_root=root, log=False)
+        pre = tiny_pipeline["pretrain_run"]
+        shutil.copytree(pre, root / "pretrain" / pre.name)
+        return root
+
+    return built_once(tmp_path_factory, "cls-grid", build)
 
 
 def use_tiny_work_dir(tiny_pipeline, tmp_path, monkeypatch) -> None:
@@ -127,7 +183,7 @@ def tiny_grid(tmp_path_factory):
     shared by every module that asks for it: copy a run (``runfixtures.copy_run``) to damage it."""
     from runfixtures import build_grid
 
-    return build_grid(tmp_path_factory.mktemp("tiny-grid"))
+    return built_once(tmp_path_factory, "tiny-grid", build_grid)
 
 
 def write_package(root, modules: dict[str, str]):

@@ -52,6 +52,17 @@ def test_unknown_spans_become_code_that_shows_them():
         "`€`", "`` a`b ``", "U+0085"]
 
 
+def test_a_control_character_among_the_unknown_text_is_named_as_the_mojibake_it_is():
+    """U+009C (twice in the reviews) is cp1252's œ read as Latin-1; U+0081 is no cp1252 byte."""
+    assert dt.unknown_sentence([("\x9c", 2)]) == (
+        "The only review text for which the tokenizer has no piece is U+009C (2 times; a control "
+        "character, probably a cp1252 `œ` decoded as Latin-1).")
+    assert dt.unknown_sentence([("€", 8), ("\x81", 1)]) == (
+        "The review text for which the tokenizer has no piece is, most frequent first with its "
+        "count: `€` (8), U+0081 (1).")
+    assert dt.unknown_sentence([]) == "The tokenizer has a piece for every character of the reviews."
+
+
 def test_length_histogram_and_truncation_agree(summary):
     lengths = summary["lengths"]
     first_truncated_bin = lengths["max_positions"] // lengths["bin_width"]

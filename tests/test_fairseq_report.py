@@ -4,15 +4,13 @@ pretraining budget (pretrain_budget) and the course's reference figures (course_
 
 from __future__ import annotations
 
-import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import TINY_ARCH, needs_data_root
+from conftest import CLS_GRID_RECIPE, CLS_GRID_SEEDS, TINY_ARCH, needs_data_root
 from finetune_lab.book import course_reference as cr
 from finetune_lab.book import fairseq_command as fc
 from finetune_lab.book import fairseq_report as fr
@@ -23,22 +21,13 @@ from finetune_lab.train import finetune_fairseq as ff
 from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.train.recipe import LAB_RECIPE
 
-# 64 training reviews, batch 8, 3 epochs: 24 updates, train_inner logged at 10 and 20. A high
-# learning rate so that the seeds do not all end where they started.
-RECIPE = replace(LAB_RECIPE, epochs=3, lr=1e-3)
-SEEDS = (0, 1)
+RECIPE, SEEDS = CLS_GRID_RECIPE, CLS_GRID_SEEDS
 
 
 @pytest.fixture(scope="module")
-def grid(tiny_pipeline):
-    """The tiny grid in its own runs root, with a copy of the tiny pretraining run beside it."""
-    root = tiny_pipeline["root"] / "report-runs"
-    ff.finetune_grid(fc.INITS, SEEDS, bin_dir=tiny_pipeline["cls_bin"],
-                     checkpoint_dir=tiny_pipeline["packaged"], recipe=RECIPE, arch=TINY_ARCH,
-                     runs_root=root, log=False)
-    pre = tiny_pipeline["pretrain_run"]
-    shutil.copytree(pre, root / "pretrain" / pre.name, dirs_exist_ok=True)
-    return {**tiny_pipeline, "report_runs": root, "res": fr.load_results(root)}
+def grid(tiny_pipeline, cls_grid):
+    """The shared tiny grid (conftest's ``cls_grid``): its runs root and what the chapter loads."""
+    return {**tiny_pipeline, "report_runs": cls_grid, "res": fr.load_results(cls_grid)}
 
 
 def _raw(run_dir: Path, subset: str, tag: str = "accuracy") -> dict[int, float]:

@@ -21,6 +21,7 @@ from finetune_lab.runs.gpu_plan import GPU_CORPUS
 from finetune_lab.runs.recording import RunExistsError
 from finetune_lab.train import linear_probe as lp
 from finetune_lab.train import pretrain
+from finetune_lab.train.pretrain_recipe import state_dir
 
 PACKAGED = PROJECT_ROOT / "data" / "checkpoints" / "roberta-small-fr"
 
@@ -97,7 +98,7 @@ def test_pretraining_into_a_run_or_experiment_it_may_not_touch_changes_nothing(t
     assert (tiny_corpus["runs"] / "lora" / "experiment.json").read_text() == config
     assert sorted(p.name for p in (tiny_corpus["runs"] / "lora").iterdir()) == [
         "experiment.json", "lora-qv-seed0"]
-    assert not (pretrain.state_dir("lora-new")).exists()
+    assert not (state_dir("lora-new")).exists()
 
 
 def test_a_package_folder_the_user_made_is_refused_before_training(tiny_corpus, tmp_path):

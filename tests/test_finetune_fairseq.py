@@ -3,34 +3,30 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
-from conftest import TINY_ARCH, needs_data_root
+from conftest import CLS_GRID_RECIPE, TINY_ARCH, needs_data_root
 
 from finetune_lab._files import sha256_file
 from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.runs.registry import validate_run
 from finetune_lab.train import finetune_fairseq as ff
-from finetune_lab.train.recipe import LAB_RECIPE
 
 pytestmark = needs_data_root
-RECIPE = replace(LAB_RECIPE, epochs=2)
+RECIPE = CLS_GRID_RECIPE
+NAMES = ["pretrained-seed0", "pretrained-seed1", "random-seed0", "random-seed1"]
 
 
 @pytest.fixture(scope="module")
-def grid(tiny_pipeline):
-    runs = tiny_pipeline["runs"] / "grid"
-    dirs = ff.finetune_grid(("pretrained", "random"), (0, 1), bin_dir=tiny_pipeline["cls_bin"],
-                            checkpoint_dir=tiny_pipeline["packaged"], recipe=RECIPE,
-                            arch=TINY_ARCH, runs_root=runs, log=False)
-    return {**tiny_pipeline, "dirs": dirs, "runs": runs}
+def grid(tiny_pipeline, cls_grid):
+    """The shared tiny grid (conftest's ``cls_grid``), its run folders in the grid's order."""
+    return {**tiny_pipeline, "dirs": [cls_grid / ff.EXPERIMENT / n for n in NAMES],
+            "runs": cls_grid}
 
 
 @pytest.mark.slow
 def test_grid_runs_are_complete_and_valid(grid):
-    assert [d.name for d in grid["dirs"]] == [
-        "pretrained-seed0", "pretrained-seed1", "random-seed0", "random-seed1"]
+    assert sorted(d.name for d in (grid["runs"] / ff.EXPERIMENT).iterdir()) == NAMES
     for d in grid["dirs"]:
         record = validate_run(d)
         assert record.valid, record.problems if hasattr(record, "problems") else record
@@ -39,11 +35,12 @@ def test_grid_runs_are_complete_and_valid(grid):
 @pytest.mark.slow
 def test_schedule_is_derived_from_the_data(grid):
     m = read_manifest(grid["dirs"][0])
-    # 64 training reviews, batch 8, 2 epochs -> 16 updates, int(0.06 * 16) = 0 warm-up.
+    # 64 training reviews, batch 8, 3 epochs -> 24 updates, int(0.06 * 24) = 1 warm-up.
     assert m["hyperparameters"]["n_train"] == 64
-    assert m["hyperparameters"]["total_updates"] == 16
+    assert m["hyperparameters"]["total_updates"] == 24
     cmd = m["command"]
-    assert cmd[cmd.index("--total-num-update") + 1] == "16"
+    assert cmd[cmd.index("--total-num-update") + 1] == "24"
+    assert cmd[cmd.index("--warmup-updates") + 1] == "1"
     assert cmd[cmd.index("--batch-size") + 1] == "8" and "--no-save" in cmd
     assert cmd[cmd.index("--valid-subset") + 1] == "valid,test"
 
@@ -68,21 +65,25 @@ def test_every_epoch_logs_valid_and_test_accuracy(grid):
     df = run_scalars(validate_run(grid["dirs"][1]))
     for subset in ("valid", "test"):
         acc = df[(df["subset"] == subset) & (df["tag"] == "accuracy")]
-        assert sorted(acc["epoch"].astype(int)) == [1, 2], subset
+        assert sorted(acc["epoch"].astype(int)) == [1, 2, 3], subset
         assert acc["value"].between(0, 100).all()
 
 
 @pytest.mark.slow
-def test_grid_skips_complete_runs_and_redoes_incomplete_ones(grid):
-    done = grid["dirs"][3]
+def test_grid_skips_complete_runs_and_redoes_incomplete_ones(grid, tmp_path):
+    import shutil
+
+    runs = tmp_path / "runs"  # a copy: the grid is shared
+    shutil.copytree(grid["runs"] / ff.EXPERIMENT, runs / ff.EXPERIMENT)
+    done = runs / ff.EXPERIMENT / NAMES[3]
     manifest_path = done / "manifest.json"
     before = json.loads(manifest_path.read_text())
-    killed = grid["dirs"][2]
+    killed = runs / ff.EXPERIMENT / NAMES[2]
     m = json.loads((killed / "manifest.json").read_text())
     m["status"] = "running"
     (killed / "manifest.json").write_text(json.dumps(m))
     ff.finetune_grid(("random",), (0, 1), bin_dir=grid["cls_bin"], recipe=RECIPE,
-                     arch=TINY_ARCH, runs_root=grid["runs"], log=False)
+                     arch=TINY_ARCH, runs_root=runs, log=False)
     assert json.loads(manifest_path.read_text())["start_time"] == before["start_time"]
     redone = read_manifest(killed)
     assert redone["status"] == "complete" and redone["start_time"] >= m["start_time"]

@@ -194,8 +194,11 @@ def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs, monkeypatch
     pair = {"lora/lora-qv-seed0", "lora/lora-attn-seed0"}
     monkeypatch.setattr(lora_cls_report, "overlapping", lambda rec, runs: [
         o for o in runs if o is not rec and {rec.key, o.key} == pair])
-    text = lora_cls_report.gaps_markdown(lora_cls_runs.cached_runs(runs_root))
+    shared = lora_cls_runs.cached_runs(runs_root)
+    text = lora_cls_report.gaps_markdown(shared)
     assert "and 2 of them shared the machine with other runs of this chapter" in text
+    assert "the table gives no time ratio" in text
+    assert "time / full" in shown and "time / full" not in lora_cls_report.gaps_table(shared)
 
 
 @pytest.mark.slow

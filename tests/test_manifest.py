@@ -108,11 +108,12 @@ def test_record_run_refuses_existing_run_and_bad_arguments(tmp_path: Path) -> No
     # the complete run it replaced was moved aside, not deleted (issue 19), out of the listings
     (kept,) = (tmp_path / ".superseded" / "exp").iterdir()
     assert kept.name.startswith("r1-") and mf.read_manifest(kept) == first
-    # an unfinished run is simply cleared
+    # a failed run is moved aside too (trial 14's W1): no run is deleted
     with pytest.raises(TrainingFailedError):
         _record(tmp_path, "raise SystemExit(1)", overwrite=True)
     _record(tmp_path, "pass", overwrite=True)
-    assert len(list((tmp_path / ".superseded" / "exp").iterdir())) == 2  # the failed one: gone
+    kept = sorted((tmp_path / ".superseded" / "exp").iterdir())
+    assert [mf.read_manifest(k)["status"] for k in kept] == ["complete", "complete", "failed"]
     with pytest.raises(UserError, match="must not contain"):
         with record_run("exp", "r3", framework="fairseq", init="random", seed=1,
                         hyperparameters={"seed": 1}, runs_root=tmp_path):

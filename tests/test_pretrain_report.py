@@ -171,7 +171,12 @@ def test_throughput_table_names_each_runs_precision_and_updates_done():
     table = pcu.throughput_table(pr.load_pretrain_runs()).set_index("run")
     assert table.loc["cpu-seed1", "precision"] == "fp32"
     assert table.loc["cpu-seed1", "updates"] == 1600 and table.loc["cpu-seed1-c1", "updates"] == 2299
-    assert table.loc["cpu-seed1", "MFU (bf16 peak)"] == "n/a (no GPU)"
+    # every committed run of the experiment ran on a CPU: no MFU column, which would say nothing
+    assert "MFU (bf16 peak)" not in table
+    from finetune_lab.runs.tblogs import load_experiments
+
+    gpu = pr.PretrainRuns(loaded=load_experiments(["pretrain-gpu"]), checkpoint=None)
+    assert pcu.throughput_table(gpu).set_index("run").loc["gpu", "MFU (bf16 peak)"] == "2.0 %"
 
 
 def test_the_committed_ablations_compare_at_equal_wall_time():
@@ -239,6 +244,12 @@ def test_accuracy_against_tokens_draws_every_fine_tuned_weights():
     ax = fig.axes[0]
     drawn = [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
     assert sum(len(c.lines[0].get_xdata()) for c in drawn) == len(tuned) >= 2
+    # each point is named, and no two names overlap (Figure A.3 named none)
+    names = sorted(t.get_text() for t in ax.texts)
+    assert "gpu4" in names and "cpu-long3 @2,750" in names and len(names) == len(tuned)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     mean, std, n = pc.random_accuracy()
     assert n == 3 and 60 < mean < 80 and std > 0
     assert "yes: saw the CLS-Books training texts" in table["task-adaptive"].tolist()

@@ -115,6 +115,35 @@ def code_span(text: str) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
+def mojibake(text: str) -> str | None:
+    """What a C1 control character (U+0080 to U+009F) most likely was: the cp1252 character of
+    the same byte (U+009C is cp1252's œ), read as Latin-1 by whoever decoded the text; None for
+    any other text."""
+    if len(text) != 1 or not 0x80 <= ord(text) <= 0x9F:
+        return None
+    try:
+        return bytes([ord(text)]).decode("cp1252")
+    except UnicodeDecodeError:  # 0x81, 0x8D, 0x8F, 0x90, 0x9D: no cp1252 character
+        return None
+
+
+def unknown_sentence(spans: list[tuple[str, int]]) -> str:
+    """The sentence that names the review text the tokenizer has no piece for, with counts, and
+    what a control character among it most likely was."""
+    if not spans:
+        return "The tokenizer has a piece for every character of the reviews."
+
+    def named(text: str, n: int) -> str:
+        was = mojibake(text)
+        return (f"{code_span(text)} ({n} time{'s' if n != 1 else ''}; a control character, "
+                f"probably a cp1252 {code_span(was)} decoded as Latin-1)" if was else
+                f"{code_span(text)} ({n})")
+    if len(spans) == 1:
+        return f"The only review text for which the tokenizer has no piece is {named(*spans[0])}."
+    return ("The review text for which the tokenizer has no piece is, most frequent first with "
+            f"its count: {', '.join(named(t, n) for t, n in spans)}.")
+
+
 def examples_table(summary: dict[str, Any]) -> pd.DataFrame:
     """The invented example sentences and their pieces / ids."""
     return pd.DataFrame([{"sentence": e["text"], "pieces": " ".join(e["pieces"]),

@@ -150,12 +150,16 @@ def verdict(ci_low: float, ci_high: float) -> str:
 
 
 def gaps_table(loaded: LoadedRuns | None) -> pd.DataFrame:
-    """:func:`gaps_to_full` for display: one row per method, every number rounded."""
+    """:func:`gaps_to_full` for display: one row per method, every number rounded. The time
+    ratio is left out when runs shared the machine (:func:`time_caveat`): it would measure the
+    load as much as the methods."""
     columns = ["difference", "LoRA − full (points)", "95 % Welch CI", "verdict", "time / full",
                "peak memory / full"]
     gaps = gaps_to_full(loaded) if loaded is not None else pd.DataFrame()
     if gaps.empty:
         return pd.DataFrame(columns=columns)
+    if any(overlapping(r, loaded.runs) for r in loaded.used):
+        columns.remove("time / full")
     return pd.DataFrame({
         "difference": [f"{m} − full" for m in gaps["method"]],
         "LoRA − full (points)": [signed(d) for d in gaps["test gap (points)"]],
@@ -215,7 +219,8 @@ def time_caveat(loaded: LoadedRuns) -> str:
     if shared:
         text += (f", and {len(shared)} of them shared the machine with other runs of this "
                  "chapter for at least half of their time, which slows a run by as much as the "
-                 "CPU is shared: the time ratios measure the methods and the load together")
+                 "CPU is shared: their times would measure the methods and the load together, "
+                 "so the table gives no time ratio")
     return text + "."
 
 

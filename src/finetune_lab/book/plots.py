@@ -135,3 +135,26 @@ def seed_band_caption(n_per_group: dict[str, int] | None = None, what: str = "")
         f"standard deviation (ddof = 1) across seeds at each epoch{ns}; the band is a spread of "
         "seeds, not a confidence interval."
     )
+
+
+def label_points(ax: plt.Axes, points: list[tuple[float, float, str]]) -> None:
+    """Name each point of a log-x scatter beside it, in small grey text: to its right, or to its
+    left in the last fifth of the axis (where a name would leave the figure), at the first of a
+    few heights where it overlaps no name already placed."""
+    import math
+
+    renderer = ax.figure.canvas.get_renderer()
+    lo, hi = (math.log10(v) for v in ax.get_xlim())
+    boxes: list = []
+    for x, y, name in sorted(points):
+        right = (math.log10(x) - lo) / (hi - lo) < 0.8
+        heights = (0, 8, -8, 16, -16, 24)
+        for dy in heights:  # every height taken: the last one stays, overlapping
+            text = ax.annotate(name, (x, y), xytext=(6 if right else -6, dy),
+                               textcoords="offset points", ha="left" if right else "right",
+                               va="center", fontsize=6.5, color="0.3")
+            box = text.get_window_extent(renderer)
+            if dy == heights[-1] or not any(box.overlaps(b) for b in boxes):
+                break
+            text.remove()
+        boxes.append(box)

@@ -351,7 +351,7 @@ def random_accuracy(runs_root: Path | None = None) -> tuple[float, float, int] |
 def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int] | None):
     """Fine-tuned test accuracy of every set of weights tried, against the pretraining tokens
     behind them, beside random initialisation's band (mean ± std over its seeds)."""
-    from finetune_lab.book.plots import check_legend  # heavy: matplotlib
+    from finetune_lab.book.plots import check_legend, label_points  # heavy: matplotlib
     import matplotlib.pyplot as plt
 
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
@@ -377,6 +377,9 @@ def plot_accuracy_vs_tokens(table: pd.DataFrame, random: tuple[float, float, int
                     ms=8 if kind.startswith("packaged") else 5, label=kind.replace("`", ""))
     ax.set_xscale("log")
     ax.margins(x=0.08)
+    label_points(ax, [(x, y, str(r).replace("`", "").split("/")[-1].replace(" at update ", " @"))
+                      for x, y, r in zip(tuned["tokens (M, all runs)"], tuned["acc mean"],
+                                         tuned["run"])])
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 10, 20, 50, 100, …
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.xaxis.set_minor_formatter(NullFormatter())

@@ -105,7 +105,8 @@ def plot_curves(runs: PretrainRuns):
 
 def throughput_table(runs: PretrainRuns) -> pd.DataFrame:
     """Speed of every valid pretraining run, with its device and precision (MFU only on a known
-    GPU); updates are those done (a time budget can stop a run before its schedule ends)."""
+    GPU, and its column only where a run has one); updates are those done (a time budget can
+    stop a run before its schedule ends)."""
     rows = []
     for rec in runs.used:
         man = rec.manifest
@@ -120,7 +121,10 @@ def throughput_table(runs: PretrainRuns) -> pd.DataFrame:
             "updates/s": f"{thr['updates_per_s']:.2f}" if thr.get("updates_per_s") else "n/a",
             "MFU (bf16 peak)": f"{100 * thr['mfu']:.1f} %" if thr.get("mfu") else "n/a (no GPU)",
         })
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if not table.empty and (table["MFU (bf16 peak)"] == "n/a (no GPU)").all():
+        table = table.drop(columns="MFU (bf16 peak)")  # a column that would say nothing
+    return table
 
 
 def flops_per_token() -> float:
