@@ -68,6 +68,16 @@ def test_a_paused_run_resumes_only_its_own_state(tmp_path):
     check_own_state(run, last, 12)
     with pytest.raises(UserError, match="update count differs"):  # ... never back
         check_own_state(run, last, 4)
+    # trial 15's W2-n1: a run paused before the sha256 was kept (the committed cpu-long3 and
+    # cpu-long4) takes only state at the very update it paused at, and only on its own corpora
+    old = {"status": "paused", "updates_done": 8056,
+           "inputs": {"data": [{"path": "data/work/pretrain-bin/bin"}]}}
+    (run / "manifest.json").write_text(json.dumps(old))
+    check_own_state(run, last, 8056, [PROJECT_ROOT / "data" / "work" / "pretrain-bin" / "bin"])
+    with pytest.raises(UserError, match="update count differs"):
+        check_own_state(run, last, 4)
+    with pytest.raises(UserError, match="a run goes on with its own corpora"):
+        check_own_state(run, last, 8056, [tmp_path / "pp" / "bin"])
 
 
 def test_a_hidden_file_in_prepared_data_rejects_no_run(tmp_path):
@@ -254,3 +264,222 @@ def test_a_claim_that_no_longer_holds_names_the_excluded_runs(tmp_path, monkeypa
     assert "train.log" in message and str(PROJECT_ROOT) not in message
     with pytest.raises(ClaimError, match="no run there is excluded"):
         holds(False, "a claim", "lora")
+
+
+def test_a_chapter_rendered_on_its_own_is_executed_and_recorded_again(tmp_path):
+    """`quarto render chapters/x.qmd` executes the chapter even when it is frozen (Quarto's
+    freeze holds for project renders only): its new results are recorded, not called edited."""
+    from finetune_lab.book import freeze as fz
+
+    chapter = _frozen_chapter(tmp_path)
+    fz.pre_render(tmp_path, {"QUARTO_PROJECT_INPUT_FILES": chapter}, log=lambda *_: None)
+    results = fz.freeze_entry(tmp_path, chapter) / "execute-results" / "html.json"
+    results.write_text(results.read_text().replace("78.1", "78.2"))  # what the run gave now
+    fz.post_render(tmp_path, log=lambda *_: None)
+    assert fz.check_freeze(tmp_path) == []
+
+
+# --- trial 13's minor defects --------------------------------------------------------------
+
+
+def test_a_link_where_a_store_goes_is_that_store(tmp_path, monkeypatch):
+    """A5: a link at the packaged checkpoint's folder was replaced with `--force`, because only
+    its target, outside every store, was judged."""
+    from finetune_lab.config import paths, protected
+
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    ckpt = paths().checkpoints / "roberta-small-fr"
+    assert protected(ckpt) is not None
+    assert protected(target) is None  # a folder of its own outside the stores
+    # a link where a store goes (the work folder's candidates) is that store
+    store = tmp_path / "work" / "candidates"
+    store.parent.mkdir(parents=True)
+    store.symlink_to(target, target_is_directory=True)
+    assert protected(store) == (f"is or holds the candidates' weights {store}", True)
+
+
+def test_gpu_unpack_moves_nothing_through_a_link_and_names_a_piece_that_is_no_file(tmp_path):
+    """GL1: a link where the call's experiment goes moved its runs outside the project; GL6: a
+    piece replaced by a named pipe was said to be missing."""
+    from test_faults import _device_result
+
+    from finetune_lab.runs import gpu_archive
+
+    files, project = _device_result(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (project / "data" / "runs").mkdir(parents=True)
+    (project / "data" / "runs" / "fairseq-gpu").symlink_to(victim, target_is_directory=True)
+    with pytest.raises(UserError, match="fairseq-gpu is a link where the call's"):
+        gpu_archive.unpack(files, root=project)
+    assert list(victim.iterdir()) == []
+    piece = next(files.glob(gpu_archive.ARCHIVE + ".*"))
+    piece.unlink()
+    os.mkfifo(piece)
+    with pytest.raises(UserError, match="is not a regular file: every piece"):
+        gpu_archive.unpack(files, root=project)
+
+
+def test_a_full_disk_and_a_mount_point_are_one_line_naming_the_output(tmp_path, monkeypatch):
+    """X4: "cannot write a file: No space left on device" named no path; A4: a mount point as
+    `--out --force` was a traceback (EBUSY from the exchange)."""
+    import errno
+
+    from finetune_lab import _files
+
+    out = tmp_path / "out"
+    with pytest.raises(OSError) as err:
+        with _files.atomic_dir(out, "prepare-cls"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert err.value.filename == str(out) and not out.exists()
+    out.mkdir()
+    (out / _files.OUTPUT_MARKER).write_text('{"command": "prepare-cls", "entries": []}')
+    monkeypatch.setattr(_files, "_swap", lambda *a: (_ for _ in ()).throw(
+        OSError(errno.EBUSY, "Device or resource busy", str(out))))
+    with pytest.raises(UserError, match="is a mount point, which cannot be replaced"):
+        with _files.atomic_dir(out, "prepare-cls", force=True) as tmp:
+            (tmp / "x").write_text("x")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing half-made left beside it
+
+
+def test_convert_hf_names_a_checkpoint_that_is_no_file(capsys):
+    """X9: `convert-hf --checkpoint /dev/zero` said "/dev/zero does not exist"."""
+    from finetune_lab.cli import main
+
+    assert main(["convert-hf", "--checkpoint", "/dev/zero"]) == 2
+    assert "/dev/zero is not a regular file" in capsys.readouterr().err
+
+
+def test_every_line_boundary_in_a_review_becomes_a_space():
+    """D5: a review holding U+2028, U+0085 or U+2029 made its split file longer than its
+    labels, which every reader then refused."""
+    from finetune_lab.data.cls_books import single_line
+
+    text = single_line("a\u2028b \x85 c\u2029d\x0be\nf")
+    assert text == "a b c d e f" and len(text.splitlines()) == 1
+
+
+def test_a_full_disk_in_a_librarys_writer_is_an_oserror_naming_the_output(tmp_path):
+    """X-d3, X-d4 (trial 15): torch.save's RuntimeError and safetensors' SafetensorError on a
+    full disk were tracebacks; the CLI says an OSError in one line."""
+    import errno
+
+    from finetune_lab.errors import library_write
+
+    for raised in (RuntimeError("[enforce fail at inline_container.cc] . PytorchStreamWriter "
+                                "failed writing file data/0: No space left on device"),
+                   Exception('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                             'message: "No space left on device" })')):
+        with pytest.raises(OSError) as err:
+            with library_write(tmp_path / "out"):
+                raise raised
+        assert (err.value.errno, err.value.filename) == (errno.ENOSPC, str(tmp_path / "out"))
+    with pytest.raises(ValueError):  # any other failure is what it is
+        with library_write(tmp_path / "out"):
+            raise ValueError("bad tensor")
+
+
+def test_a_run_store_of_any_name_is_never_replaced(tmp_path):
+    """A-n1 (trial 15): `prepare-cls --out data/work/myruns --force` deleted the runs of a
+    `--runs-root data/work/myruns`: only `lora-runs` was protected, by name."""
+    from finetune_lab._files import check_replaceable
+
+    store = tmp_path / "myruns"
+    (store / "lora" / "lora-qv-seed0").mkdir(parents=True)
+    (store / "lora" / "lora-qv-seed0" / "manifest.json").write_text("{}")
+    with pytest.raises(UserError, match="holds runs .*--force included"):
+        check_replaceable(store, "prepare-cls", force=True)
+    assert (store / "lora" / "lora-qv-seed0" / "manifest.json").is_file()
+
+
+def test_sums_in_bsd_format_are_read_and_a_list_naming_no_books_file_is_refused(tmp_path):
+    """D-n2 (trial 15): a SHA256SUMS in BSD (`--tag`) format was silently not read, and the DVD
+    training file passed as CLS-Books'."""
+    from finetune_lab.data.cls_books import BOOKS_DIR, check_sources
+
+    books = tmp_path / BOOKS_DIR
+    books.mkdir(parents=True)
+    sources = {"train": books / "train.review", "test": books / "test.review"}
+    sources["train"].write_text("<train/>")
+    sources["test"].write_text("<test/>")
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text(f"SHA256 (./{BOOKS_DIR}/train.review) = {'A' * 64}\n")
+    with pytest.raises(UserError, match="train.review is not the file the data root's"):
+        check_sources(tmp_path, sources)
+    sums.write_text("garbage\n")
+    with pytest.raises(UserError, match="lists neither books file in a format this reads"):
+        check_sources(tmp_path, sources)
+    from finetune_lab._files import sha256_file
+
+    sums.write_text(f"SHA256 ({BOOKS_DIR}/train.review) = {sha256_file(sources['train']).upper()}\n")
+    assert check_sources(tmp_path, sources)["train"] == sha256_file(sources["train"])
+
+
+def test_test_reviews_with_a_character_added_are_still_the_test_reviews(tmp_path):
+    """D-n1 (trial 15): a training file of the test texts, each with " ." added, passed."""
+    from finetune_lab.data.cls_books import Review, check_overlap
+
+    test = [Review(f"Un livre numéro {i}, vraiment bien", 1, 5.0, i) for i in range(20)]
+    train = [Review(r.text + " .", 1, 5.0, r.position) for r in test]
+    sources = {"train": tmp_path / "train.review", "test": tmp_path / "test.review"}
+    with pytest.raises(UserError, match="shares 20 of its 20 reviews"):
+        check_overlap(sources, train, test)
+    check_overlap(sources, [Review(f"Autre avis {i}", 0, 1.0, i) for i in range(20)], test)
+
+
+def test_a_fact_read_through_an_excluded_run_is_not_known(tmp_path):
+    """R2-n1 (trial 15): with `pretrain/cpu-sinpos1` rejected, its valid child's position table
+    read "kept", and the page said a run with its table kept left the plateau at 24 M tokens."""
+    from finetune_lab.book import pretrain_plateau as pp
+    from finetune_lab.runs.registry import RunRecord
+
+    parent_path = "data/runs/pretrain/sin"
+    child = RunRecord(tmp_path / "child", "pretrain", "child", {
+        "hyperparameters": {}, "extra": {"continued_from": {"lineage": [{"run": parent_path}]}}})
+    parent = RunRecord(tmp_path / "sin", "pretrain", "sin",
+                       {"hyperparameters": {"position_init": "sinusoidal"}})
+    assert pp.position_start(child, [child, parent]) == "sinusoidal (sin)"
+    rejected = RunRecord(tmp_path / "sin", "pretrain", "sin", None, ["its log changed"])
+    assert pp.position_start(child, [child, rejected]) == pp.UNKNOWN
+    kept = RunRecord(tmp_path / "sin", "pretrain", "sin", {"hyperparameters": {}})
+    assert pp.position_start(child, [child, kept]) == "kept"
+
+
+def test_a_record_is_named_and_dated_as_its_weights_were_packaged(tmp_path):
+    """W3 c, d (trials 14 and 15): a record dated after the packaging was said to be asked
+    before it; a record holding cpu-sinpos1's packaged weights under the name `cpu-long` was
+    shown as cpu-long's."""
+    from finetune_lab.book import fill_mask as fm
+    from finetune_lab.book.summary_files import name_problem
+
+    package = {"created": "2026-11-25T15:07:30+00:00"}
+    assert fm.asked_before_packaging({"time": "2026-11-25T13:23:17+00:00"}, package) is True
+    assert fm.asked_before_packaging({"time": "2026-11-26T10:00:00+00:00"}, package) is False
+    assert fm.asked_before_packaging({"time": "sometime"}, package) is None
+    runs = PROJECT_ROOT / "data" / "runs"
+    sinpos = json.loads((PROJECT_ROOT / "data" / "summaries" / "fill-mask" /
+                         "cpu-sinpos1.json").read_text())
+    as_long = {**sinpos, "name": "cpu-long", "checkpoint": {
+        **sinpos["checkpoint"], "path": "data/checkpoints/roberta-small-fr/model.pt"}}
+    assert "packaged by cpu-sinpos1" in name_problem(as_long, runs, None)
+    assert name_problem(sinpos, runs, None) is None  # its own name
+
+
+def test_frozen_results_removed_a_time_out_of_era_and_a_home_of_no_user(tmp_path, monkeypatch):
+    """Trial 15's minor R-CF6 (`rm -r _freeze/chapters/fairseq` passed check-freeze), PR1 (a
+    record of year 1 at +14:00 crashed a chapter) and X-e2 (`~nosuchuser` was a traceback)."""
+    from finetune_lab.book import freeze as fz
+    from finetune_lab.config import paths
+    from finetune_lab.runs.consistency import recorded_time
+
+    chapter = _frozen_chapter(tmp_path)
+    shutil.rmtree(fz.freeze_entry(tmp_path, chapter))
+    (stale,) = fz.check_freeze(tmp_path)
+    assert "its frozen results are gone" in stale.describe()
+    assert recorded_time("0001-01-01T00:00:00+14:00") is None
+    assert recorded_time("2026-11-25T15:07:30+00:00").year == 2026
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", "~nosuchuser-xyz/runs")
+    with pytest.raises(UserError, match="its ~ names no home folder"):
+        paths()

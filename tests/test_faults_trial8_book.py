@@ -72,7 +72,8 @@ def _frozen_project(root: Path) -> Path:
     patterns = fz.chapter_inputs(root, chapter)
     record = fz.record_path(root, chapter)
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(fz.make_record(root, chapter, patterns)))
+    record.write_text(json.dumps({**fz.make_record(root, chapter, patterns),
+                                  "outputs": fz.output_hashes(root, chapter)}))
     assert fz.check_freeze(root) == []
     return root
 

@@ -6,7 +6,8 @@ import pytest
 
 from finetune_lab.book.chapter_inputs import chapter_inputs
 from finetune_lab.book.qmd import (
-    FrontMatterError, bib_keys, book_chapters, crossrefs, front_matter, load_quarto_config,
+    FrontMatterError, bib_keys, book_chapters, code_cells, crossrefs, front_matter,
+    load_quarto_config,
 )
 from finetune_lab.config import PROJECT_ROOT
 
@@ -64,6 +65,9 @@ def test_every_citation_is_in_the_bibliography():
 def test_chapters_declare_existing_inputs(chapter):
     rel = chapter.relative_to(PROJECT_ROOT).as_posix()
     inputs = chapter_inputs(PROJECT_ROOT, rel)
+    if not code_cells(chapter.read_text(encoding="utf-8")):  # prose alone (the glossary)
+        assert inputs is None and not front_matter(chapter).get("inputs")
+        return
     assert inputs, f"{chapter} has no inputs for the data-aware freeze"
     assert "src/finetune_lab/__init__.py" in inputs  # its code, from what it imports
     for pattern in front_matter(chapter).get("inputs") or []:

@@ -328,10 +328,8 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     except OSError as exc:
-        raise UserError(
-            f"cannot write into {dest.parent}: {exc.strerror}. "
-            "Choose a writable location (--out) or fix its permissions."
-        ) from exc
+        raise UserError(f"cannot write into {dest.parent}: {exc.strerror}. Choose a writable "
+                        "location (--out) or fix its permissions.") from exc
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; give it normal permissions
@@ -353,8 +351,13 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
                 os.replace(old, dest)
                 raise
             _remove(old)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno == errno.EBUSY:  # trial 13's A4
+            raise UserError(f"{dest} is a mount point, which cannot be replaced: choose a "
+                            "folder inside it as the output") from exc
+        if isinstance(exc, OSError) and exc.filename is None:  # a full disk: name the output
+            exc.filename = str(dest)
         raise
 
 

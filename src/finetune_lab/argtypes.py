@@ -38,6 +38,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def segment_minutes(text: str) -> float:
+    """A launch's length: 2 minutes at least, since a launch with less than a minute left stops
+    before training (trial 15's W2-n3: `--segment-minutes 1` trained nothing)."""
+    value = positive_float(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be 2 minutes or more (a launch needs a minute "
+                                         f"to start), not {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """More than 0 and finite: ``1e400`` reads as infinity, which no budget can be divided by
     (it reached the trainer as an OverflowError)."""

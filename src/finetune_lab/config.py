@@ -8,6 +8,7 @@ and commits (run logs, manifests, metric tables, the pretrained checkpoint) live
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,22 +41,32 @@ class Paths:
 
 def default_data_root() -> Path:
     """``$FINETUNE_LAB_DATA_ROOT``, else ``../shared/data`` beside the checkout."""
-    env = os.environ.get(DATA_ROOT_ENV)
-    if env:
-        return Path(env).expanduser().resolve()
-    return (PROJECT_ROOT.parent / "shared" / "data").resolve()
+    env = _env_path(DATA_ROOT_ENV)
+    return env if env is not None else (PROJECT_ROOT.parent / "shared" / "data").resolve()
+
+
+def _env_path(var: str) -> Path | None:
+    """The folder a ``FINETUNE_LAB_*`` variable names, ``~`` expanded (None: unset); a
+    ``~user`` of no user on this machine is one line (trial 15's X-e2: a traceback)."""
+    value = os.environ.get(var)
+    if not value:
+        return None
+    try:
+        return Path(value).expanduser().resolve()
+    except RuntimeError:
+        raise UserError(f"{var}={value}: its ~ names no home folder on this machine; give the "
+                        "folder's full path") from None
 
 
 def paths() -> Paths:
     """The project's paths, honouring the ``FINETUNE_LAB_*`` environment variables."""
     data = PROJECT_ROOT / "data"
-    work = os.environ.get(WORK_DIR_ENV)
-    runs = os.environ.get(RUNS_DIR_ENV)
+    work, runs = _env_path(WORK_DIR_ENV), _env_path(RUNS_DIR_ENV)
     return Paths(
         project=PROJECT_ROOT,
         data_root=default_data_root(),
-        work=Path(work).expanduser().resolve() if work else data / "work",
-        runs=Path(runs).expanduser().resolve() if runs else data / "runs",
+        work=work if work is not None else data / "work",
+        runs=runs if runs is not None else data / "runs",
         checkpoints=data / "checkpoints",
         summaries=data / "summaries",
     )
@@ -89,16 +100,28 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
     run (``data/runs``), the probe records, the packaged checkpoint's folder, ``src/``. A
     ``file`` (a record, a summary) may go into the records' folder or the project's work folder,
     and nowhere else in the project, the run store, the data root or the checkpoints' folder."""
-    p, d = paths(), Path(dest).resolve()
+    held = next(iter(Path(dest).glob("*/*/manifest.json")), None) if Path(dest).is_dir() else None
+    if held is not None:  # a run store of any name (trial 15's A-n1: data/work/myruns was scratch)
+        return f"holds runs ({held.parent.relative_to(dest)}/manifest.json)", True
+    resolved = _protected_at(Path(dest).resolve(), file, Path.resolve)
+    # and the path as given: a link where a store goes is that store (trial 13's A5: a link at
+    # the packaged checkpoint's folder was replaced, its target lying outside every store)
+    return resolved or _protected_at(Path(os.path.abspath(dest)), file,
+                                     lambda s: Path(os.path.abspath(s)))
+
+
+def _protected_at(d: Path, file: bool, norm: Callable[[Path], Path]) -> tuple[str, bool] | None:
+    """:func:`protected` for ``d``, the stores' paths made comparable by ``norm``."""
+    p = paths()
     for name, store in (("the run store", p.runs), ("the records' folder", p.summaries),
                         ("the checkpoints' folder", p.checkpoints), ("the work folder", p.work),
                         ("the data root", p.data_root), ("the project", p.project)):
-        if store.resolve().is_relative_to(d):
+        if norm(store).is_relative_to(d):
             return f"is or holds {name} {store}", True
     for name, store, hard in (("the run store", p.runs, True), ("the data root", p.data_root, True),
                               ("the records' folder", p.summaries, not file),
                               ("the checkpoints' folder", p.checkpoints, file)):
-        if d.is_relative_to(store.resolve()):
+        if d.is_relative_to(norm(store)):
             return f"lies in {name} {store}", hard
     # the work folder is scratch but for what no command can make again: packaged candidate
     # weights that runs and records cite, and long runs' resumable state (trial 13's A1, A2)
@@ -108,14 +131,14 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
         for name, store in (("the candidates' weights", work / "candidates"),
                             ("the long runs' resumable state", work / "pretrain-checkpoints"),
                             ("a run cache", work / "lora-runs")):
-            if store.resolve().is_relative_to(d):
+            if norm(store).is_relative_to(d):
                 return f"is or holds {name} {store}", True
-            if d.is_relative_to(store.resolve()):
+            if d.is_relative_to(norm(store)):
                 return f"lies in {name} {store}", file
     # in the project only the project's own work folder is scratch: a FINETUNE_LAB_WORK_DIR
     # pointed at src/ or the root made them scratch too (trial 12's A29, A30)
-    scratch = (p.project / "data" / "work").resolve()
-    if d.is_relative_to(p.project.resolve()) and not d.is_relative_to(scratch):
+    scratch = norm(p.project / "data" / "work")
+    if d.is_relative_to(norm(p.project)) and not d.is_relative_to(scratch):
         return f"lies in the project {p.project}", file  # a file there is the project's
     return None
 

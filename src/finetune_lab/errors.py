@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class UserError(Exception):
     """Bad input or environment: the message names the file and the fix."""
@@ -29,3 +35,28 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted (signal {signum})")
         self.signum = signum
+
+
+@contextmanager
+def library_write(dest: object) -> Iterator[None]:
+    """A library's writer (``torch.save``, ``save_pretrained``) whose full disk is its own
+    exception type (a RuntimeError, a SafetensorError), not an OSError: as one, named with
+    ``dest``, which the CLI says in one line (trial 15's X-d3, X-d4)."""
+    try:
+        yield
+    except OSError:
+        raise
+    except Exception as exc:
+        text = str(exc)
+        if "No space left" in text or "StorageFull" in text or "code: 28" in text \
+                or "write failed" in text and _disk_full(dest):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dest)) from exc
+        raise
+
+
+def _disk_full(dest: object) -> bool:
+    """Whether the disk that holds ``dest`` has less than a MiB left."""
+    path = os.path.abspath(str(dest))
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free < 2**20

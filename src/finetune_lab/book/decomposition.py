@@ -61,7 +61,7 @@ def decomposition_table(cand: pd.DataFrame) -> pd.DataFrame:
             "tokens (M)": f"{row['tokens (M, all runs)']:.1f}",
             "n": n,
             "fine-tuned on": row["fine-tuned on"],
-            "test acc. (%)": (f"{row['acc mean']:.1f} ± {row['acc std']:.1f}" if n > 1
+            "test acc. (%)": (f"{row['acc mean']:.1f}\u00a0±\u00a0{row['acc std']:.1f}" if n > 1
                               else f"{row['acc mean']:.1f}" if n == 1 else "–"),
             "− random (points, CI)": ("–" if pd.isna(row["ci_low"]) else
                                       f"{row['minus random (points)']:+.1f} "

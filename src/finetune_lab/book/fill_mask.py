@@ -49,6 +49,7 @@ from finetune_lab.runs.manifest import (
     portable_path,
     resolve_stored_path,
 )
+from finetune_lab.runs.consistency import recorded_time
 from finetune_lab.runs.crosscheck import packaged_origin
 from finetune_lab.runs.run_inputs import cached_sha256
 
@@ -262,6 +263,14 @@ def split_committed(records: dict[str, dict[str, Any]], folder: Path | None = No
     sha = cached_sha256(model) if model.is_file() else None
     mine = {n: r for n, r in records.items() if r["checkpoint"]["sha256"] == sha}
     return mine, {n: r for n, r in records.items() if n not in mine}
+
+
+def asked_before_packaging(record: dict[str, Any], package: dict[str, Any] | None) -> bool | None:
+    """Whether a record of the committed weights was made before they were packaged (its time
+    against the package's ``created``), None when a time is not known: the chapter says which,
+    not always "before" (trial 15's W3 c)."""
+    asked, made = recorded_time(record.get("time")), recorded_time((package or {}).get("created"))
+    return None if asked is None or made is None else asked < made
 
 
 def differing_answers(recorded: pd.DataFrame, live: pd.DataFrame) -> int:

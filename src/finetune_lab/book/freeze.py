@@ -152,8 +152,11 @@ def stale_chapter(project: Path, chapter: str,
 
     Chapters without frozen results or without declared ``inputs:`` are never stale here.
     """
-    if not is_frozen(project, chapter) or not (project / chapter).is_file():
+    if not (project / chapter).is_file():
         return None
+    if not is_frozen(project, chapter):  # a record of results that are gone (trial 15's R-CF6)
+        return StaleChapter(chapter, "its frozen results are gone, so Quarto would execute it "
+                                     "again") if record_path(project, chapter).is_file() else None
     patterns = patterns if patterns is not None else chapter_inputs(project, chapter)
     if patterns is None:
         return None
@@ -234,6 +237,11 @@ def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = No
     prewarm.stop(project)
     render_cache.open_cache(project)
     invalidated, executed = [], []
+    env = os.environ if environ is None else environ
+    # Quarto executes a document rendered on its own (`quarto render chapters/x.qmd`) whether
+    # frozen or not: its new results need a record of the inputs they were made with too
+    incremental = not env.get("QUARTO_PROJECT_RENDER_ALL") and bool(
+        env.get("QUARTO_PROJECT_INPUT_FILES") or env.get("QUARTO_USE_FILE_FOR_PROJECT_INPUT_FILES"))
     for chapter in rendered_chapters(project, environ):
         if not (project / chapter).is_file():
             continue
@@ -250,7 +258,7 @@ def pre_render(project: Path = PROJECT_ROOT, environ: dict[str, str] | None = No
             invalidated.append(stale)
             log(f"finetune-lab freeze: {stale.describe()}; removed its frozen results so "
                 "Quarto executes it again")
-        if not is_frozen(project, chapter):
+        if incremental or not is_frozen(project, chapter):
             write_json_atomic(record_path(project, chapter, pending=True),
                               make_record(project, chapter, patterns))
             executed.append(chapter)

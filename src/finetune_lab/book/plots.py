@@ -10,6 +10,8 @@ Every plotting function of the book calls it on its figure before returning it.
 
 from __future__ import annotations
 
+import math
+
 # No matplotlib.use() here: forcing a backend on import would switch a Jupyter kernel (Quarto's
 # included) away from its inline backend, and every figure of the book would silently vanish.
 # Without a display matplotlib falls back to Agg by itself.
@@ -141,8 +143,6 @@ def label_points(ax: plt.Axes, points: list[tuple[float, float, str]]) -> None:
     """Name each point of a log-x scatter beside it, in small grey text: to its right, or to its
     left in the last fifth of the axis (where a name would leave the figure), at the first of a
     few heights where it overlaps no name already placed."""
-    import math
-
     renderer = ax.figure.canvas.get_renderer()
     lo, hi = (math.log10(v) for v in ax.get_xlim())
     boxes: list = []

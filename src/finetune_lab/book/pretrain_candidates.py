@@ -306,7 +306,7 @@ def candidate_tuning_display(table: pd.DataFrame) -> pd.DataFrame:
         "run": [_short_run(r) for r in table["run"]],
         "valid acc. (%)": [f"{v:.1f}" if pd.notna(v) else "–"
                            for v in table.get("valid mean", [float("nan")] * len(table))],
-        "test acc. (%)": [f"{m:.1f} ± {s:.1f} (n={n})" if n > 1 else
+        "test acc. (%)": [f"{m:.1f}\u00a0±\u00a0{s:.1f} (n={n})" if n > 1 else
                           (f"{m:.1f} (n=1)" if n == 1 else "–")
                           for m, s, n in zip(table["acc mean"], table["acc std"],
                                              table["n fine-tuned"])],

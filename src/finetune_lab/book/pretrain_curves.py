@@ -12,7 +12,6 @@ from typing import Any
 
 import pandas as pd
 
-from finetune_lab.book.pretrain_plateau import weights_state
 from finetune_lab.book.pretrain_report import (
     VALID_SUBSETS,
     PretrainRuns,
@@ -168,9 +167,6 @@ class LongRun:
     status: str | None
     tokens_done: int
     launches: int
-    resumable: bool = False
-    """Whether its resumable state (``checkpoint_last.pt``) is on this machine: a run left
-    unfinished on another machine cannot go on here."""
 
 
 def updates_done(rec: RunRecord) -> int:
@@ -199,8 +195,7 @@ def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
             tokens_before=(sum(int(step.get("tokens") or 0) for step in lineage)
                            if lineage else None),
             status=man.get("status"), tokens_done=updates_done(rec) * per,
-            launches=len(man["segments"]),
-            resumable=weights_state(rec) == "in progress"))
+            launches=len(man["segments"])))
     return out
 
 
@@ -215,8 +210,8 @@ def long_run_table(runs: PretrainRuns) -> pd.DataFrame:
         else f"{r.tokens_before / 1e6:.1f}",
         "done (M tokens)": f"{r.tokens_done / 1e6:.1f}",
         "launches": r.launches,
-        "status": r.status if r.status == "complete" or r.resumable
-        else f"{r.status}, not resumable",
+        "status": r.status if r.status == "complete"  # its state: never in the repository
+        else f"{r.status}, resumable where it ran",
     } for r in long_run_facts(runs)]
     return pd.DataFrame(rows) if rows else pd.DataFrame(
         {"state": ["no long run yet: `finetune-lab pretrain --tokens N`"]})

@@ -27,7 +27,7 @@ from finetune_lab.runs.manifest import run_key
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.pretrain_lineage import sinusoids_in
-from finetune_lab.train.pretrain_recipe import EXPERIMENT, state_dir
+from finetune_lab.train.pretrain_recipe import EXPERIMENT
 
 GPU_EXPERIMENT = "pretrain-gpu"
 """Where runs made on a lent GPU go (``gpu-bundle --steps pretrain``)."""
@@ -41,25 +41,25 @@ POSITIONS = "positions"
 """The column of :func:`plateau_table` that says how a run's position table started: ``kept``
 (as the weights it continues had it, or fairseq's random initialisation), ``sinusoidal``, or
 ``sinusoidal (NAME)`` for weights that continue those of a run NAME that started so."""
+UNKNOWN = "not known (a run behind it is excluded)"
+"""The :data:`POSITIONS` of a run whose lineage holds a run the registry excluded."""
 LEFT = "left the plateau at (M tokens)"
 """The column of :func:`plateau_table` that says where a run left the plateau (NaN: it did not, or not yet)."""
 
 
-STRANDED = "left on another machine"
-"""The weights of a run stopped before the end of its budget whose resumable state is not on
-this machine (``data/work/`` is not in git): it cannot go on here, and it never packaged them."""
+STRANDED = "not committed (resumable where it ran)"
+"""The weights of a run stopped before the end of its budget: its resumable state lives in the
+git-ignored ``data/work/`` of the machine that ran it, and it never packaged them. Said from
+the manifest alone: the book reads no machine-local state (trial 15's CF-n1)."""
 
 
 def weights_state(rec: RunRecord) -> str:
-    """``kept`` (a complete run's), ``in progress`` (paused or running, resumable here),
-    :data:`STRANDED`, or ``lost`` (the run failed: a GPU call's deadline, say)."""
+    """``kept`` (a complete run's), :data:`STRANDED` (paused or running), or ``lost`` (the run
+    failed: a GPU call's deadline, say)."""
     status = (rec.manifest or {}).get("status")
     if rec.valid:
         return "kept"
-    if status in ("running", "paused"):
-        resumable = (state_dir(rec.name) / "checkpoint_last.pt").is_file()
-        return "in progress" if resumable else STRANDED
-    return "lost"
+    return STRANDED if status in ("running", "paused") else "lost"
 
 
 def all_pretraining_runs(runs_root=None) -> list[RunRecord]:
@@ -108,9 +108,17 @@ def position_start(rec: RunRecord, records: list[RunRecord]) -> str:
     if own(rec) == "sinusoidal":
         return "sinusoidal"
     by_key = {r.key: r for r in records}
-    behind = sinusoids_in(_continued(rec).get("lineage") or [],
-                          lambda run: own(by_key.get(run_key(run))))
-    return f"sinusoidal ({Path(behind).name})" if behind else "kept"
+    lineage = _continued(rec).get("lineage") or []
+    behind = sinusoids_in(lineage, lambda run: own(by_key.get(run_key(run))))
+    if behind:
+        return f"sinusoidal ({Path(behind).name})"
+    # "kept" only when every run behind the weights is read: a rejected one (no manifest) could
+    # have restarted the table, so the fact is not known (trial 15's R2-n1), never defaulted
+    def read(step: dict) -> bool:
+        found = by_key.get(run_key(str(step.get("run") or "")))
+        return found is not None and found.manifest is not None
+
+    return "kept" if all(read(step) for step in lineage) else UNKNOWN
 
 
 def plateau_table(records: list[RunRecord], unigram: float | None) -> pd.DataFrame:
@@ -152,7 +160,7 @@ def plateau_table(records: list[RunRecord], unigram: float | None) -> pd.DataFra
 class PlateauFacts:
     """What :func:`plateau_table` shows: how many runs stayed on the plateau (``stuck``) and how
     low and how far they got, how many left it, where and how far they went, how many of those
-    lost their weights, the most tokens behind a CPU run, and the runs still in progress;
+    lost their weights, the most tokens behind a CPU run, and the paused runs (``stranded``);
     then the same for the runs that left it with their position table as trained, by device
     (``left_cpu``, ``left_gpu``: how many, and the tokens at which they left), and for those
     that started from sinusoids (``left_sinusoidal``). A bound is None where no run is of its
@@ -169,13 +177,11 @@ class PlateauFacts:
     left_most_tokens_m: float | None
     left_lost: int
     cpu_most_tokens_m: float | None
-    in_progress: tuple[str, ...]
     left_cpu: int = 0
     left_cpu_from_m: float | None = None
     left_gpu: int = 0
     left_gpu_from_m: float | None = None
     left_gpu_to_m: float | None = None
-    in_progress_left: tuple[str, ...] = ()
     stranded: tuple[str, ...] = ()
     left_sinusoidal: int = 0
     left_sinusoidal_from_m: float | None = None
@@ -184,7 +190,7 @@ class PlateauFacts:
 def plateau_facts(table: pd.DataFrame) -> PlateauFacts:
     """:class:`PlateauFacts` of :func:`plateau_table`."""
     if table.empty:
-        return PlateauFacts(0, 0, None, None, 0, None, None, None, None, 0, None, ())
+        return PlateauFacts(0, 0, None, None, 0, None, None, None, None, 0, None)
     left = table.dropna(subset=[LEFT])
     stuck = table[table[LEFT].isna()]
     cpu = table[table["device"] == "CPU"]
@@ -203,15 +209,11 @@ def plateau_facts(table: pd.DataFrame) -> PlateauFacts:
         left_most_tokens_m=bound(left, "tokens behind (M)", "max"),
         left_lost=int((left["weights"] == "lost").sum()),
         cpu_most_tokens_m=bound(cpu, "tokens behind (M)", "max"),
-        in_progress=tuple(str(r).strip("`") for r in table.loc[table["weights"] == "in progress",
-                                                               "run"]),
         left_cpu=int((kept["device"] == "CPU").sum()),
         left_cpu_from_m=bound(kept[kept["device"] == "CPU"], LEFT, "min"),
         left_gpu=int((kept["device"] == "GPU").sum()),
         left_gpu_from_m=bound(kept[kept["device"] == "GPU"], LEFT, "min"),
         left_gpu_to_m=bound(kept[kept["device"] == "GPU"], LEFT, "max"),
-        in_progress_left=tuple(str(r).strip("`") for r in left.loc[left["weights"] == "in progress",
-                                                                  "run"]),
         stranded=tuple(str(r).strip("`") for r in table.loc[table["weights"] == STRANDED, "run"]),
         left_sinusoidal=len(sines), left_sinusoidal_from_m=bound(sines, LEFT, "min"))
 

@@ -151,8 +151,25 @@ def name_problem(record: dict[str, Any], runs_base: Path,
         return None
     if isinstance(path, str) and CANDIDATE.fullmatch(path):
         return None  # a candidate's folder names its run: the record readers compare the two
-    if packaged is None or record["checkpoint"]["sha256"] != packaged[0] \
-            or packaged[1].rsplit("/", 1)[-1] == name:
-        return None  # an earlier packaged checkpoint's weights are known by no run here
-    return (f"is named after the pretraining run {name}, but holds other weights ({path}): "
-            "record them under another --name")
+    sha = record["checkpoint"]["sha256"]
+    made_by = packages_made(runs_base)  # every packaged checkpoint a run continued, by sha256
+    if packaged is not None:
+        made_by[packaged[0]] = packaged[1].rsplit("/", 1)[-1]
+    if made_by.get(sha, name) == name:
+        return None  # its own weights, or weights no run here says were packaged
+    return (f"is named after the pretraining run {name}, but holds other weights ({path}, "
+            f"packaged by {made_by[sha]}): record them under another --name")
+
+
+def packages_made(runs_base: Path) -> dict[str, str]:
+    """``{sha256: run name}`` of every packaged checkpoint that a pretraining run continued, read
+    from the runs' ``continued_from`` (trial 15's W3 d: weights packaged before the current ones,
+    recorded under another run's name, were shown as that run's)."""
+    found: dict[str, str] = {}
+    for man in sorted(runs_base.glob("pretrain*/*/manifest.json")):
+        try:
+            source = loads_strict(regular_text(man))["extra"]["continued_from"]
+            found[str(source["sha256"])] = Path(str(source["run"])).name
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a random start, or a damaged manifest (the registry names it)
+    return found

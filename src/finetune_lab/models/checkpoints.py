@@ -30,7 +30,7 @@ from finetune_lab._files import (
     write_json_atomic,
 )
 from finetune_lab.config import PROJECT_ROOT, paths
-from finetune_lab.errors import DamagedFileError, UserError
+from finetune_lab.errors import DamagedFileError, UserError, library_write
 from finetune_lab.models.fairseq_compat import preserved_root_logger
 from finetune_lab.models.trust import MANIFEST_FILE, load_trusted, trusting
 
@@ -235,7 +235,8 @@ def package_checkpoint(
     if trust:
         metadata = {**(metadata or {}), "trusted_by": "the user (package-checkpoint --trust)"}
     with atomic_dir(dest, COMMAND, force=force, earlier=packaged_output, marker=False) as tmp:
-        torch.save(weights_only_state(state), tmp / MODEL_FILE)
+        with library_write(dest):
+            torch.save(weights_only_state(state), tmp / MODEL_FILE)
         shutil.copyfile(dictionary, tmp / DICT_FILE)
         shutil.copyfile(tokenizer_model, tmp / SPM_FILE)
         files = {name: {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}

@@ -33,10 +33,10 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.argtypes import folder
-from finetune_lab._files import (CONVERSION_RECORD, atomic_dir, check_replaceable, sha256_file,
-                                 tree_entries, utc_now)
+from finetune_lab._files import (CONVERSION_RECORD, atomic_dir, check_replaceable, not_there,
+                                 sha256_file, tree_entries, utc_now)
 from finetune_lab.config import paths
-from finetune_lab.errors import UserError
+from finetune_lab.errors import UserError, library_write
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 from finetune_lab.models.hf_tokenizer import (BOS, CONFIG_FILE, DICT_FILE, EOS, SPM_FILE,
                                               FairseqIdTokenizer, pad_batch)
@@ -351,7 +351,8 @@ def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None =
                         f"{size.vocab} embedding rows: pass the tokenizer the model was trained with")
     out = Path(out)
     with atomic_dir(out, COMMAND, force=force, earlier=converted_output) as tmp:
-        mlm.save_pretrained(tmp)
+        with library_write(out):
+            mlm.save_pretrained(tmp)
         tok.save(tmp)
         (tmp / CONVERSION_RECORD).write_text(json.dumps({
             "source": {"path": str(checkpoint), "sha256": sha256_file(checkpoint)},
@@ -388,8 +389,9 @@ def _run(args: argparse.Namespace) -> int:
     if ckpt.is_dir():
         raise UserError(f"{ckpt} is a folder: pass the checkpoint file in it "
                         f"({ckpt / MODEL_FILE})")
-    if not ckpt.is_file():
-        raise UserError(f"{ckpt} does not exist: pretrain and package the model first (README)")
+    if not ckpt.is_file():  # gone, or a pipe or device (trial 13's X9)
+        raise UserError(f"{ckpt} {not_there(ckpt)}: pass a checkpoint file, or pretrain and "
+                        "package the model first (README)")
     out = convert_checkpoint(ckpt, args.out or default_hf_dir(), args.tokenizer_dir, args.force)
     print(f"convert-hf: wrote {out}")
     return 0

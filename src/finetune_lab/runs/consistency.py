@@ -59,7 +59,9 @@ def recorded_time(value: Any) -> datetime | None:
         when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
-    return when if when.tzinfo is not None else None
+    # a time before the runs' era cannot be compared either (trial 15's PR1: year 1 at +14:00
+    # overflowed the subtraction of a wall time)
+    return when if when.tzinfo is not None and 1970 <= when.year < 9999 else None
 
 
 def _number(value: Any) -> float | None:

@@ -130,12 +130,35 @@ def _metric_tag(tag: str) -> bool:
                                       "best_accuracy")
 
 
+FILE_VERSION = "brain.Event:2"
+"""What every writer of the runs here (torch's and tensorboardX's SummaryWriter) puts first."""
+
+
+def _check_kind(path: Path, index: int, event: Any, last: int) -> None:
+    """An event file holds its version first, then summaries at steps that never go back: what
+    every run here writes. Anything else (a session-log START, a graph, another version, a step
+    back) TensorBoard's EventAccumulator, the book's reader through tbparse, acts on: it drops
+    the values logged after a restart, so the book lost a run the registry called valid (trial
+    15's E-n3, E-n4)."""
+    kind = event.WhichOneof("what")
+    if index == 0 and not (kind == "file_version" and event.file_version == FILE_VERSION):
+        raise EventFileError(f"event file {path} does not start with its version "
+                             f"({FILE_VERSION}), as every writer here does")
+    if index > 0 and kind != "summary":
+        raise EventFileError(f"event file {path} holds a {kind} event, which no run here "
+                             "writes and which the book's reader acts on (a restart drops the "
+                             "values logged after it)")
+    if kind == "summary" and event.step < last:
+        raise EventFileError(f"event file {path} goes back from update {last} to {event.step}")
+
+
 def _scan(path: Path) -> Scanned:
     last, peak, walls = 0, None, []
     accuracy: dict[str, set[int]] = {}
     logged: list[tuple[str, int, float]] = []
     seen: set[tuple[str, int]] = set()
-    for event in strict_events(path):
+    for index, event in enumerate(strict_events(path)):
+        _check_kind(path, index, event, last)
         last = max(last, event.step)
         if event.wall_time:
             walls.append(event.wall_time)

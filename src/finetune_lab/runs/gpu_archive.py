@@ -166,9 +166,10 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
         whole = Path(tmp) / ARCHIVE
         with open(whole, "wb") as fh:
             for piece in meta["pieces"]:
-                if not (src / piece["file"]).is_file():
-                    raise UserError(f"{src / piece['file']} is missing: every piece that "
-                                    f"{meta_path.name} lists must come back with it")
+                if not (src / piece["file"]).is_file():  # gone, or a pipe, device, folder
+                    raise UserError(f"{src / piece['file']} {not_there(src / piece['file'])}: "
+                                    f"every piece that {meta_path.name} lists must come back "
+                                    "with it, as a file")
                 data = (src / piece["file"]).read_bytes()
                 if hashlib.sha256(data).hexdigest() != piece["sha256"]:
                     raise UserError(f"{src / piece['file']} does not match its sha256 in "
@@ -196,13 +197,14 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                     raise UserError(f"{meta_path}: the weights {product}: {exc}; refused, "
                                     "nothing was unpacked") from None
         _staged_configs(products, meta_path)
-        for product in products:  # a file where a product's folder goes: said before any move
+        for product in products:  # a file or a link where a product goes: said before any move
             blocked = next((d for d in [root / product, *(root / product).parents]
                             if d.is_relative_to(root) and (d.is_file() or d.is_symlink()
-                                                           and not d.is_dir())), None)
-            if blocked is not None:
-                raise UserError(f"{blocked} is a file where the call's {product} goes: move it "
-                                "away; nothing was unpacked")
+                            and len(d.relative_to(root).parts) > 2)), None)  # below data/runs
+            if blocked is not None:  # a link: what moved through it would leave the project
+                raise UserError(f"{blocked} is a {'link' if blocked.is_symlink() else 'file'} "
+                                f"where the call's {product} goes: move it away; nothing was "
+                                "unpacked")
         placed = keep_call_record(meta, stage, root)  # before its logs move away
         for product, top in products.items():
             # an experiment's experiment.json first: the runs beside it are judged by it

@@ -78,6 +78,14 @@ def check_input(label: str, record: dict[str, Any], rec: Findings,
         rec.problems += found
 
 
+def _in_project_store(rec: Findings) -> bool:
+    """Whether the run lies in the project's own run store, which the book reads and its freeze
+    records: its inputs must be checked only where the freeze can hash them too."""
+    where = getattr(rec, "path", None)
+    return where is not None and Path(where).resolve().is_relative_to(
+        (PROJECT_ROOT / "data" / "runs").resolve())
+
+
 def input_differences(label: str, record: dict[str, Any], rec: Findings,
                       skip: frozenset[Path] = frozenset()) -> list[str]:
     """Every way the input differs from the run's record (missing, changed, new files), files
@@ -94,6 +102,10 @@ def input_differences(label: str, record: dict[str, Any], rec: Findings,
                 "the file system's root): the manifest is damaged"]
     if not root.exists():
         rec.warnings.append(f"{label} {stored} is not on this machine; its sha256 is unverified")
+        return found
+    if _in_project_store(rec) and not root.resolve().is_relative_to(PROJECT_ROOT.resolve()):
+        rec.warnings.append(f"{label} {stored} lies outside the project, where the book's freeze "
+                            "cannot follow it; its sha256 is unverified")  # trial 15's CF-n3
         return found
     if root.is_dir():  # manifests written before inputs left the build records out
         recorded = {k: v for k, v in recorded.items() if not mf.is_build_record(k)}

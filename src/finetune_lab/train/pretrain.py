@@ -50,6 +50,7 @@ from finetune_lab.train.pretrain_recipe import (
     device_defaults,
     experiment_config,
     fresh_state_dir,
+    refuse_start_in_state,
     spread,
 )
 from finetune_lab.train.pretrain_throughput import throughput_record
@@ -103,10 +104,12 @@ def pretrain(
     root = Path(runs_root) if runs_root is not None else paths().runs
     # refused before any work: the run, the experiment's recipe, where the weights would go
     refuse_existing_run(experiment, run, root, overwrite=overwrite)
+    state_name = run if experiment == EXPERIMENT else f"{experiment}-{run}"
+    refuse_start_in_state(state_name, parent["path"] if parent is not None else None)
     if package:  # before pin_config, which may write experiment.json (trial 7's P6)
         checkpoints.check_package_dest(package_to)
     pin_config(root / experiment, experiment_config(recipe), recipe.hyperparameters())
-    save_dir = fresh_state_dir(run if experiment == EXPERIMENT else f"{experiment}-{run}")
+    save_dir = fresh_state_dir(state_name)
 
     calibration = None
     if minutes is None and max_update is None:

@@ -21,6 +21,7 @@ from finetune_lab.argtypes import (
     probability,
     resolved_folder,
     seed_arg,
+    segment_minutes,
 )
 from finetune_lab.config import paths
 from finetune_lab.data import tokenizer
@@ -52,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="a long, resumable run: the budget in tokens (e.g. 150e6), with "
                              "one schedule over all of it; run the same command again to resume "
                              "it (see --segment-minutes, --tapt-fraction)")
-    p.add_argument("--segment-minutes", type=positive_float,
+    p.add_argument("--segment-minutes", type=segment_minutes,
                    help="with --tokens: stop this launch (saving, resumable) after this long")
     p.add_argument("--tapt-fraction", type=fraction, default=0.0,
                    help="with --tokens: the last fraction of the budget (1: all of it) is "

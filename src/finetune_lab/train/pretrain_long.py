@@ -130,19 +130,30 @@ def start_over_unsaved(run_dir: Path, save_dir: Path, save_every: int) -> None:
         "(`--continue-from DIR --run NEW`), or delete the run folder to start it over")
 
 
-def check_own_state(run_dir: Path, last: Path, updates: int) -> None:
-    """Refuse to resume ``run_dir`` from state that is not its own (trial 14's W2): a paused
-    run recorded the sha256 of the state it paused with, and nothing has launched it since;
-    a launch killed after that pause can only have gone further."""
+def check_own_state(run_dir: Path, last: Path, updates: int,
+                    data: list[Path] | None = None) -> None:
+    """Refuse to resume ``run_dir`` from state that is not its own (trials 14 and 15, W2): a
+    paused run recorded the sha256 of the state it paused with, and nothing has launched it
+    since; a launch killed after that pause can only have gone further. A run paused before
+    that record was kept must find the state at the very update it paused at. And a launch
+    must read the corpora the run was recorded on (``data``)."""
     man = read_manifest(run_dir)
     recorded = man.get("resume_state")
-    if not isinstance(recorded, dict):
-        return  # paused before the record was kept
-    ahead = updates >= int(recorded.get("updates") or 0)
-    if man.get("status") == "paused" and sha256_file(last) != recorded.get("sha256") \
-            or not ahead:
+    paused = man.get("status") == "paused"
+    if isinstance(recorded, dict):
+        at, same = int(recorded.get("updates") or 0), sha256_file(last) == recorded.get("sha256")
+    else:
+        at = int(man.get("updates_done") or 0)
+        same = updates == at or not paused
+    if paused and not same or updates < at:
         raise UserError(f"{last} is not the state {run_dir} paused with (its sha256 or update "
                         "count differs): move that folder away, or put the run's own state back")
+    was = [d.get("path") for d in (man.get("inputs") or {}).get("data") or []]
+    now = [portable_path(d) for d in data or []]
+    if data is not None and was != now:
+        raise UserError(f"{run_dir} was recorded on {', '.join(map(str, was))}; this launch reads "
+                        f"{', '.join(now)}: a run goes on with its own corpora (give them, or "
+                        "choose another --run)")
 
 
 def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str | None:
@@ -239,7 +250,8 @@ def pretrain_long(
         if read_manifest(run_manifest.parent).get("status") != "complete":
             start_over_unsaved(run_manifest.parent, save_dir, recipe.validate_every)
     if point is not None:
-        check_own_state(run_manifest.parent, save_dir / LAST, point["updates"])
+        check_own_state(run_manifest.parent, save_dir / LAST, point["updates"],
+                        [p.data for p in phases])
 
     init_copy = save_dir / "init_model.pt"
     # from scratch with sinusoids: the random weights fairseq would draw, in a file to rewrite
@@ -304,7 +316,8 @@ def pretrain_long(
         segment["updates_to"] = done
         handle.manifest["updates_done"] = done
         handle.paused = done < total
-        log_text = (handle.run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
+        log = handle.run_dir / "train.log"  # none when the launch trained nothing
+        log_text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
         handle.manifest["throughput"] = throughput_record(log_text, recipe, device_info())
         final = save_dir / LAST
         if not handle.paused:

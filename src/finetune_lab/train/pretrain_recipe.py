@@ -203,6 +203,16 @@ def state_dir(run: str) -> Path:
 
 
 
+def refuse_start_in_state(run: str, start: Path | None) -> None:
+    """Refuse weights to start from that lie in the state folder :func:`fresh_state_dir` moves
+    aside (trial 15's W2-n2: the copy then failed with a traceback, the weights moved away)."""
+    save_dir = state_dir(run)
+    if start is not None and Path(start).resolve().is_relative_to(save_dir.resolve()):
+        raise UserError(f"{start} lies in {save_dir}, the state folder of a run named {run}, "
+                        "which this run starts afresh: package those weights elsewhere first, "
+                        "or choose another --run")
+
+
 def fresh_state_dir(run: str) -> Path:
     """:func:`state_dir` for a run that starts from update 0. fairseq continues from any
     ``checkpoint_last.pt`` in its ``--save-dir``, so state left there by an earlier run of this
