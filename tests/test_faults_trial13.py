@@ -172,7 +172,8 @@ def test_a_record_named_after_another_run_is_set_aside():
         "path": "data/checkpoints/roberta-small-fr/model.pt", "sha256": packaged[0]}}
     assert name_problem(record, runs, packaged) == (
         "is named after the pretraining run cpu-long, but holds other weights "
-        "(data/checkpoints/roberta-small-fr/model.pt): record them under another --name")
+        "(data/checkpoints/roberta-small-fr/model.pt, packaged by cpu-sinpos1-bow): record them "
+        "under another --name")
     own = packaged[1].removeprefix("pretrain/")
     assert name_problem({**record, "name": own}, runs, packaged) is None
     assert name_problem({**record, "checkpoint": {

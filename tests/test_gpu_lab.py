@@ -195,7 +195,7 @@ def test_pieces_reassemble_and_a_missing_one_is_named(tmp_path):
     assert placed == [home / "data" / "runs" / "x-gpu" / "r-seed0"]  # never the lock file
     assert (placed[0] / "blob").read_bytes() == payload
     (tmp_path / "out" / f"{gpu_archive.ARCHIVE}.002").unlink()
-    with pytest.raises(UserError, match=r"gpu-lab\.tar\.002 is missing"):
+    with pytest.raises(UserError, match=r"gpu-lab\.tar\.002 does not exist: every piece"):
         gpu_archive.unpack(tmp_path / "out", root=tmp_path / "home2")
 
 

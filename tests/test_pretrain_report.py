@@ -501,7 +501,13 @@ def test_a_sinusoidal_position_run_is_compared_with_the_run_that_kept_the_table(
                     {"status": "complete", "hyperparameters": hp, "seed": 4,
                      "extra": {"continued_from": {"sha256": "dd", "lineage": [
                          *LINEAGE, {"run": "/elsewhere/runs/pretrain/sin", "tokens": 4096}]}}})
-    plateau = pp.plateau_table([sin, kept, after, moved], unigram=10.0)
+    # the runs of LINEAGE, behind every one of them, are read too: a table start is known only
+    # when every run behind the weights is (trial 15's R2-n1)
+    from finetune_lab.runs.registry import RunRecord
+
+    behind = [RunRecord(tmp_path / n, "pretrain", n, {"hyperparameters": {}})
+              for n in ("cpu-seed1", "cpu-seed1-c1")]
+    plateau = pp.plateau_table([sin, kept, after, moved, *behind], unigram=10.0)
     assert plateau.set_index("run")[pp.POSITIONS].to_dict() == {
         "`pretrain/sin`": "sinusoidal", "`pretrain/kept`": "kept",
         "`pretrain/after`": "sinusoidal (sin)", "`pretrain/moved`": "sinusoidal (sin)"}

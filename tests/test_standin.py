@@ -37,7 +37,7 @@ def test_a_step_takes_the_weights_with_most_seeds_within_the_packaged_budget():
     ])
     table = dc.decomposition_table(cand)
     assert list(table["weights"]) == ["`b`", "not run", "`p`"]
-    assert table["− random (points, CI)"].iloc[0] == "+1.0 (-1.0 to 3.0)"
+    assert table["− random (points, CI)"].iloc[0] == "+1.0 (−1.0 to +3.0)"  # signed, as elsewhere
     assert table["n"].tolist() == [3, 0, 3]
 
 
@@ -46,7 +46,7 @@ def test_the_committed_cache_answers_every_step_and_says_where_each_was_fine_tun
     from finetune_lab.book import pretrain_report as pr
 
     runs = pr.load_pretrain_runs()
-    table = dc.decomposition_table(pc.candidate_table(runs)).set_index("step")
+    table = dc.decomposition_table(pc.candidate_table(runs)).set_index("pretraining")
     general, packaged = table.iloc[0], table.iloc[-1]
     assert general["weights"] == "`cpu-seed1-c1`" and general["n"] == 3
     assert packaged["weights"] == "`cpu-sinpos1-bow`" and packaged["n"] == 3

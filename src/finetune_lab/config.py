@@ -100,14 +100,15 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
     run (``data/runs``), the probe records, the packaged checkpoint's folder, ``src/``. A
     ``file`` (a record, a summary) may go into the records' folder or the project's work folder,
     and nowhere else in the project, the run store, the data root or the checkpoints' folder."""
-    held = next(iter(Path(dest).glob("*/*/manifest.json")), None) if Path(dest).is_dir() else None
-    if held is not None:  # a run store of any name (trial 15's A-n1: data/work/myruns was scratch)
-        return f"holds runs ({held.parent.relative_to(dest)}/manifest.json)", True
     resolved = _protected_at(Path(dest).resolve(), file, Path.resolve)
     # and the path as given: a link where a store goes is that store (trial 13's A5: a link at
     # the packaged checkpoint's folder was replaced, its target lying outside every store)
-    return resolved or _protected_at(Path(os.path.abspath(dest)), file,
-                                     lambda s: Path(os.path.abspath(s)))
+    named = resolved or _protected_at(Path(os.path.abspath(dest)), file,
+                                      lambda s: Path(os.path.abspath(s)))
+    held = next(iter(Path(dest).glob("*/*/manifest.json")), None) if Path(dest).is_dir() else None
+    if named is None and held is not None:  # a run store of any name (trial 15's A-n1)
+        return f"holds runs ({held.parent.relative_to(dest)}/manifest.json)", True
+    return named
 
 
 def _protected_at(d: Path, file: bool, norm: Callable[[Path], Path]) -> tuple[str, bool] | None:

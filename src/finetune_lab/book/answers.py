@@ -16,7 +16,7 @@ import pandas as pd
 from finetune_lab.book import devices, fairseq_report, hf_compare, standin
 from finetune_lab.book.claims import holds  # noqa: F401  (the pages guard their claims with it)
 from finetune_lab.book.course_reference import COURSE_TEST_ACCURACY
-from finetune_lab.book.decomposition import beyond_budget, decomposition_table
+from finetune_lab.book.decomposition import decomposition_table
 from finetune_lab.book.lora_cls_report import gaps_to_full
 from finetune_lab.book.lora_cls_runs import cached_runs as lora_cached_runs
 from finetune_lab.book.pretrain_candidates import candidate_table
@@ -124,13 +124,6 @@ def decomposition(cand: pd.DataFrame | None = None) -> pd.DataFrame:
     return decomposition_table(candidates() if cand is None else cand)
 
 
-def general_beyond_budget(cand: pd.DataFrame | None = None) -> pd.Series | None:
-    """The weights that read the most text that is not the task's, past the stand-in's budget
-    (:func:`~finetune_lab.book.decomposition.beyond_budget`), or None."""
-    rows = beyond_budget(candidates() if cand is None else cand)
-    return rows.iloc[-1] if len(rows) else None
-
-
 def _on_gpu(framework: str, group: str) -> pd.Series:
     """Test accuracies of one framework's valid GPU runs of one group (init)."""
     table = devices.runs_by_device(framework)
@@ -171,5 +164,5 @@ def course_range(init: str) -> str:
     return COURSE_TEST_ACCURACY[init].text()
 
 
-__all__ = ["Accuracy", "Gap", "candidates", "course_range", "decomposition", "fairseq_accuracies", "fmt_int", "general_beyond_budget", "init_gap_on_gpu", "lora_results", "pretrained_by_library", "random_init_by_library",
+__all__ = ["Accuracy", "Gap", "candidates", "course_range", "decomposition", "fairseq_accuracies", "fmt_int", "init_gap_on_gpu", "lora_results", "pretrained_by_library", "random_init_by_library",
            "q1_counts", "standin_cost", "transformers_result"]

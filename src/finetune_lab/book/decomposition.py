@@ -13,16 +13,19 @@ from __future__ import annotations
 import pandas as pd
 
 from finetune_lab.book.pretrain_candidates import kind_of
+from finetune_lab.book.report import signed
 
 PACKAGED = "packaged checkpoint"
 STEPS: tuple[tuple[str, str | None], ...] = (
-    ("general masked LM (novels + dvd/music reviews)", "masked LM, no task texts"),
-    ("then the `<s>` objective on dvd/music reviews (domain-adaptive)",
+    ("masked LM on other text (novels + dvd/music reviews)", "masked LM, no task texts"),
+    ("the `<s>` objective on other reviews (dvd/music: domain-adaptive)",
      "`<s>` objective, no task texts"),
-    ("then the CLS-Books training texts too (task-adaptive): the packaged checkpoint", None),
+    ("the `<s>` objective with the CLS-Books training texts (task-adaptive): the packaged "
+     "checkpoint", None),
 )
-"""Each step of the decomposition and the :func:`kind_of` of the weights that answer it (None:
-the packaged checkpoint)."""
+"""Each row of the comparison and the :func:`kind_of` of the weights that answer it (None: the
+packaged checkpoint). The rows are different lineages, not steps of one (their budgets and
+position tables differ too): named by what they read, never "then"."""
 
 
 def pick(cand: pd.DataFrame, kind: str | None) -> pd.Series | None:
@@ -50,13 +53,13 @@ def decomposition_table(cand: pd.DataFrame) -> pd.DataFrame:
     for step, kind in STEPS:
         row = pick(cand, kind)
         if row is None:
-            rows.append({"step": step, "weights": "not run", "tokens (M)": "–", "n": 0,
+            rows.append({"pretraining": step, "weights": "not run", "tokens (M)": "–", "n": 0,
                          "fine-tuned on": "–", "test acc. (%)": "–",
                          "− random (points, CI)": "–"})
             continue
         n = int(row["n fine-tuned"])
         rows.append({
-            "step": step,
+            "pretraining": step,
             "weights": row["run"].replace("`pretrain/", "`"),
             "tokens (M)": f"{row['tokens (M, all runs)']:.1f}",
             "n": n,
@@ -64,8 +67,8 @@ def decomposition_table(cand: pd.DataFrame) -> pd.DataFrame:
             "test acc. (%)": (f"{row['acc mean']:.1f}\u00a0±\u00a0{row['acc std']:.1f}" if n > 1
                               else f"{row['acc mean']:.1f}" if n == 1 else "–"),
             "− random (points, CI)": ("–" if pd.isna(row["ci_low"]) else
-                                      f"{row['minus random (points)']:+.1f} "
-                                      f"({row['ci_low']:.1f} to {row['ci_high']:.1f})"),
+                                      f"{signed(row['minus random (points)'])} "
+                                      f"({signed(row['ci_low'])} to {signed(row['ci_high'])})"),
         })
     return pd.DataFrame(rows)
 
