@@ -1,4 +1,5 @@
-"""The fourteenth fault trial's open defects, fixed by class: no run in the store is deleted, a
+"""The fourteenth fault trial's open defects, and the fifteenth's and sixteenth's variants of
+them, fixed by class: no run in the store is deleted, a
 failed one included; a pretraining run never continues state that is not its own; hidden files
 are read by no reader; a linked run folder is a change to the freeze as it is to the registry;
 the data the runs name as inputs is an input of the chapters that judge them; the frozen results
@@ -70,14 +71,21 @@ def test_a_paused_run_resumes_only_its_own_state(tmp_path):
         check_own_state(run, last, 4)
     # trial 15's W2-n1: a run paused before the sha256 was kept (the committed cpu-long3 and
     # cpu-long4) takes only state at the very update it paused at, and only on its own corpora
-    old = {"status": "paused", "updates_done": 8056,
-           "inputs": {"data": [{"path": "data/work/pretrain-bin/bin"}]}}
+    from finetune_lab.runs.manifest import input_record
+
+    corpus = tmp_path / "corpus" / "bin"
+    corpus.mkdir(parents=True)
+    (corpus / "train.bin").write_bytes(b"tokens")
+    old = {"status": "paused", "updates_done": 8056, "inputs": {"data": [input_record(corpus)]}}
     (run / "manifest.json").write_text(json.dumps(old))
-    check_own_state(run, last, 8056, [PROJECT_ROOT / "data" / "work" / "pretrain-bin" / "bin"])
+    check_own_state(run, last, 8056, [corpus])
     with pytest.raises(UserError, match="update count differs"):
         check_own_state(run, last, 4)
     with pytest.raises(UserError, match="a run goes on with its own corpora"):
         check_own_state(run, last, 8056, [tmp_path / "pp" / "bin"])
+    (corpus / "train.bin").write_bytes(b"tokens prepared again")  # trial 16: the same path
+    with pytest.raises(UserError, match="or that data changed since"):
+        check_own_state(run, last, 8056, [corpus])
 
 
 def test_a_hidden_file_in_prepared_data_rejects_no_run(tmp_path):
@@ -387,11 +395,18 @@ def test_a_run_store_of_any_name_is_never_replaced(tmp_path):
     from finetune_lab._files import check_replaceable
 
     store = tmp_path / "myruns"
-    (store / "lora" / "lora-qv-seed0").mkdir(parents=True)
-    (store / "lora" / "lora-qv-seed0" / "manifest.json").write_text("{}")
-    with pytest.raises(UserError, match="holds runs .*--force included"):
-        check_replaceable(store, "prepare-cls", force=True)
-    assert (store / "lora" / "lora-qv-seed0" / "manifest.json").is_file()
+    run = store / "lora" / "lora-qv-seed0"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text('{"experiment": "lora", "framework": "transformers"}')
+    # trial 16's A-v: the store, an experiment, a run, a folder in it, a store deeper down
+    for dest in (store, store / "lora", run, run / "sub", tmp_path):
+        with pytest.raises(UserError, match="is, holds or lies in a run .*--force included"):
+            check_replaceable(dest, "prepare-cls", force=True)
+    assert (run / "manifest.json").is_file()
+    data = tmp_path / "cls"  # a data step's own record is no run's
+    data.mkdir()
+    (data / "manifest.json").write_text('{"command": "prepare-cls"}')
+    check_replaceable(tmp_path / "elsewhere", "prepare-cls", force=True)
 
 
 def test_sums_in_bsd_format_are_read_and_a_list_naming_no_books_file_is_refused(tmp_path):
@@ -427,6 +442,12 @@ def test_test_reviews_with_a_character_added_are_still_the_test_reviews(tmp_path
     with pytest.raises(UserError, match="shares 20 of its 20 reviews"):
         check_overlap(sources, train, test)
     check_overlap(sources, [Review(f"Autre avis {i}", 0, 1.0, i) for i in range(20)], test)
+    # trial 16's D-v: a word appended, or a few prefixed, to texts longer than the keys
+    test = [Review(f"Un livre numéro {i}, vraiment bien écrit et très bien construit du début à "
+                   "la fin", 1, 5.0, i) for i in range(20)]
+    for made in (lambda t: t + " Voilà.", lambda t: "Bref : " + t):
+        with pytest.raises(UserError, match="shares 20 of its 20 reviews"):
+            check_overlap(sources, [Review(made(r.text), 1, 5.0, r.position) for r in test], test)
 
 
 def test_a_fact_read_through_an_excluded_run_is_not_known(tmp_path):
@@ -465,6 +486,16 @@ def test_a_record_is_named_and_dated_as_its_weights_were_packaged(tmp_path):
         **sinpos["checkpoint"], "path": "data/checkpoints/roberta-small-fr/model.pt"}}
     assert "packaged by cpu-sinpos1" in name_problem(as_long, runs, None)
     assert name_problem(sinpos, runs, None) is None  # its own name
+    # trial 16's W3-v: weights no run packaged, under a run's name; a candidate's folder holding
+    # another candidate's weights (the sha256 its fine-tuning runs recorded)
+    elsewhere = {**sinpos, "checkpoint": {"path": "/tmp/h/zzpk/model.pt", "sha256": "1" * 64}}
+    assert "weights no run here packaged" in name_problem(elsewhere, runs, None)
+    tapt1 = json.loads((PROJECT_ROOT / "data" / "summaries" / "probes" /
+                        "cpu-tapt1.json").read_text())
+    swapped = {**tapt1, "name": "cpu-long2", "checkpoint": {
+        **tapt1["checkpoint"], "path": "data/work/candidates/cpu-long2/model.pt"}}
+    assert "packaged by cpu-tapt1" in name_problem(swapped, runs, None)
+    assert name_problem(tapt1, runs, None) is None
 
 
 def test_frozen_results_removed_a_time_out_of_era_and_a_home_of_no_user(tmp_path, monkeypatch):

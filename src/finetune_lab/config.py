@@ -105,10 +105,39 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
     # the packaged checkpoint's folder was replaced, its target lying outside every store)
     named = resolved or _protected_at(Path(os.path.abspath(dest)), file,
                                       lambda s: Path(os.path.abspath(s)))
-    held = next(iter(Path(dest).glob("*/*/manifest.json")), None) if Path(dest).is_dir() else None
-    if named is None and held is not None:  # a run store of any name (trial 15's A-n1)
-        return f"holds runs ({held.parent.relative_to(dest)}/manifest.json)", True
+    held = None if named is not None else run_manifest_near(Path(dest))
+    if held is not None:  # runs of a store of any name (trials 15 and 16, A-n1, A-v)
+        return f"is, holds or lies in a run ({held})", True
     return named
+
+
+def run_manifest_near(dest: Path, depth: int = 4) -> Path | None:
+    """A run's ``manifest.json`` at ``dest`` itself, in a folder above it, or below it to
+    ``depth`` levels (a run store, an experiment, a run, a file in one), links not followed;
+    None where there is none. A run's manifest names its framework, which a data step's does
+    not."""
+    def is_run(manifest: Path) -> bool:
+        try:
+            with open(manifest, "rb") as handle:
+                head = handle.read(4096)
+        except OSError:
+            return False
+        return b'"framework"' in head and b'"experiment"' in head
+
+    for place in (dest, *list(dest.parents)[:3]):
+        if place.name == "manifest.json" and place.is_file() and is_run(place):
+            return place
+        if (place / "manifest.json").is_file() and is_run(place / "manifest.json"):
+            return place / "manifest.json"
+    if not dest.is_dir() or dest.is_symlink():
+        return None
+    base = len(dest.parts)
+    for top, dirs, files in os.walk(dest):
+        if len(Path(top).parts) - base >= depth:
+            dirs[:] = []
+        if "manifest.json" in files and is_run(Path(top) / "manifest.json"):
+            return Path(top) / "manifest.json"
+    return None
 
 
 def _protected_at(d: Path, file: bool, norm: Callable[[Path], Path]) -> tuple[str, bool] | None:

@@ -149,27 +149,34 @@ def name_problem(record: dict[str, Any], runs_base: Path,
     if not isinstance(name, str) or not any(
             (runs_base / exp / name).is_dir() for exp in PRETRAINING_EXPERIMENTS):
         return None
-    if isinstance(path, str) and CANDIDATE.fullmatch(path):
-        return None  # a candidate's folder names its run: the record readers compare the two
     sha = record["checkpoint"]["sha256"]
-    made_by = packages_made(runs_base)  # every packaged checkpoint a run continued, by sha256
+    made_by = packages_made(runs_base)  # every package a run continued or fine-tuned, by sha256
     if packaged is not None:
         made_by[packaged[0]] = packaged[1].rsplit("/", 1)[-1]
-    if made_by.get(sha, name) == name:
-        return None  # its own weights, or weights no run here says were packaged
+    candidate = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
+    if candidate is not None and sha not in made_by:
+        return None  # a candidate no run fine-tuned: the record readers compare its folder
+    if made_by.get(sha) == (candidate["name"] if candidate else name):
+        return None  # its own weights
+    said = (f"packaged by {made_by[sha]}" if sha in made_by else
+            "weights no run here packaged or fine-tuned")
     return (f"is named after the pretraining run {name}, but holds other weights ({path}, "
-            f"packaged by {made_by[sha]}): record them under another --name")
+            f"{said}): record them under another --name")  # trials 15, 16: W3
 
 
 def packages_made(runs_base: Path) -> dict[str, str]:
-    """``{sha256: run name}`` of every packaged checkpoint that a pretraining run continued, read
-    from the runs' ``continued_from`` (trial 15's W3 d: weights packaged before the current ones,
-    recorded under another run's name, were shown as that run's)."""
+    """``{sha256: run name}`` of every package a pretraining run continued (its
+    ``continued_from``) and every candidate a run fine-tuned (its checkpoint input): trials 15
+    and 16's W3, weights recorded under another run's name were shown as that run's."""
     found: dict[str, str] = {}
-    for man in sorted(runs_base.glob("pretrain*/*/manifest.json")):
+    for man in sorted(runs_base.glob("*/*/manifest.json")):
         try:
-            source = loads_strict(regular_text(man))["extra"]["continued_from"]
-            found[str(source["sha256"])] = Path(str(source["run"])).name
-        except (OSError, ValueError, KeyError, TypeError):
+            data = loads_strict(regular_text(man))
+            if man.parent.parent.name.startswith("pretrain"):
+                source = data["extra"]["continued_from"]
+                found[str(source["sha256"])] = Path(str(source["run"])).name
+            elif (start := CANDIDATE.fullmatch(str(data["inputs"]["checkpoint"]["path"]))):
+                found[str(data["inputs"]["checkpoint"]["sha256"]["."])] = start["name"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # a random start, or a damaged manifest (the registry names it)
     return found

@@ -205,12 +205,9 @@ def refuse_inside_output(folder: Path, what: str) -> None:
                             f"{OUTPUT_MARKER} says so): choose a folder outside it")
 
 
-WORK_STORE = "data/work/"
-
-
 def work_inputs(project: Path) -> list[str]:
-    """What the runs in ``project``'s ``data/runs`` name as inputs inside its ``data/work`` (a
-    folder as ``folder/**``), sorted: the registry checks each of them where it is, so each is
+    """What the runs in ``project``'s ``data/runs`` name as inputs inside the project (a folder
+    as ``folder/**``), sorted: the registry checks each of them where it is, so each is
     an input of every chapter that judges runs (trial 14's CF2: ``pretrain-bin/bin``, the
     ablations' and GPU runs' corpora and the candidates' weights were declared by none)."""
     found: set[str] = set()
@@ -226,7 +223,9 @@ def work_inputs(project: Path) -> list[str]:
         for record in records:
             stored = record.get("path") if isinstance(record, dict) else None
             path = posixpath.normpath(stored) if isinstance(stored, str) else ""
-            if path.startswith(WORK_STORE):
+            # every input inside the project, where the registry checks it (trial 16's CF-v:
+            # data/pp/bin, outside data/work, was checked and recorded by no chapter)
+            if path and not posixpath.isabs(path) and not path.startswith(".."):
                 single = list(record.get("sha256") or {}) == ["."]
                 found.add(path if single else f"{path}/**")
     return sorted(found)

@@ -29,7 +29,8 @@ from finetune_lab.models import checkpoints, trust
 from finetune_lab.models import position_init as position_inits
 from finetune_lab.runs.fairseq_logs import line_stat
 from finetune_lab.runs.eventfiles import checked_events
-from finetune_lab.runs.manifest import device_info, event_files, portable_path, read_manifest
+from finetune_lab.runs.manifest import (device_info, event_files, input_record, portable_path,
+                                         read_manifest)
 from finetune_lab.runs.recording import record_run, run_fairseq_train, set_aside
 from finetune_lab.runs.experiments import pin_config
 from finetune_lab.train.pretrain_fairseq import (
@@ -148,12 +149,13 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
     if paused and not same or updates < at:
         raise UserError(f"{last} is not the state {run_dir} paused with (its sha256 or update "
                         "count differs): move that folder away, or put the run's own state back")
-    was = [d.get("path") for d in (man.get("inputs") or {}).get("data") or []]
-    now = [portable_path(d) for d in data or []]
-    if data is not None and was != now:
+    recorded = [d for d in (man.get("inputs") or {}).get("data") or [] if isinstance(d, dict)]
+    was, now = [d.get("path") for d in recorded], [portable_path(d) for d in data or []]
+    if data is not None and (was != now or any(  # the same paths, prepared again (trial 16)
+            input_record(d)["sha256"] != r.get("sha256") for d, r in zip(data, recorded))):
         raise UserError(f"{run_dir} was recorded on {', '.join(map(str, was))}; this launch reads "
-                        f"{', '.join(now)}: a run goes on with its own corpora (give them, or "
-                        "choose another --run)")
+                        f"{', '.join(now)}, or that data changed since: a run goes on with its "
+                        "own corpora (give them, or choose another --run)")
 
 
 def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str | None:
