@@ -514,3 +514,24 @@ def test_frozen_results_removed_a_time_out_of_era_and_a_home_of_no_user(tmp_path
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", "~nosuchuser-xyz/runs")
     with pytest.raises(UserError, match="its ~ names no home folder"):
         paths()
+
+
+def test_a_library_error_on_a_full_disk_and_a_rejected_source_run(tmp_path, monkeypatch):
+    """Trial 16's X-d4 (torch said "basic_ios::clear: iostream error" on a full disk) and R-v1
+    (with the packaged checkpoint's own run rejected, another run's recipe was shown as the
+    checkpoint's)."""
+    import errno
+
+    from finetune_lab import errors
+    from finetune_lab.book import pretrain_report as pr
+
+    monkeypatch.setattr(errors, "_disk_full", lambda dest: True)
+    with pytest.raises(OSError) as err:
+        with errors.library_write(tmp_path / "out"):
+            raise RuntimeError("basic_ios::clear: iostream error")
+    assert err.value.errno == errno.ENOSPC
+    runs = pr.load_pretrain_runs()
+    assert runs.latest is not None and runs.latest.name == "cpu-sinpos1-bow"
+    others = pr.PretrainRuns(loaded=runs.loaded, checkpoint={**runs.checkpoint,
+                                                             "run": "data/runs/pretrain/gone"})
+    assert others.latest is None and pr.run_facts(others) == {}

@@ -65,14 +65,15 @@ class PretrainRuns:
 
     @property
     def latest(self) -> RunRecord | None:
-        """The valid run the packaged checkpoint came from, else the most recent valid run."""
+        """The valid run the packaged checkpoint came from; without a packaged checkpoint, the
+        most recent valid run. None when the checkpoint's own run is not valid: another run is
+        never shown as the checkpoint's (trial 16's R-v1)."""
         used = self.used
         if not used:
             return None
         source = (self.checkpoint or {}).get("run")
-        for rec in used:
-            if source and rec.key == run_key(source):
-                return rec
+        if source:
+            return next((rec for rec in used if rec.key == run_key(source)), None)
         return max(used, key=lambda r: r.manifest.get("end_time") or "")
 
     @property
