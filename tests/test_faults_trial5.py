@@ -188,7 +188,19 @@ def test_a_probe_of_weights_made_after_it_is_set_aside(tmp_path):
     bad: list[str] = []
     after = probe_table(folder, set_aside=bad)
     assert len(after) == len(before) - 1 and len(bad) == 1
-    assert bad[0].startswith("`cpu-long.json` started at") and "was edited" in bad[0]
+    # set aside by the first check it fails: the weights another run packaged (trial 16's W3-v),
+    # before the time check that once caught it
+    assert bad[0].startswith("`cpu-long.json` is named after the pretraining run cpu-long, but "
+                             "holds other weights") and "packaged by cpu-sinpos1-bow" in bad[0]
+    # the same record under the packaged run's own name: its time is older than those weights
+    (folder / "cpu-long.json").unlink()
+    record["name"] = "cpu-sinpos1-bow"
+    record["checkpoint"]["path"] = "data/checkpoints/roberta-small-fr/model.pt"
+    (folder / "cpu-sinpos1-bow.json").write_text(json.dumps(record))
+    bad = []
+    after = probe_table(folder, set_aside=bad)
+    assert len(bad) == 1 and bad[0].startswith("`cpu-sinpos1-bow.json` started at") \
+        and "was edited" in bad[0]
 
 
 @pytest.mark.parametrize("how", ["another sentence", "a rank twice", "rising probability",
