@@ -10,10 +10,22 @@ from finetune_lab.book.qmd import book_chapters, execute_chapter, inline_problem
 CHAPTERS = [p for p in book_chapters() if p.suffix == ".qmd"]
 
 
+@pytest.fixture(scope="module")
+def render_cache(tmp_path_factory):
+    """One cache for every chapter, as a render opens one: a fact that several chapters compute
+    (the registry's judgement of every run, the parsed logs) is computed once (issue 36)."""
+    return tmp_path_factory.mktemp("render-cache")
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[str(p.relative_to(PROJECT_ROOT)) for p in CHAPTERS])
-def test_chapter_executes(chapter, monkeypatch):
+def test_chapter_executes(chapter, monkeypatch, render_cache):
+    from finetune_lab.render_cache import CACHE_ENV
+
     for var in ("FINETUNE_LAB_RUNS_DIR", "FINETUNE_LAB_WORK_DIR"):
         monkeypatch.delenv(var, raising=False)  # the book reads the real run cache
+    # the kernel runs the chapter as a render's document, with the render's cache
+    monkeypatch.setenv("QUARTO_DOCUMENT_FILE", str(chapter))
+    monkeypatch.setenv(CACHE_ENV, str(render_cache))
     nb = execute_chapter(chapter)  # raises on the first cell that fails
     code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
     unexecuted = [c.source[:60] for c in code if c.get("execution_count") is None]

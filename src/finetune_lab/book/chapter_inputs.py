@@ -24,7 +24,7 @@ from finetune_lab.book.qmd import code_cells, front_matter
 from finetune_lab.config import RUNS_DIR_ENV, WORK_DIR_ENV
 from finetune_lab.errors import UserError
 from finetune_lab.runs.manifest import BUILD_LOG, hidden
-from finetune_lab.runs.run_inputs import work_inputs
+from finetune_lab.runs.run_inputs import record_folders, work_inputs
 
 MISSING = "MISSING"
 """The hash recorded for a declared path that does not exist (yet): its arrival is a change."""
@@ -143,6 +143,8 @@ def package_data(project: Path) -> list[str]:
 
 REGISTRY = "src/finetune_lab/runs/registry.py"
 """Its reads also include what the runs name as inputs in ``data/work`` (:func:`work_inputs`)."""
+FILL_MASK = "src/finetune_lab/book/fill_mask.py"
+"""Its reads include the folders the fill-mask records name (:func:`record_folders`)."""
 _PREPARED = ("data/work/cls.books/*", "data/work/tokenizer/*", "data/work/cls-books-bin/**")
 MODULE_READS: dict[str, tuple[str, ...]] = {
     # a run's validity: the device calls' records (a GPU run names its call's GPU), the
@@ -168,6 +170,7 @@ def chapter_inputs(project: Path, chapter: str) -> list[str] | None:
     code = import_closure(project, chapter_imports(project / chapter))
     implied = [p for module in code for p in MODULE_READS.get(module, ())]
     implied += work_inputs(project) if REGISTRY in code else []
+    implied += record_folders(project) if FILL_MASK in code else []
     code += package_data(project) if code else []
     inputs = list(dict.fromkeys(declared + implied + code))
     return inputs or None

@@ -18,7 +18,6 @@ import pandas as pd
 
 from finetune_lab._files import (
     not_there,
-    sha256_file,
     utc_now,
     write_json_atomic,
 )
@@ -47,7 +46,9 @@ from finetune_lab.runs.manifest import (
     device_info,
     environment_info,
     portable_path,
+    refuse_outside_project,
     resolve_stored_path,
+    weights_record,
 )
 from finetune_lab.runs.consistency import recorded_time
 from finetune_lab.runs.crosscheck import packaged_origin
@@ -154,11 +155,10 @@ def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None, *,
     folder = Path(folder)
     out = Path(out_dir or fill_mask_dir()) / f"{name}.json"
     check_new_record(out, f"the answers of the weights recorded as {name!r}", force=force)
+    refuse_outside_project(folder, out)
     start = time.monotonic()
     table = fill_mask_table(folder=folder)
-    result = {"schema": 1, "name": name,
-              "checkpoint": {"path": portable_path(folder / MODEL_FILE),
-                             "sha256": sha256_file(folder / MODEL_FILE)},
+    result = {"schema": 1, "name": name, "checkpoint": weights_record(folder, out),
               "predictions": table.to_dict(orient="records"),
               "time": utc_now(), "wall_time_s": round(time.monotonic() - start, 1),
               "environment": environment_info(), "device": device_info()}
@@ -178,6 +178,7 @@ def checkpoint_folder(record: dict[str, Any]) -> Path | None:
     neither does (a candidate under the git-ignored ``data/work/`` that this machine lacks): its
     dictionary is then not known here."""
     sha, stored = record["checkpoint"]["sha256"], record["checkpoint"].get("path")
+    # a record of the book's names weights inside the project (summary_files.weights_outside)
     folders = [resolve_stored_path(stored).parent] if isinstance(stored, str) and stored else []
     for candidate in [*folders, packaged_dir()]:
         try:

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import regular_text
+from finetune_lab.render_cache import per_render
 from finetune_lab.runs.consistency import recorded_time
 from finetune_lab.runs.crosscheck import CANDIDATE, weights_made_from
-from finetune_lab.runs.manifest import hidden, loads_strict
+from finetune_lab.runs.manifest import hidden, loads_strict, outside_project, portable_path
 
 Field = tuple[Any, ...]
 """A path of keys into the record, the type(s) its value must have, and optionally the closed
@@ -75,7 +76,9 @@ def read_records(folder: Path, fields: Sequence[Field],
     """Every ``*.json`` of ``folder`` that parses (strict JSON: no NaN), has ``fields`` and is
     named as it names itself, in name order; and one line per file set aside, in name order.
     ``more(record)`` may return a further problem (or None)."""
+    in_project = not outside_project(str(portable_path(folder)))
     good, bad = read_json_files(folder, lambda record: summary_problem(record, fields)
+                                or (weights_outside(record) if in_project else None)
                                 or (more(record) if more else None))
     kept = []
     for path, record in good:  # NAME.json names itself NAME: a renamed copy read as its source,
@@ -92,6 +95,18 @@ def read_records(folder: Path, fields: Sequence[Field],
         else:
             kept.append(record)
     return kept, sorted(bad)
+
+
+def weights_outside(record: dict[str, Any]) -> str | None:
+    """A record of the book's (inside the project) names weights inside it: the book reads
+    their folder, and what it reads must be something the freeze can name (trial 16's CF-v2:
+    whether ``/tmp/...`` existed decided whether a damaged record was shown)."""
+    checkpoint = record.get("checkpoint")
+    stored = checkpoint.get("path") if isinstance(checkpoint, dict) else None
+    if isinstance(stored, str) and outside_project(stored):
+        return (f"names weights outside the project ({stored}), which the book cannot keep "
+                "track of: ask again with them copied to data/work/candidates/<name>/")
+    return None
 
 
 def set_aside_markdown(bad: Sequence[str], what: str, fix: str) -> str:
@@ -150,7 +165,7 @@ def name_problem(record: dict[str, Any], runs_base: Path,
             (runs_base / exp / name).is_dir() for exp in PRETRAINING_EXPERIMENTS):
         return None
     sha = record["checkpoint"]["sha256"]
-    made_by = packages_made(runs_base)  # every package a run continued or fine-tuned, by sha256
+    made_by = dict(packages_made(runs_base))  # every package a run continued or fine-tuned, by sha256
     if packaged is not None:
         made_by[packaged[0]] = packaged[1].rsplit("/", 1)[-1]
     candidate = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
@@ -164,6 +179,7 @@ def name_problem(record: dict[str, Any], runs_base: Path,
             f"{said}): record them under another --name")  # trials 15, 16: W3
 
 
+@per_render
 def packages_made(runs_base: Path) -> dict[str, str]:
     """``{sha256: run name}`` of every package a pretraining run continued (its
     ``continued_from``) and every candidate a run fine-tuned (its checkpoint input): trials 15

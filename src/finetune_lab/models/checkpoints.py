@@ -124,9 +124,12 @@ def lineage_step_updates(step: dict[str, Any], run_manifest: dict[str, Any],
     done = int(run_manifest.get("updates_done") or hp["max_update"])
 
     def problem(field: str, value: Any, want: int, how: str) -> UserError:
+        # trial 16's O-1: the run is the side that changed when `--overwrite` replaced it
         return UserError(f"{manifest}: its lineage step {run} records {field} {value!r} but the "
-                         f"run's own manifest gives {want} ({how}): "
-                         f"{restore or _restore(manifest)}")
+                         f"run's own manifest gives {want} ({how}): either the run there is "
+                         "another one under its name (an earlier run replaced with --overwrite "
+                         "is kept in data/runs/.superseded/; move it back), or this file was "
+                         f"edited ({restore or _restore(manifest)})")
 
     updates = done
     recorded = step.get("updates")

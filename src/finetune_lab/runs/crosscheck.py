@@ -20,6 +20,7 @@ from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.runs.consistency import CLOCK_SLACK_S, Judged, recorded_time
 from finetune_lab.runs.gpu_calls import CallDevice, call_devices
+from finetune_lab.runs.manifest import run_key
 
 
 def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]:
@@ -27,6 +28,7 @@ def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]
     valid = [r for r in records if r.valid]
     machine_problems(valid, [r for r in records if r.manifest is not None])
     weights_time_problems(valid, runs_base)
+    lineage_time_problems(valid, records)
     source_problems(valid)
     call_device_problems(valid, call_devices())
     return [r for r in valid if not r.valid]
@@ -91,6 +93,31 @@ def weights_time_problems(records: Sequence[Judged], runs_base: Path) -> None:
             rec.problems.append(f"inputs.checkpoint names weights whose pretraining started at "
                                 f"{made:%Y-%m-%d %H:%M}, after this run started: its path or "
                                 "sha256 was edited")
+
+
+def lineage_time_problems(records: Sequence[Judged], everyone: Sequence[Judged]) -> None:
+    """A run is built on the runs its copied lineage names (a continued pretraining run's
+    ``extra.continued_from``, a fine-tuning run's ``extra.checkpoint_source``): one of them that
+    started after it is another run under that name (trial 16's O-1: a lineage run replaced
+    with ``--overwrite``, or moved back from elsewhere), and what it records is not this run's
+    history."""
+    started = {f"{r.experiment}/{r.name}": recorded_time((r.manifest or {}).get("start_time"))
+               for r in everyone if r.manifest is not None}
+    for rec in records:
+        extra = (rec.manifest or {}).get("extra") or {}
+        start = recorded_time((rec.manifest or {}).get("start_time"))
+        for field in ("continued_from", "checkpoint_source"):
+            lineage = (extra.get(field) or {}).get("lineage") if isinstance(extra, dict) else None
+            for step in lineage if isinstance(lineage, list) and start is not None else []:
+                key = run_key(str(step.get("run"))) if isinstance(step, dict) else None
+                other = started.get(key) if key else None
+                if other is not None and other > start + timedelta(seconds=CLOCK_SLACK_S):
+                    rec.problems.append(
+                        f"extra.{field}.lineage names {key}, but the run there started at "
+                        f"{other:%Y-%m-%d %H:%M}, after this run started: it is another run "
+                        "under that name (an earlier one is kept in data/runs/.superseded/ "
+                        "when --overwrite replaced it)")
+                    break
 
 
 def _in_call(start: datetime, call: CallDevice) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import posixpath
 import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -70,6 +71,32 @@ def portable_path(path: Path | str) -> str:
         return resolved.relative_to(PROJECT_ROOT).as_posix()
     except ValueError:
         return str(resolved)
+
+
+def outside_project(stored: str) -> bool:
+    """Whether a path as a manifest or record stores it lies outside the project, where no
+    freeze record can hold what it names."""
+    return Path(stored).is_absolute() or posixpath.normpath(stored).split("/")[0] == ".."
+
+
+def refuse_outside_project(folder: Path, record: Path) -> None:
+    """A record the book reads (one inside the project) of weights outside it is refused before
+    any work: the book reads a record's checkpoint folder, and what it reads must be something
+    the freeze can name (trial 16's CF-v2: whether ``/tmp/...`` existed decided whether a
+    damaged record was shown)."""
+    if not outside_project(portable_path(record)) \
+            and outside_project(portable_path(Path(folder) / "model.pt")):
+        raise UserError(f"{folder} lies outside the project: the book keeps track only of "
+                        "weights inside it; copy the packaged folder to "
+                        "data/work/candidates/<name>/ and pass that as --checkpoint")
+
+
+def weights_record(folder: Path, record: Path) -> dict[str, str]:
+    """The ``checkpoint`` entry of ``record``, of packaged weights (a probe, fill-mask answers):
+    path and sha256 of its ``model.pt`` (:func:`refuse_outside_project`)."""
+    refuse_outside_project(folder, record)
+    model = Path(folder) / "model.pt"
+    return {"path": portable_path(model), "sha256": sha256_file(model)}
 
 
 def resolve_stored_path(stored: str) -> Path:

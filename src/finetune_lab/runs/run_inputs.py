@@ -229,3 +229,21 @@ def work_inputs(project: Path) -> list[str]:
                 single = list(record.get("sha256") or {}) == ["."]
                 found.add(path if single else f"{path}/**")
     return sorted(found)
+
+
+def record_folders(project: Path) -> list[str]:
+    """The manifest and dictionary of every packaged folder that a fill-mask record in
+    ``project`` names inside it: the book reads them to check the record's answers
+    (``fill_mask.checkpoint_folder``), so each is an input of the chapters that show records
+    (trial 16's CF-v2)."""
+    found: set[str] = set()
+    for rec in sorted((project / "data" / "summaries" / "fill-mask").glob("*.json")):
+        try:
+            stored = parse_json(regular_text(rec))["checkpoint"]["path"]
+        except (OSError, UserError, ValueError, KeyError, TypeError):
+            continue  # a damaged record: the book sets it aside, reading no folder
+        if isinstance(stored, str) and not mf.hidden(rec.relative_to(project)) \
+                and not mf.outside_project(stored):
+            folder = posixpath.dirname(posixpath.normpath(stored))
+            found.update({f"{folder}/manifest.json", f"{folder}/dict.txt"})
+    return sorted(found)

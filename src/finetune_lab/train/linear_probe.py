@@ -21,8 +21,13 @@ from finetune_lab._files import sha256_file, utc_now, write_json_atomic
 from finetune_lab.config import check_new_record, paths
 from finetune_lab.data.cls_books import default_output as default_cls_dir
 from finetune_lab.data.cls_books import read_split
-from finetune_lab.models.checkpoints import MODEL_FILE, load_hub_model, packaged_dir
-from finetune_lab.runs.manifest import device_info, environment_info, portable_path
+from finetune_lab.models.checkpoints import load_hub_model, packaged_dir
+from finetune_lab.runs.manifest import (
+    device_info,
+    environment_info,
+    refuse_outside_project,
+    weights_record,
+)
 
 FEATURES = ("<s>", "mean")
 """``<s>``: the last layer's first position, what fairseq's classification head reads;
@@ -103,6 +108,7 @@ def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: i
     checkpoint, cls_dir = Path(checkpoint), Path(cls_dir or default_cls_dir())
     out = Path(out_dir or probe_dir()) / f"{name}.json"
     check_new_record(out, f"the probe recorded as {name!r}", force=force)
+    refuse_outside_project(checkpoint, out)
     splits = {split: read_split(cls_dir, split) for split in ("train", "valid", "test")}
     start = time.monotonic()
     hub = load_hub_model(checkpoint)
@@ -116,8 +122,7 @@ def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: i
         "name": name,
         "init": "random" if random_init else "pretrained",
         "seed": seed if random_init else None,
-        "checkpoint": {"path": portable_path(checkpoint / MODEL_FILE),
-                       "sha256": sha256_file(checkpoint / MODEL_FILE)},
+        "checkpoint": weights_record(checkpoint, out),
         "inputs": {f"{split}.{kind}": sha256_file(cls_dir / f"{split}.{kind}")
                    for split in splits for kind in ("review", "label")},
         "sizes": {split: len(labels) for split, (_, labels) in splits.items()},

@@ -24,10 +24,15 @@ from finetune_lab.config import paths
 from finetune_lab.data import pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
+from finetune_lab.runs.experiments import pin_config
 from finetune_lab.runs.fairseq_logs import last_update
 from finetune_lab.runs.manifest import device_info, portable_path
-from finetune_lab.runs.experiments import pin_config
-from finetune_lab.runs.recording import record_run, refuse_existing_run, run_fairseq_train
+from finetune_lab.runs.recording import (
+    record_run,
+    refuse_existing_run,
+    run_dir_for,
+    run_fairseq_train,
+)
 from finetune_lab.train.pretrain_fairseq import (
     calibrate,
     corpus_entry,
@@ -40,6 +45,7 @@ from finetune_lab.train.pretrain_lineage import (
     checkpoint_metadata,
     continuation_source,
     continued_run_name,
+    runs_built_on,
 )
 from finetune_lab.train.pretrain_recipe import (
     EXPERIMENT,
@@ -104,6 +110,7 @@ def pretrain(
     root = Path(runs_root) if runs_root is not None else paths().runs
     # refused before any work: the run, the experiment's recipe, where the weights would go
     refuse_existing_run(experiment, run, root, overwrite=overwrite)
+    refuse_built_on(run_dir_for(experiment, run, root), root)
     state_name = run if experiment == EXPERIMENT else f"{experiment}-{run}"
     refuse_start_in_state(state_name, parent["path"] if parent is not None else None)
     if package:  # before pin_config, which may write experiment.json (trial 7's P6)
@@ -169,3 +176,13 @@ def pretrain(
                                        metadata=metadata)
     return run_dir
 
+
+def refuse_built_on(run_dir: Path, runs_root: Path) -> None:
+    """``--overwrite`` of a run that the packaged checkpoint or other runs are built on is
+    refused: they would cite another run under its name (trial 16's O-1)."""
+    built = runs_built_on(run_dir, runs_root) if run_dir.is_dir() else []
+    if built:
+        more = f" and {len(built) - 1} more" if len(built) > 1 else ""
+        raise UserError(f"{run_dir}: {built[0]}{more} {'is' if len(built) == 1 else 'are'} "
+                        "built on this run, and would cite another run under its name; "
+                        "choose another --run")

@@ -16,7 +16,13 @@ from finetune_lab.data.pretrain_corpus import TAPT_OUTPUT_NAME
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
 from finetune_lab.models.trust import check_trusted, load_trusted
-from finetune_lab.runs.manifest import portable_path, resolve_stored_path, run_key
+from finetune_lab.runs.manifest import (
+    MANIFEST_NAME,
+    portable_path,
+    readable_manifests,
+    resolve_stored_path,
+    run_key,
+)
 from finetune_lab.train.pretrain_recipe import state_dir
 
 
@@ -51,6 +57,31 @@ def continuation_source(folder: Path, bin_dir: Path) -> dict[str, Any]:
         lineage = [{"run": man.get("run"), "updates": man.get("num_updates"), "tokens": tokens}]
     return {"path": str(model), "sha256": sha256_file(model), "run": man.get("run"),
             "lineage": lineage}
+
+
+def runs_built_on(run_dir: Path, runs_root: Path) -> list[str]:
+    """What is built on the pretraining run in ``run_dir``: the packaged checkpoint whose lineage
+    holds it, and every recorded run whose copied lineage names it (a continued run's
+    ``continued_from``, a fine-tuning run's ``checkpoint_source``). Replacing the run would
+    leave them citing another run under its name (trial 16's O-1)."""
+    key = run_key(run_dir)
+    found = []
+    try:
+        package = checkpoints.package_manifest() or {}
+    except UserError:  # a damaged package manifest: the chapters that read it say so
+        package = {}
+    if key in lineage_keys([s for s in package.get("lineage") or [] if isinstance(s, dict)]):
+        found.append(f"the packaged checkpoint {portable_path(checkpoints.packaged_dir())}")
+    for manifest, record in readable_manifests(Path(runs_root), f"*/*/{MANIFEST_NAME}"):
+        extra = record.get("extra") if isinstance(record.get("extra"), dict) else {}
+        for field in ("continued_from", "checkpoint_source"):
+            source = extra.get(field)
+            lineage = source.get("lineage") if isinstance(source, dict) else None
+            steps = [s for s in lineage if isinstance(s, dict)] if isinstance(lineage, list) else []
+            if manifest.parent != Path(run_dir) and key in lineage_keys(steps):
+                found.append(f"run {run_key(manifest.parent)}")
+                break
+    return found
 
 
 def continued_run_name(parent_run: str, runs_behind: int) -> str:
