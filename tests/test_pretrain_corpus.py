@@ -49,12 +49,19 @@ def test_task_adaptive_texts_are_the_lab_training_split_only():
         eltec.task_reviews(data_root(), repeat=0)
 
 
-def test_tapt_corpus_holds_reviews_only_with_the_same_valid_sets(tmp_path):
+@pytest.fixture(scope="module")
+def with_reviews(tmp_path_factory):
+    """A general corpus of 2 novels and the dvd/music reviews written 3 times, 10 held out:
+    built once for the two tests that read it (issue 36)."""
+    return pc.prepare_pretrain(data_root(), tiny_tokenizer(), tmp_path_factory.mktemp("pb"),
+                               max_novels=2, review_repeat=3, review_valid=10)
+
+
+def test_tapt_corpus_holds_reviews_only_with_the_same_valid_sets(tmp_path, with_reviews):
     out, _ = pc.prepare_pretrain(data_root(), tiny_tokenizer(), tmp_path / "tapt", max_novels=2,
                                  review_repeat=1, review_valid=10, task_repeat=2,
                                  train_novels=False)
-    general, _ = pc.prepare_pretrain(data_root(), tiny_tokenizer(), tmp_path / "general",
-                                     max_novels=2, review_repeat=1, review_valid=10)
+    general = with_reviews[0]  # its reviews repeated 3 times: the held-out sets are the same
     manifest = read_json(out / "manifest.json")
     train_docs = manifest["parameters"]["documents"]["train"]
     assert train_docs == [f"webis-cls-10/fr/{d}/{f}.review" for d in ("dvd", "music")
@@ -93,9 +100,8 @@ def test_bad_review_options_name_the_flag():
         eltec.in_domain_reviews(data_root(), repeat=0)
 
 
-def test_reviews_are_repeated_in_train_and_held_out_as_valid1(tmp_path):
-    out, ran = pc.prepare_pretrain(data_root(), tiny_tokenizer(), tmp_path / "pb", max_novels=2,
-                                   review_repeat=3, review_valid=10)
+def test_reviews_are_repeated_in_train_and_held_out_as_valid1(with_reviews):
+    out, ran = with_reviews
     manifest = read_json(out / "manifest.json")
     counts = manifest["counts"]
     assert ran and counts["valid1"] == {**counts["valid1"], "novels": 0, "paragraphs": 10}
