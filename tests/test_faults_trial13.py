@@ -176,8 +176,11 @@ def test_a_record_named_after_another_run_is_set_aside():
         "under another --name")
     own = packaged[1].removeprefix("pretrain/")
     assert name_problem({**record, "name": own}, runs, packaged) is None
-    assert name_problem({**record, "checkpoint": {
-        "path": "data/work/candidates/cpu-long/model.pt", "sha256": "0" * 64}}, runs,
+    # trial 17's W3-v4: a candidate's folder holding other weights than its name's
+    assert "not the weights runs here know as cpu-long" in name_problem({**record, "checkpoint": {
+        "path": "data/work/candidates/cpu-long/model.pt", "sha256": "0" * 64}}, runs, packaged)
+    assert name_problem({**record, "name": "cpu-new", "checkpoint": {  # weights no run names
+        "path": "data/work/candidates/cpu-new/model.pt", "sha256": "0" * 64}}, runs,
         packaged) is None
     assert name_problem({**record, "name": "my-weights"}, runs, packaged) is None
 

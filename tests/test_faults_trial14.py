@@ -489,7 +489,9 @@ def test_a_record_is_named_and_dated_as_its_weights_were_packaged(tmp_path):
     # trial 16's W3-v: weights no run packaged, under a run's name; a candidate's folder holding
     # another candidate's weights (the sha256 its fine-tuning runs recorded)
     elsewhere = {**sinpos, "checkpoint": {"path": "/tmp/h/zzpk/model.pt", "sha256": "1" * 64}}
-    assert "weights no run here packaged" in name_problem(elsewhere, runs, None)
+    assert "not the weights runs here know as cpu-sinpos1" in name_problem(elsewhere, runs, None)
+    unknown = {**elsewhere, "name": "cpu-long4"}  # a run whose weights no run here names
+    assert "weights no run here packaged" in name_problem(unknown, runs, None)
     tapt1 = json.loads((PROJECT_ROOT / "data" / "summaries" / "probes" /
                         "cpu-tapt1.json").read_text())
     swapped = {**tapt1, "name": "cpu-long2", "checkpoint": {
@@ -512,7 +514,7 @@ def test_frozen_results_removed_a_time_out_of_era_and_a_home_of_no_user(tmp_path
     assert recorded_time("0001-01-01T00:00:00+14:00") is None
     assert recorded_time("2026-11-25T15:07:30+00:00").year == 2026
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", "~nosuchuser-xyz/runs")
-    with pytest.raises(UserError, match="its ~ names no home folder"):
+    with pytest.raises(UserError, match="has a ~ that names no home folder"):
         paths()
 
 

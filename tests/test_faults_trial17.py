@@ -6,6 +6,7 @@ project, and the folders its records name inside it are freeze inputs."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,210 @@ def test_the_training_size_is_read_from_the_index_as_fairseq_reads_it(tiny_pipel
     (damaged / "train.idx").unlink()
     with pytest.raises(UserError, match=r"train.idx cannot be read"):
         train_size(tmp_path / "bin")
+
+
+def test_test_reviews_with_words_added_at_both_ends_or_dropped_inside_are_found(tmp_path):
+    """D-v3, D-v4: each test review wrapped in "Bref : … Voilà.", or with its third and
+    third-from-last words dropped, passed the first/last-eight-words check."""
+    from finetune_lab.data.cls_books import Review, check_overlap, near_test_reviews
+
+    words = ("le roman raconte une histoire simple mais la fin surprend et les personnages "
+             "restent en mémoire longtemps après la dernière page").split()
+    test = [Review(" ".join([f"livre{i}", *words[i % 5:], f"fin{i}"]), 1, 5.0, i)
+            for i in range(20)]
+
+    def dropped(text: str) -> str:
+        w = text.split()
+        del w[-3], w[2]
+        return " ".join(w)
+
+    sources = {"train": tmp_path / "train.review", "test": tmp_path / "test.review"}
+    for made in (lambda t: f"Bref : {t} Voilà.", dropped):
+        train = [Review(made(r.text), 1, 5.0, r.position) for r in test]
+        assert near_test_reviews(train, test) == 20
+        with pytest.raises(UserError, match="shares 20 of its 20 reviews"):
+            check_overlap(sources, train, test)
+    others = [Review(f"Un tout autre avis, numéro {i}, sur un autre livre lu cet été", 0, 1.0, i)
+              for i in range(20)]
+    assert near_test_reviews(others, test) == 0
+    check_overlap(sources, others, test)
+
+
+@pytest.mark.parametrize("kind", ["long", "loop"])
+def test_a_name_too_long_or_a_loop_of_links_is_one_line(kind, tmp_path, monkeypatch, capsys):
+    """X-nl1, X-nl2, X-lp1: `File name too long` and pathlib's `Symlink loop` were tracebacks."""
+    from finetune_lab.cli import main
+
+    if kind == "long":
+        where = tmp_path / ("a" * 300)
+    else:
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        where = tmp_path / "loop" / "x"
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(where))
+    assert main(["runs"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert ("leads back to itself" if kind == "loop" else "File name too long") in err
+    monkeypatch.delenv("FINETUNE_LAB_RUNS_DIR")
+    assert main(["prepare-cls", "--out", str(where), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_checkpoint_cut_anywhere_is_one_line_naming_it(tmp_path):
+    """X-t2, X-t3: cut to 5 to 50 KB, torch's reader ran past the end (`OSError: [Errno 22]`),
+    a traceback; a run's own state cut short named no file and advised a `git checkout`."""
+    from finetune_lab.models.trust import load_trusted
+    from finetune_lab.train.pretrain_long import resume_point
+
+    whole = (PROJECT_ROOT / "data" / "checkpoints" / "roberta-small-fr" / "model.pt").read_bytes()
+    for size in (100, 5000, 8000, 20000, 50000):
+        cut = tmp_path / f"cut{size}.pt"
+        cut.write_bytes(whole[:size])
+        with pytest.raises(UserError, match=rf"cut{size}.pt cannot be read: the file is damaged"):
+            load_trusted(cut, trust=True)
+    state = tmp_path / "zA" / "checkpoint_last.pt"
+    state.parent.mkdir()
+    state.write_bytes(whole[:8000])
+    with pytest.raises(UserError) as err:
+        resume_point(state.parent)
+    assert str(state) in str(err.value) and "git checkout" not in str(err.value)
+
+
+def test_a_store_of_state_or_packages_of_any_name_is_never_replaced(tmp_path):
+    """A-v7, A-v8, A-v9: a failed run whose manifest names its experiment past its first 4 KiB,
+    a run five levels down, and a work folder of an unset FINETUNE_LAB_WORK_DIR (a paused run's
+    state, a candidate's package) were replaced by `prepare-cls --out … --force`."""
+    from finetune_lab._files import check_replaceable
+
+    run = tmp_path / "myruns" / "pretrain" / "zfail"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps(
+        {"command": ["x"] * 2000, "error": "y" * 5000, "experiment": "pretrain",
+         "framework": "fairseq", "run": "zfail"}, sort_keys=True))
+    deep = tmp_path / "stash" / "a" / "b" / "c" / "myruns" / "lora" / "lora-qv-seed0"
+    shutil.copytree(RUNS / "lora" / "lora-qv-seed0", deep)
+    state = tmp_path / "w17" / "pretrain-checkpoints" / "zA"
+    state.mkdir(parents=True)
+    (state / "checkpoint_last.pt").write_bytes(b"state")
+    package = tmp_path / "w18" / "candidates" / "cpu-x"
+    package.mkdir(parents=True)
+    for name in ("model.pt", "manifest.json"):
+        (package / name).write_bytes(b"{}")
+    for dest, what in ((tmp_path / "myruns", "a run"), (run, "a run"),
+                       (tmp_path / "stash", "a run"), (tmp_path / "w17", "a run.s training state"),
+                       (tmp_path / "w18", "packaged weights")):
+        with pytest.raises(UserError, match=f"holds or lies in {what}.*--force included"):
+            check_replaceable(dest, "prepare-cls", force=True)
+    check_replaceable(package, "package-checkpoint", force=True)  # a package itself: its owner's
+    assert (run / "manifest.json").is_file() and (state / "checkpoint_last.pt").is_file()
+
+
+def test_a_value_tagged_for_another_plugin_is_damage(tmp_path):
+    """E-p1: an accuracy given the "text" plugin passed the registry; tbparse filed it as text
+    and the fairseq chapter stopped at a KeyError."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    from finetune_lab.runs.eventfiles import checked_events
+
+    def write(folder: Path, plugin: str) -> Path:
+        writer = EventFileWriter(str(folder))
+        value = Summary.Value(tag="accuracy", simple_value=75.0)
+        value.metadata.plugin_data.plugin_name = plugin
+        writer.add_event(Event(wall_time=1.0, step=5, summary=Summary(value=[value])))
+        writer.close()
+        return next(folder.glob("events.out.tfevents.*"))
+
+    assert checked_events(write(tmp_path / "scalars", "scalars")) == (5, None)
+    step, problem = checked_events(write(tmp_path / "text", "text"))
+    assert "logs accuracy at update 5 for the 'text' plugin" in problem
+
+
+def test_a_long_run_resumes_only_state_it_saved_itself(tmp_path):
+    """W2-v3: after an interrupted launch (status failed) another run's state passed; R-W2-v1:
+    a paused run without a recorded sha256 took another run's state at the same update."""
+    import torch
+
+    from finetune_lab._files import sha256_file
+    from finetune_lab.train.pretrain_long import check_own_state, keep_resume_state, resume_point
+
+    def state(folder: Path, seed: int, updates: int) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save({"optimizer_history": [{"num_updates": updates}], "extra_state": {},
+                    "cfg": {"common": {"seed": seed}, "checkpoint": {"save_dir": str(folder)}}},
+                   folder / "checkpoint_last.pt")
+        return folder / "checkpoint_last.pt"
+
+    run = tmp_path / "runs" / "zA"
+    run.mkdir(parents=True)
+    mine = state(tmp_path / "work" / "zA", 1, 4)
+    man = {"status": "failed", "seed": 1, "updates_done": 2}
+    keep_resume_state(man, mine)  # what an interrupted launch now records on its way out
+    assert man["resume_state"] == {"path": str(mine), "updates": 4, "sha256": sha256_file(mine)}
+    (run / "manifest.json").write_text(json.dumps(man))
+    check_own_state(run, mine, 4, made=resume_point(mine.parent))
+    other = state(tmp_path / "work" / "zB", 2, 4)
+    shutil.copyfile(other, mine)
+    with pytest.raises(UserError, match="is not the state"):
+        check_own_state(run, mine, 4)
+    # without a recorded sha256, fairseq's own record of the seed and the save folder
+    (run / "manifest.json").write_text(json.dumps({"status": "paused", "seed": 1,
+                                                   "updates_done": 4}))
+    with pytest.raises(UserError, match=r"was saved by another run \(seed 2"):
+        check_own_state(run, mine, 4, made=resume_point(mine.parent))
+    state(tmp_path / "work" / "zA", 1, 4)
+    check_own_state(run, mine, 4, made=resume_point(mine.parent))
+
+
+def test_a_record_under_a_known_name_holds_the_weights_known_by_it():
+    """W3-v4, W3-v5: other weights packaged into a candidate's folder, or recorded under a
+    candidate's path, were shown as that candidate's (cpu-long3-u2750 is no run's name)."""
+    from finetune_lab.book.summary_files import name_problem
+
+    other = "2503c209" + "0" * 56
+    for name in ("cpu-sinpos1", "cpu-docbow1", "cpu-long3-u2750"):
+        record = {"name": name, "checkpoint": {
+            "path": f"data/work/candidates/{name}/model.pt", "sha256": other}}
+        assert f"not the weights runs here know as {name}" in name_problem(record, RUNS, None)
+    probe = json.loads((PROJECT_ROOT / "data" / "summaries" / "probes" /
+                        "cpu-long3-u3930.json").read_text())
+    assert name_problem(probe, RUNS, None) is None  # known as cpu-long3, the run it is of
+    mine = {"name": "my-own", "checkpoint": {"path": "data/work/mine/model.pt", "sha256": other}}
+    assert name_problem(mine, RUNS, None) is None
+
+
+def test_a_hidden_input_is_checked_by_neither_the_registry_nor_the_freeze(tmp_path, monkeypatch):
+    """CF-v3: `pretrain --data data/.pp` was checked by the registry and hashed by no record."""
+    from types import SimpleNamespace
+
+    from finetune_lab.runs import manifest, run_inputs
+
+    project = tmp_path / "project"
+    corpus = project / "data" / ".pp" / "bin"
+    corpus.mkdir(parents=True)
+    (corpus / "dict.txt").write_text("a 1\n")
+    run = project / "data" / "runs" / "pretrain-gpu" / "zzhid"
+    run.mkdir(parents=True)
+    record = {"path": "data/.pp/bin", "sha256": {"dict.txt": "0" * 64}}
+    (run / "manifest.json").write_text(json.dumps({"inputs": {"data": [record]}}))
+    monkeypatch.setattr(manifest, "PROJECT_ROOT", project)
+    monkeypatch.setattr(run_inputs, "PROJECT_ROOT", project)
+    assert run_inputs.work_inputs(project) == []
+    rec = SimpleNamespace(path=run, experiment="pretrain-gpu", problems=[], warnings=[])
+    assert run_inputs.input_differences("data", record, rec) == []
+    assert "lies in a hidden folder" in rec.warnings[0]
+
+
+def test_an_answer_the_runs_no_longer_give_names_the_excluded_runs(monkeypatch):
+    """G-c: with every lora-qv run rejected the front page stopped at `KeyError: 'lora-qv'`."""
+    import pandas as pd
+
+    from finetune_lab.book import claims
+
+    monkeypatch.setattr(claims, "discover_runs", lambda: [])
+    assert claims.needs(3, "a fact", "lora*") == 3
+    for missing in (None, pd.DataFrame()):
+        with pytest.raises(claims.ClaimError, match="the sentence 'a fact' no longer holds"):
+            claims.needs(missing, "a fact", "lora*")

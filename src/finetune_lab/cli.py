@@ -87,11 +87,19 @@ OS_FAULTS = {
                  "FINETUNE_LAB_RUNS_DIR at a writable one",
     errno.ENOTDIR: "a part of that path is a file, not a folder: give a path through folders",
     errno.EISDIR: "it is a folder where a file is wanted: give the file",
+    errno.ENAMETOOLONG: "a name in that path is longer than the file system allows: give a "
+                        "shorter path",
+    errno.ELOOP: "a link in that path leads back to itself: give a path without the loop",
+    errno.EFBIG: "the file is larger than this machine's file size limit (`ulimit -f`): raise "
+                 "the limit or write elsewhere, then run the same command again",
 }
 """Faults of the machine rather than of the project, told in one line with the path and the fix
 (runs write atomically or are marked failed, so a fault leaves nothing half-written behind)."""
 
-WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+PATH_FAULTS = (errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EFBIG)
+"""The faults of the path given, not of the folder it lies in."""
+
+WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 """The faults that only a write meets; a refused permission may be a read's."""
 
 
@@ -118,16 +126,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C, or SIGTERM during a run
         print(f"finetune-lab {command}: {_interrupted(exc)}", file=sys.stderr)
         return 128 + int(getattr(exc, "signum", signal.SIGINT))
+    except RuntimeError as exc:  # pathlib's resolve() of a link loop (Python < 3.13)
+        if not str(exc).startswith("Symlink loop from "):
+            raise
+        print(f"finetune-lab {command}: error: {str(exc)[len('Symlink loop from '):]} is a link "
+              f"that leads back to itself: {OS_FAULTS[errno.ELOOP].split(': ', 1)[1]}",
+              file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `finetune-lab runs | head`: the reader has had enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:
-        if exc.errno not in OS_FAULTS:
-            raise
+        if exc.errno is None and exc.filename is None:
+            raise  # no fault of the machine's: a bug, shown whole
         name = os.fsdecode(exc.filename) if exc.filename is not None else None
         verb = "write" if exc.errno in WRITE_FAULTS else "read or write"
+        advice = (fault_advice(exc.errno, name) if exc.errno in OS_FAULTS else
+                  "fix that, then run the same command again")  # any other (trial 17's X-os)
         print(f"finetune-lab {command}: error: cannot {verb} {name or 'a file'}: "
-              f"{exc.strerror}; {fault_advice(exc.errno, name)}", file=sys.stderr)
+              f"{exc.strerror or exc}; {advice}", file=sys.stderr)
         return 2
     finally:
         if previous is not None:
@@ -143,7 +160,7 @@ def fault_advice(code: int, filename: str | os.PathLike | None) -> str:
     only with a file inside them; a read-only checkout (Quarto's .quarto/ and _freeze/, say)
     needs a writable copy, whatever the environment says."""
     advice = OS_FAULTS[code]
-    if filename is None or code in (errno.ENOTDIR, errno.EISDIR):  # the path is the fault
+    if filename is None or code in PATH_FAULTS:  # the path is the fault
         return advice
     where, p = Path(os.path.abspath(filename)), paths()
     movable = any(where.is_relative_to(os.path.abspath(d)) for d in (p.work, p.runs))

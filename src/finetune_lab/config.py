@@ -8,6 +8,7 @@ and commits (run logs, manifests, metric tables, the pretrained checkpoint) live
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +54,10 @@ def _env_path(var: str) -> Path | None:
         return None
     try:
         return Path(value).expanduser().resolve()
-    except RuntimeError:
-        raise UserError(f"{var}={value}: its ~ names no home folder on this machine; give the "
-                        "folder's full path") from None
+    except RuntimeError as exc:  # pathlib: a ~user of no user, or a loop of links
+        why = ("is a link that leads back to itself" if str(exc).startswith("Symlink loop")
+               else "has a ~ that names no home folder on this machine")
+        raise UserError(f"{var}={value} {why}; give a folder's full path") from None
 
 
 def paths() -> Paths:
@@ -106,38 +108,60 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
     named = resolved or _protected_at(Path(os.path.abspath(dest)), file,
                                       lambda s: Path(os.path.abspath(s)))
     held = None if named is not None else run_manifest_near(Path(dest))
-    if held is not None:  # runs of a store of any name (trials 15 and 16, A-n1, A-v)
-        return f"is, holds or lies in a run ({held})", True
+    if held is not None:  # runs of a store of any name (trials 15 to 17, A-n1, A-v)
+        what = "a run" if held.name == "manifest.json" else (
+            "a run's training state" if STATE_FILE.fullmatch(held.name) else "packaged weights")
+        return f"is, holds or lies in {what} ({held})", True
     return named
 
 
-def run_manifest_near(dest: Path, depth: int = 4) -> Path | None:
-    """A run's ``manifest.json`` at ``dest`` itself, in a folder above it, or below it to
-    ``depth`` levels (a run store, an experiment, a run, a file in one), links not followed;
-    None where there is none. A run's manifest names its framework, which a data step's does
-    not."""
-    def is_run(manifest: Path) -> bool:
-        try:
-            with open(manifest, "rb") as handle:
-                head = handle.read(4096)
-        except OSError:
-            return False
-        return b'"framework"' in head and b'"experiment"' in head
+WALK_LIMIT = 200_000
+"""Entries :func:`run_manifest_near` looks through below a folder before it refuses to say."""
 
+
+def is_run_manifest(manifest: Path) -> bool:
+    """A run's ``manifest.json`` names its framework and experiment, which a data step's does
+    not; read whole (trial 17's A-v7: a failed run's error text pushed both past the first
+    4 KiB), and by its bytes, so that a damaged one is still a run."""
+    try:
+        with open(manifest, "rb") as handle:
+            text = handle.read(64 << 20)
+    except OSError:
+        return False
+    return b'"framework"' in text and b'"experiment"' in text
+
+
+def run_manifest_near(dest: Path) -> Path | None:
+    """A run's ``manifest.json`` at ``dest`` itself, in a folder above it, or anywhere below it
+    (a run store, an experiment, a run, a file in one; trial 17's A-v8: five levels down), links
+    not followed; None where there is none. A folder too large to look through is refused."""
     for place in (dest, *list(dest.parents)[:3]):
-        if place.name == "manifest.json" and place.is_file() and is_run(place):
+        if place.name == "manifest.json" and place.is_file() and is_run_manifest(place):
             return place
-        if (place / "manifest.json").is_file() and is_run(place / "manifest.json"):
+        if (place / "manifest.json").is_file() and is_run_manifest(place / "manifest.json"):
             return place / "manifest.json"
     if not dest.is_dir() or dest.is_symlink():
         return None
-    base = len(dest.parts)
+    seen = 0
     for top, dirs, files in os.walk(dest):
-        if len(Path(top).parts) - base >= depth:
-            dirs[:] = []
-        if "manifest.json" in files and is_run(Path(top) / "manifest.json"):
+        seen += len(dirs) + len(files)
+        if seen > WALK_LIMIT:
+            raise UserError(f"{dest} holds more than {WALK_LIMIT:,} files and folders, too many "
+                            "to make sure no run lies in it: pass a new or smaller folder")
+        if "manifest.json" in files and is_run_manifest(Path(top) / "manifest.json"):
             return Path(top) / "manifest.json"
+        # a run's training state, or packaged weights in a store below (trial 17's A-v9: the
+        # work folder of an unset FINETUNE_LAB_WORK_DIR, a paused run's state in it)
+        state = next((f for f in files if STATE_FILE.fullmatch(f)), None)
+        if state is not None:
+            return Path(top) / state
+        if Path(top) != dest and {"model.pt", "manifest.json"} <= set(files):
+            return Path(top) / "model.pt"
     return None
+
+
+STATE_FILE = re.compile(r"checkpoint(_last|_best|\d+|_\d+_\d+)\.pt")
+"""fairseq's saved training state (``--save-dir``): what a paused run resumes from."""
 
 
 def _protected_at(d: Path, file: bool, norm: Callable[[Path], Path]) -> tuple[str, bool] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from fnmatch import fnmatch
+from typing import TypeVar
 
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.runs.registry import discover_runs, excluded_runs
@@ -30,3 +31,16 @@ def holds(ok: bool, claim: str, *experiments: str) -> None:
         + ". Repair or re-run those runs, or rewrite the sentence") if bad else (
         ": no run there is excluded, so the results themselves changed; rewrite the sentence")
     raise ClaimError(f"the sentence '{claim}' no longer holds with the valid runs of {where}{why}")
+
+
+T = TypeVar("T")
+
+
+def needs(value: T | None, claim: str, *experiments: str) -> T:
+    """``value``, a fact a page's sentences rest on (an accuracy, a table), when the valid runs
+    give it; when they do not (None, or an empty table), :func:`holds` fails naming the runs of
+    ``experiments`` the registry excluded (trial 17's G-c: with every lora-qv run rejected, the
+    front page stopped at `KeyError: 'lora-qv'`, naming no run)."""
+    empty = value is None or bool(getattr(value, "empty", False))
+    holds(not empty, claim, *experiments)
+    return value  # type: ignore[return-value]

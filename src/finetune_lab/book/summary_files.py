@@ -155,44 +155,57 @@ PRETRAINING_EXPERIMENTS = ("pretrain", "pretrain-gpu", "pretrain-ablation")
 
 def name_problem(record: dict[str, Any], runs_base: Path,
                  packaged: tuple[str, str] | None) -> str | None:
-    """A record of the packaged checkpoint named after a pretraining run is named after the run
-    that made it (trial 13's W3: the packaged weights recorded as `cpu-long` were shown as
-    cpu-long's, asked before they were packaged); a candidate's record is compared with its
-    folder by the record readers."""
+    """A record named after a pretraining run, or of a candidate's folder (named after its run),
+    holds the weights known by that name wherever any are: those a run here packaged, continued
+    or fine-tuned under it (trial 13's W3: the packaged weights recorded as `cpu-long` were
+    shown as cpu-long's; trial 17's W3-v4/v5: other weights packaged into a candidate's folder
+    were shown as the candidate's). A name of the user's own is not checked."""
     name, path = record.get("name"), record["checkpoint"].get("path")
-    # a run of any pretraining experiment (trial 14's W3: pretrain-gpu, pretrain-ablation)
-    if not isinstance(name, str) or not any(
-            (runs_base / exp / name).is_dir() for exp in PRETRAINING_EXPERIMENTS):
-        return None
-    sha = record["checkpoint"]["sha256"]
-    made_by = dict(packages_made(runs_base))  # every package a run continued or fine-tuned, by sha256
-    if packaged is not None:
-        made_by[packaged[0]] = packaged[1].rsplit("/", 1)[-1]
     candidate = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
-    if candidate is not None and sha not in made_by:
+    # a run of any pretraining experiment (trial 14's W3: pretrain-gpu, pretrain-ablation)
+    run_named = isinstance(name, str) and any(
+        (runs_base / exp / name).is_dir() for exp in PRETRAINING_EXPERIMENTS)
+    if candidate is None and not run_named:
+        return None
+    label = candidate["name"] if candidate else name
+    sha = record["checkpoint"]["sha256"]
+    made_by = {k: set(v) for k, v in packages_made(runs_base).items()}  # sha256 -> run names
+    if packaged is not None:
+        made_by.setdefault(packaged[0], set()).add(packaged[1].rsplit("/", 1)[-1])
+    known = sorted(s for s, names in made_by.items() if label in names)
+    # its own weights: known by its name, or (a candidate at update N of a run) by its run's
+    if sha in known or (candidate is not None and candidate["run"] in made_by.get(sha, ())):
+        return None
+    if sha in made_by:
+        said = f"packaged by {', '.join(sorted(made_by[sha]))}"
+    elif known:
+        said = f"not the weights runs here know as {label}, sha256 {known[0][:12]}…"
+    elif candidate is None:
+        said = "weights no run here packaged or fine-tuned"
+    else:
         return None  # a candidate no run fine-tuned: the record readers compare its folder
-    if made_by.get(sha) == (candidate["name"] if candidate else name):
-        return None  # its own weights
-    said = (f"packaged by {made_by[sha]}" if sha in made_by else
-            "weights no run here packaged or fine-tuned")
-    return (f"is named after the pretraining run {name}, but holds other weights ({path}, "
-            f"{said}): record them under another --name")  # trials 15, 16: W3
+    return (f"is named after the pretraining run {label}, but holds other weights ({path}, "
+            f"{said}): record them under another --name")  # trials 15 to 17: W3
 
 
 @per_render
-def packages_made(runs_base: Path) -> dict[str, str]:
-    """``{sha256: run name}`` of every package a pretraining run continued (its
+def packages_made(runs_base: Path) -> dict[str, list[str]]:
+    """``{sha256: run names}`` of every package a pretraining run continued (its
     ``continued_from``) and every candidate a run fine-tuned (its checkpoint input): trials 15
     and 16's W3, weights recorded under another run's name were shown as that run's."""
-    found: dict[str, str] = {}
+    found: dict[str, list[str]] = {}
     for man in sorted(runs_base.glob("*/*/manifest.json")):
         try:
             data = loads_strict(regular_text(man))
             if man.parent.parent.name.startswith("pretrain"):
                 source = data["extra"]["continued_from"]
-                found[str(source["sha256"])] = Path(str(source["run"])).name
+                sha, name = str(source["sha256"]), Path(str(source["run"])).name
             elif (start := CANDIDATE.fullmatch(str(data["inputs"]["checkpoint"]["path"]))):
-                found[str(data["inputs"]["checkpoint"]["sha256"]["."])] = start["name"]
+                sha, name = str(data["inputs"]["checkpoint"]["sha256"]["."]), start["name"]
+            else:
+                continue
+            if name not in found.setdefault(sha, []):
+                found[sha].append(name)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # a random start, or a damaged manifest (the registry names it)
     return found

@@ -12,6 +12,7 @@ installs the check into fairseq; :mod:`checkpoints` packages checkpoints and loa
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import pickle
 import re
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import not_there, parse_json, sha256_file
-from finetune_lab.config import paths
+from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.errors import UserError
 
 TRUSTED_DIRS_ENV = "FINETUNE_LAB_TRUSTED_DIRS"
@@ -201,6 +202,10 @@ def fairseq_safe_globals(path: Path | str | None = None):
         except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile,
                 KeyError, ValueError, IndexError) as exc:  # garbage fails in any of these ways
             raise unreadable(path, exc) from None
+        except OSError as exc:  # a zip cut short can send torch's reader past its end (EINVAL)
+            if exc.errno != errno.EINVAL:
+                raise
+            raise unreadable(path, exc) from None
 
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
@@ -220,9 +225,12 @@ def unreadable(path: Path | str | None, exc: BaseException) -> UserError:
             "Delete the file, or restore the checkpoint from where it was made.")
     first = (text.strip().splitlines()[0] if text.strip() and not isinstance(exc, KeyError)
              else "not a file torch.save wrote")
-    return UserError(
-        f"{what} cannot be read: the file is damaged or cut short ({first[:160]}). Restore it "
-        "(`git checkout -- data/checkpoints/` for the committed one) or make it again.")
+    committed = path is not None and Path(path).resolve().is_relative_to(
+        (PROJECT_ROOT / "data" / "checkpoints").resolve())
+    fix = ("Restore it with `git checkout -- data/checkpoints/`" if committed
+           else "Restore it from where it was made, or make it again")
+    return UserError(f"{what} cannot be read: the file is damaged or cut short "
+                     f"({first[:160]}). {fix}.")
 
 
 def load_trusted(path: Path | str, manifests: Iterable[Path] | None = None, *,

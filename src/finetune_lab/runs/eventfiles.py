@@ -152,6 +152,11 @@ def _check_kind(path: Path, index: int, event: Any, last: int) -> None:
         raise EventFileError(f"event file {path} goes back from update {last} to {event.step}")
 
 
+SCALAR_PLUGINS = ("", "scalars")
+"""The plugins a scalar is logged for (none, as fairseq's and Transformers' writers log, or
+TensorBoard's scalars); a number tagged for another (text, say) is not read as a scalar."""
+
+
 def _scan(path: Path) -> Scanned:
     last, peak, walls = 0, None, []
     accuracy: dict[str, set[int]] = {}
@@ -169,6 +174,11 @@ def _scan(path: Path) -> Scanned:
                 raise EventFileError(f"event file {path} logs {value.tag} at update "
                                      f"{event.step} as a tensor, not as a scalar value: the "
                                      "book's reader (tbparse) would not see it")
+            plugin = value.metadata.plugin_data.plugin_name
+            if numeric and plugin not in SCALAR_PLUGINS:  # trial 17's E-p1
+                raise EventFileError(f"event file {path} logs {value.tag} at update "
+                                     f"{event.step} for the {plugin!r} plugin, not as a scalar: "
+                                     "the book's reader (tbparse) would not see it")
             if _metric_tag(value.tag):
                 if (value.tag, event.step) in seen:  # a second value the tables could pick
                     raise EventFileError(f"event file {path} logs {value.tag} twice at update "

@@ -103,9 +103,14 @@ def input_differences(label: str, record: dict[str, Any], rec: Findings,
     if not root.exists():
         rec.warnings.append(f"{label} {stored} is not on this machine; its sha256 is unverified")
         return found
-    if _in_project_store(rec) and not root.resolve().is_relative_to(PROJECT_ROOT.resolve()):
+    inside = root.resolve().is_relative_to(PROJECT_ROOT.resolve())
+    if _in_project_store(rec) and not inside:
         rec.warnings.append(f"{label} {stored} lies outside the project, where the book's freeze "
                             "cannot follow it; its sha256 is unverified")  # trial 15's CF-n3
+        return found
+    if _in_project_store(rec) and mf.hidden(root.resolve().relative_to(PROJECT_ROOT.resolve())):
+        rec.warnings.append(f"{label} {stored} lies in a hidden folder, which the book's freeze "
+                            "does not follow; its sha256 is unverified")  # trial 17's CF-v3
         return found
     if root.is_dir():  # manifests written before inputs left the build records out
         recorded = {k: v for k, v in recorded.items() if not mf.is_build_record(k)}
@@ -225,7 +230,8 @@ def work_inputs(project: Path) -> list[str]:
             path = posixpath.normpath(stored) if isinstance(stored, str) else ""
             # every input inside the project, where the registry checks it (trial 16's CF-v:
             # data/pp/bin, outside data/work, was checked and recorded by no chapter)
-            if path and not posixpath.isabs(path) and not path.startswith(".."):
+            if path and not posixpath.isabs(path) and not path.startswith("..") \
+                    and not mf.hidden(Path(path)):  # the registry does not check those either
                 single = list(record.get("sha256") or {}) == ["."]
                 found.add(path if single else f"{path}/**")
     return sorted(found)

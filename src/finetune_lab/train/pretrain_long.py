@@ -105,12 +105,16 @@ def resume_point(save_dir: Path) -> dict[str, Any] | None:
     last = save_dir / LAST
     if not last.is_file():
         return None
-    with trust.fairseq_safe_globals():
+    with trust.fairseq_safe_globals(last):
         state = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
     history = state.get("optimizer_history") or [{}]
     extra = state.get("extra_state") or {}
+    cfg = state.get("cfg") if isinstance(state.get("cfg"), dict) else {}
     return {"updates": int(history[-1].get("num_updates") or 0),
-            "training_time_s": float(extra.get("previous_training_time") or 0.0)}
+            "training_time_s": float(extra.get("previous_training_time") or 0.0),
+            # who made it: fairseq keeps the seed and the save folder of the run it trained
+            "seed": (cfg.get("common") or {}).get("seed"),
+            "save_dir": (cfg.get("checkpoint") or {}).get("save_dir")}
 
 
 def start_over_unsaved(run_dir: Path, save_dir: Path, save_every: int) -> None:
@@ -132,15 +136,24 @@ def start_over_unsaved(run_dir: Path, save_dir: Path, save_every: int) -> None:
 
 
 def check_own_state(run_dir: Path, last: Path, updates: int,
-                    data: list[Path] | None = None) -> None:
-    """Refuse to resume ``run_dir`` from state that is not its own (trials 14 and 15, W2): a
-    paused run recorded the sha256 of the state it paused with, and nothing has launched it
-    since; a launch killed after that pause can only have gone further. A run paused before
-    that record was kept must find the state at the very update it paused at. And a launch
-    must read the corpora the run was recorded on (``data``)."""
+                    data: list[Path] | None = None, made: dict[str, Any] | None = None) -> None:
+    """Refuse to resume ``run_dir`` from state that is not its own (trials 14 to 17, W2): a
+    launch that ended paused, failed or interrupted recorded the sha256 of the state it left,
+    and nothing has launched the run since; a launch killed after that can only have gone
+    further. A run paused before that record was kept must find the state at the very update
+    it paused at, made with its seed in its own save folder (``made``: :func:`resume_point`;
+    trial 17's R-W2-v1: another run's state at the same update passed). And a launch must read
+    the corpora the run was recorded on (``data``)."""
     man = read_manifest(run_dir)
+    if made is not None and (made.get("seed") != man.get("seed") or Path(
+            str(made.get("save_dir"))).name != last.parent.name):
+        raise UserError(f"{last} was saved by another run (seed {made.get('seed')}, in "
+                        f"{made.get('save_dir')}), not by {run_dir} (seed {man.get('seed')}): "
+                        "move that folder away, or put the run's own state back")
     recorded = man.get("resume_state")
-    paused = man.get("status") == "paused"
+    # every launch that ended under the project's control (paused, failed, interrupted) left
+    # its state's sha256; only a killed one ("running") may have saved further since
+    paused = man.get("status") != "running"
     if isinstance(recorded, dict):
         at, same = int(recorded.get("updates") or 0), sha256_file(last) == recorded.get("sha256")
     else:
@@ -156,6 +169,19 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
         raise UserError(f"{run_dir} was recorded on {', '.join(map(str, was))}; this launch reads "
                         f"{', '.join(now)}, or that data changed since: a run goes on with its "
                         "own corpora (give them, or choose another --run)")
+
+
+def keep_resume_state(manifest: dict[str, Any], last: Path) -> None:
+    """Record the state a launch leaves (its update and sha256) in the run's manifest: the only
+    state the next launch resumes (:func:`check_own_state`)."""
+    try:
+        point = resume_point(last.parent) if last.is_file() else None
+    except UserError:  # a state cut short: none to resume (the next launch says so)
+        point = None
+    manifest.pop("resume_state", None)
+    if point is not None:
+        manifest["resume_state"] = {"path": portable_path(last), "updates": point["updates"],
+                                    "sha256": sha256_file(last)}
 
 
 def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str | None:
@@ -253,7 +279,7 @@ def pretrain_long(
             start_over_unsaved(run_manifest.parent, save_dir, recipe.validate_every)
     if point is not None:
         check_own_state(run_manifest.parent, save_dir / LAST, point["updates"],
-                        [p.data for p in phases])
+                        [p.data for p in phases], made=point)
 
     init_copy = save_dir / "init_model.pt"
     # from scratch with sinusoids: the random weights fairseq would draw, in a file to rewrite
@@ -281,38 +307,44 @@ def pretrain_long(
         segment["updates_from"] = first = point["updates"] if point else 0
         if earlier and earlier[-1].get("updates_to") is None:  # killed: it got as far as saved
             earlier[-1]["updates_to"] = first
-        for phase in phases:
-            point = resume_point(save_dir)
-            done = point["updates"] if point else 0
-            if done >= phase.until:
-                continue
-            if done < phase.start:  # the previous phase stopped early (time): resume it first
-                break
-            stop_minutes = None
-            if deadline is not None:
-                left = (deadline - time.monotonic()) / 60
-                if left < 1:
+        try:
+            for phase in phases:
+                point = resume_point(save_dir)
+                done = point["updates"] if point else 0
+                if done >= phase.until:
+                    continue
+                if done < phase.start:  # the previous phase stopped early (time): resume it first
                     break
-                stop_minutes = (point["training_time_s"] if point else 0) / 60 + left
-            until = phase.until
-            if segment_updates is not None:
-                if done >= first + segment_updates:
-                    break
-                until = min(until, first + segment_updates)
-            args = fairseq_args(phase.data, save_dir, per_process, seed=seed, device=device,
-                                precision=precision, stop_minutes=stop_minutes,
-                                init_from=init_copy if point is None and starts_from_file
-                                else None,
-                                stop_update=until) + launch.fairseq_flags(device)
-            if point is not None and done == phase.start and phase.start > 0:
-                args.append("--reset-dataloader")  # the phase's corpus, from its start
-            print(f"pretrain: {run}, phase {phase.name}: updates {done} to {until} of "
-                  f"{total} ({tokens_per_update} tokens each)", flush=True)
-            progress = partial(progress_line, tokens_per_update=tokens_per_update,
-                               total_updates=total)
-            with echoing(handle.run_dir / "train.log",
-                         None if quiet else lambda line: progress(line) or fairseq_progress(line)):
-                run_fairseq_train(handle, args, env=env, launcher=launch.launcher())
+                stop_minutes = None
+                if deadline is not None:
+                    left = (deadline - time.monotonic()) / 60
+                    if left < 1:
+                        break
+                    stop_minutes = (point["training_time_s"] if point else 0) / 60 + left
+                until = phase.until
+                if segment_updates is not None:
+                    if done >= first + segment_updates:
+                        break
+                    until = min(until, first + segment_updates)
+                args = fairseq_args(phase.data, save_dir, per_process, seed=seed, device=device,
+                                    precision=precision, stop_minutes=stop_minutes,
+                                    init_from=init_copy if point is None and starts_from_file
+                                    else None,
+                                    stop_update=until) + launch.fairseq_flags(device)
+                if point is not None and done == phase.start and phase.start > 0:
+                    args.append("--reset-dataloader")  # the phase's corpus, from its start
+                print(f"pretrain: {run}, phase {phase.name}: updates {done} to {until} of "
+                      f"{total} ({tokens_per_update} tokens each)", flush=True)
+                progress = partial(progress_line, tokens_per_update=tokens_per_update,
+                                   total_updates=total)
+                with echoing(handle.run_dir / "train.log",
+                             None if quiet else lambda line: progress(line) or fairseq_progress(line)):
+                    run_fairseq_train(handle, args, env=env, launcher=launch.launcher())
+        except BaseException:
+            # stopped (SIGTERM, Ctrl-C, a failed launch): the state it leaves is the one the
+            # next launch must find (trial 17's W2-v3: another run's state then passed)
+            keep_resume_state(handle.manifest, save_dir / LAST)
+            raise
         point = resume_point(save_dir)
         done = point["updates"] if point else 0
         segment["updates_to"] = done
@@ -326,9 +358,8 @@ def pretrain_long(
             handle.manifest.pop("resume_state", None)
             handle.manifest["saved_checkpoints"] = {
                 LAST: {"path": portable_path(final), "sha256": sha256_file(final)}}
-        elif final.is_file():  # what the next launch must find there (check_own_state)
-            handle.manifest["resume_state"] = {"path": portable_path(final), "updates": done,
-                                               "sha256": sha256_file(final)}
+        else:  # what the next launch must find there (check_own_state)
+            keep_resume_state(handle.manifest, final)
         run_dir = handle.run_dir
     if done < total:
         print(f"pretrain: {run} paused at update {done} of {total}; run the same command "
