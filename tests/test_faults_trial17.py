@@ -354,3 +354,26 @@ def test_an_answer_the_runs_no_longer_give_names_the_excluded_runs(monkeypatch):
     for missing in (None, pd.DataFrame()):
         with pytest.raises(claims.ClaimError, match="the sentence 'a fact' no longer holds"):
             claims.needs(missing, "a fact", "lora*")
+
+
+def test_a_reading_judges_each_experiment_once_and_ends_with_its_table(monkeypatch):
+    """Issue 36: Appendix A's tables looked up 167 named runs, each judging its whole
+    experiment again (65 s); within one reading an experiment is judged once."""
+    from finetune_lab.runs import registry
+    from finetune_lab.runs.reading import one_reading, reads_once
+
+    calls = []
+    real = registry.discover_runs
+    monkeypatch.setattr(registry, "discover_runs",
+                        lambda *a, **k: calls.append(a) or real(*a, **k))
+    with one_reading():
+        first = registry.find_run("pretrain/cpu-seed1", RUNS)
+        with one_reading():  # nested: the outer reading's
+            assert registry.find_run("pretrain/cpu-seed1-c1", RUNS).valid
+        assert registry.find_run("pretrain/cpu-seed1", RUNS) is first and first.valid
+    assert len(calls) == 1
+    registry.find_run("pretrain/cpu-seed1", RUNS)  # after the reading: judged again
+    assert len(calls) == 2
+    lookups = reads_once(lambda: [registry.find_run(f"pretrain/{n}", RUNS).name
+                                  for n in ("cpu-seed1", "cpu-docbow1", "cpu-sinpos1")])
+    assert lookups() == ["cpu-seed1", "cpu-docbow1", "cpu-sinpos1"] and len(calls) == 3

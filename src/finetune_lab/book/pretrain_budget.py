@@ -25,6 +25,7 @@ from finetune_lab.data.pretrain_corpus import default_output as default_corpus
 from finetune_lab.models.checkpoints import package_manifest, packaged_dir
 from finetune_lab.runs.manifest import resolve_stored_path, run_key
 from finetune_lab.runs.fairseq_logs import updates_per_epoch
+from finetune_lab.runs.reading import reads_once
 from finetune_lab.runs.registry import discover_runs, find_run, valid_runs
 from finetune_lab.runs.runspeed import device_name
 from finetune_lab.train.pretrain_lineage import sinusoids_in
@@ -154,6 +155,7 @@ def _pretrain_manifest(runs_root: Path | None = None, checkpoint_dir: Path | Non
     return last.path, last.manifest
 
 
+@reads_once
 def pretrain_budget(runs_root: Path | None = None,
                     checkpoint_dir: Path | None = None) -> PretrainBudget | None:
     """The stand-in's pretraining budget from its run manifest (None when no run exists).

@@ -32,6 +32,7 @@ from finetune_lab.runs.tblogs import event_scalars, load_experiments
 from finetune_lab.train.finetune_fairseq import candidate_experiments
 from finetune_lab.train.pretrain_lineage import lineage_keys, lineage_of
 from finetune_lab.train.pretrain_recipe import tapt_start
+from finetune_lab.runs.reading import reads_once
 
 PACKAGE_MARGIN = 5.0
 """Points over random initialisation (its 95 % Welch interval above 0 as well) that weights must
@@ -117,6 +118,7 @@ def _facts_at_checkpoint(runs: PretrainRuns, rec: RunRecord, facts: dict[str, An
                             if len(valid) else None)}
 
 
+@reads_once
 def candidate_table(runs: PretrainRuns, runs_root: Path | None = None,
                     facts: dict[str, Any] | None = None) -> pd.DataFrame:
     """The packaged checkpoint beside every candidate: updates and tokens behind the weights,

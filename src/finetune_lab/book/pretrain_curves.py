@@ -24,6 +24,7 @@ from finetune_lab.runs.runspeed import device_name
 from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.pretrain_recipe import PretrainRecipe, tapt_start
 from finetune_lab.train.pretrain_throughput import model_flops_per_token
+from finetune_lab.runs.reading import reads_once
 
 SUBSET_LABELS = {"train_inner": "train", "valid": "valid (held-out novels)",
                  "valid1": "valid (held-out dvd/music reviews)"}
@@ -37,6 +38,7 @@ def update_offset(manifest: dict[str, Any], folder: Path | None = None) -> int:
     return sum(int(step.get("updates") or 0) for step in continued_lineage(manifest, folder))
 
 
+@reads_once
 def curves(runs: PretrainRuns) -> pd.DataFrame:
     """Train (every log interval) and valid loss in bits, perplexity, and the learning rate."""
     df = runs.scalars
@@ -199,6 +201,7 @@ def long_run_facts(runs: PretrainRuns) -> list[LongRun]:
     return out
 
 
+@reads_once
 def long_run_table(runs: PretrainRuns) -> pd.DataFrame:
     """One row per long run: its budget, the task-adaptive part of it, the tokens behind the
     weights it continues, and how far it got."""

@@ -28,6 +28,7 @@ from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.pretrain_lineage import sinusoids_in
 from finetune_lab.train.pretrain_recipe import EXPERIMENT
+from finetune_lab.runs.reading import reads_once
 
 GPU_EXPERIMENT = "pretrain-gpu"
 """Where runs made on a lent GPU go (``gpu-bundle --steps pretrain``)."""
@@ -68,6 +69,7 @@ def all_pretraining_runs(runs_root=None) -> list[RunRecord]:
     return discover_runs(runs_root, [EXPERIMENT, GPU_EXPERIMENT])
 
 
+@reads_once
 def token_curves(records: list[RunRecord], subsets: tuple[str, ...] = ("valid",)) -> pd.DataFrame:
     """Held-out loss (bits) of every run on ``subsets`` against the tokens behind the weights at
     that point: the run's own updates times its tokens per update, plus every run it
@@ -121,6 +123,7 @@ def position_start(rec: RunRecord, records: list[RunRecord]) -> str:
     return "kept" if all(read(step) for step in lineage) else UNKNOWN
 
 
+@reads_once
 def plateau_table(records: list[RunRecord], unigram: float | None) -> pd.DataFrame:
     """One row per run: device, batch, learning rate, loaders, throughput, tokens behind the
     weights, last held-out losses, and the tokens at which the novels' loss first fell

@@ -35,6 +35,7 @@ from finetune_lab.runs.tblogs import LoadedRuns, load_experiments
 from finetune_lab.train.pretrain_ablations import ABLATIONS
 from finetune_lab.train.pretrain_ablations import EXPERIMENT as ABLATION_EXPERIMENT
 from finetune_lab.train.pretrain_recipe import EXPERIMENT, PretrainRecipe
+from finetune_lab.runs.reading import reads_once
 
 COURSE_MODEL = {
     "corpus": "French part of mC4, 39 GB of web text",
@@ -200,6 +201,7 @@ def checked_step(step: dict[str, Any], rec: RunRecord, package: dict[str, Any] |
             "tokens": updates * int(rec.manifest["hyperparameters"]["tokens_per_update"])}
 
 
+@reads_once
 def checked_lineage(lineage: list[dict[str, Any]], package: dict[str, Any] | None = None,
                     folder: Path | None = None, root: Path | None = None, *,
                     restore: str | None = None) -> list[dict[str, Any]]:

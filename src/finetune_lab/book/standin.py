@@ -13,6 +13,7 @@ from finetune_lab.runs.manifest import run_key
 from finetune_lab.runs.registry import RunRecord, find_run
 from finetune_lab.runs.tblogs import event_scalars
 from finetune_lab.train.pretrain_lineage import step_reads_task_texts
+from finetune_lab.runs.reading import reads_once
 
 def lineage_steps() -> list[dict[str, Any]]:
     """The packaged checkpoint's lineage as its manifest records it, oldest first."""
@@ -20,6 +21,7 @@ def lineage_steps() -> list[dict[str, Any]]:
     return package.get("lineage") or ([{"run": package["run"]}] if package.get("run") else [])
 
 
+@reads_once
 def lineage_records() -> list[tuple[dict[str, Any], RunRecord]]:
     """Each run behind the packaged checkpoint, oldest first, with its lineage step, read
     through the registry (a step whose run is not valid is left out, and the table says less).

@@ -28,6 +28,7 @@ from finetune_lab.runs.experiments import VARYING_KEYS as VARYING_KEYS
 from finetune_lab.runs.experiments import check_hyperparameters as check_hyperparameters
 from finetune_lab.runs.experiments import differing_hyperparameters as differing_hyperparameters
 from finetune_lab.runs.experiments import read_experiment_config as read_experiment_config
+from finetune_lab.runs.reading import READING
 from finetune_lab.runs.run_inputs import (
     cached_sha256,
     check_conversion_source,
@@ -339,7 +340,13 @@ def find_run(key: str, root: Path | str | None = None) -> RunRecord | None:
     experiment, _, name = key.partition("/")
     if not experiment or not name or not (base / experiment / name).is_dir():
         return None
-    return next((r for r in discover_runs(base, [experiment]) if r.name == name), None)
+    memo = READING.get()
+    if memo is None:
+        judged = discover_runs(base, [experiment])
+    else:
+        judged = memo.setdefault((str(base.resolve()), experiment), [])
+        judged += [] if judged else discover_runs(base, [experiment])
+    return next((r for r in judged if r.name == name), None)
 
 
 def accepted_manifests(manifests: list[Path]) -> list[Path]:
