@@ -377,3 +377,99 @@ def test_a_reading_judges_each_experiment_once_and_ends_with_its_table(monkeypat
     lookups = reads_once(lambda: [registry.find_run(f"pretrain/{n}", RUNS).name
                                   for n in ("cpu-seed1", "cpu-docbow1", "cpu-sinpos1")])
     assert lookups() == ["cpu-seed1", "cpu-docbow1", "cpu-sinpos1"] and len(calls) == 3
+
+
+def test_gpu_unpack_refuses_hidden_products_and_control_characters(tmp_path):
+    """G-h4: a product `data/runs/.superseded` was placed; G-h5: a run folder named with a
+    newline was placed; GL2: a killed unpack's staging folder under data/ stayed, not ignored."""
+    from finetune_lab.runs import gpu_archive as ga
+
+    meta = tmp_path / "gpu-lab.json"
+    with pytest.raises(UserError, match="not one folder directly under"):
+        ga.check_product_path("data/runs/.superseded", meta)
+    assert ga.check_product_path("data/runs/fairseq-gpu", meta) == "data/runs/fairseq-gpu"
+    stage = tmp_path / "stage"
+    (stage / "data" / "runs" / "zz-gpu" / "random-seed\n9").mkdir(parents=True)
+    with pytest.raises(UserError, match="has a control character in its name"):
+        ga._staged(stage, "data/runs/zz-gpu", meta)
+    left = tmp_path / "root" / "data" / f"{ga.STAGING_PREFIX}abc"
+    left.mkdir(parents=True)
+    with pytest.raises(UserError, match="gpu-lab.json does not exist"):
+        ga.unpack(tmp_path / "nothing", root=tmp_path / "root")
+    assert not left.exists()
+    ignored = (PROJECT_ROOT / ".gitignore").read_text()
+    assert f"/data/{ga.STAGING_PREFIX}*/" in ignored
+
+
+def test_test_reviews_with_fillers_replacements_or_reversed_words_are_found(tmp_path):
+    """Trial 18's D-w: a filler after every third word, every fourth word replaced, or the words
+    reversed shared no run of four words with the test review."""
+    from finetune_lab.data.cls_books import Review, near_test_reviews
+
+    words = ("le roman raconte une histoire simple mais la fin surprend et les personnages "
+             "restent en mémoire longtemps après la dernière page").split()
+    test = [Review(" ".join([f"livre{i}", f"auteur{i}", *words[i % 5:]]), 1, 5.0, i)
+            for i in range(20)]
+    made = (lambda w: [x for i, v in enumerate(w) for x in ([v, "bof"] if i % 3 == 2 else [v])],
+            lambda w: ["truc" if i % 4 == 3 else v for i, v in enumerate(w)],
+            lambda w: w[::-1])
+    for change in made:
+        train = [Review(" ".join(change(r.text.split())), 1, 5.0, r.position) for r in test]
+        assert near_test_reviews(train, test) == 20
+    others = [Review(f"Un tout autre avis, numéro {i}, sur un autre livre lu cet été", 0, 1.0, i)
+              for i in range(20)]
+    assert near_test_reviews(others, test) == 0
+
+
+def test_trial_18s_state_of_another_lr_and_a_candidates_name_elsewhere(tmp_path):
+    """W2-w1: a same-name, same-seed state trained at 5x the lr was resumed after a SIGKILL;
+    W3-v6: other weights recorded from data/work/mine under a candidate's name were shown."""
+    import torch
+
+    from finetune_lab.book.summary_files import name_problem
+    from finetune_lab.train.pretrain_long import check_own_state, resume_point
+
+    folder = tmp_path / "work" / "zA"
+    folder.mkdir(parents=True)
+    torch.save({"optimizer_history": [{"num_updates": 4}], "extra_state": {},
+                "cfg": {"common": {"seed": 1}, "checkpoint": {"save_dir": str(folder)},
+                        "optimization": {"lr": [5e-3]}}}, folder / "checkpoint_last.pt")
+    run = tmp_path / "runs" / "zA"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps(
+        {"status": "running", "seed": 1, "updates_done": 2, "hyperparameters": {"lr": 1e-3}}))
+    with pytest.raises(UserError, match=r"lr 0.005.*lr 0.001"):
+        check_own_state(run, folder / "checkpoint_last.pt", 4, made=resume_point(folder))
+    record = {"name": "cpu-long3-u2750", "checkpoint": {"path": "data/work/mine/model.pt",
+                                                        "sha256": "9" * 64}}
+    assert "not the weights runs here know as cpu-long3-u2750" in name_problem(record, RUNS, None)
+
+
+def test_a_run_without_its_manifest_and_a_package_itself_are_never_replaced(tmp_path):
+    """Trial 18's A-x (a run whose manifest is cut short or gone) and A-p (packaged weights
+    named as `--out` themselves) were replaced by `prepare-cls --out … --force`."""
+    from finetune_lab._files import check_replaceable
+
+    run = tmp_path / "store" / "fairseq" / "random-seed0"
+    shutil.copytree(RUNS / "fairseq" / "random-seed0", run)
+    (run / "manifest.json").unlink()
+    package = tmp_path / "pk1"
+    package.mkdir()
+    for name in ("model.pt", "manifest.json"):
+        (package / name).write_bytes(b"{}")
+    for dest in (tmp_path / "store", run, package):
+        with pytest.raises(UserError, match="--force included"):
+            check_replaceable(dest, "prepare-cls", force=True)
+    check_replaceable(package, "package-checkpoint", force=True)
+
+
+def test_runs_never_made_are_told_from_runs_excluded(tmp_path, monkeypatch):
+    """Trial 18's G-d: with the GPU runs rejected, a chapter said none had been made."""
+    from finetune_lab.book import claims
+    from finetune_lab.runs.registry import RunRecord
+
+    bad = RunRecord(tmp_path / "r", "transformers-gpu", "random-seed0", None, ["its log changed"])
+    good = RunRecord(tmp_path / "g", "fairseq", "random-seed0", {"x": 1})
+    monkeypatch.setattr(claims, "discover_runs", lambda: [bad, good])
+    assert claims.excluded_in("transformers*") == ["transformers-gpu/random-seed0"]
+    assert claims.excluded_in("fairseq*") == []

@@ -259,7 +259,7 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
     has not named its command): a folder made by any command of this project. ``can_force``
     False: the calling command has no ``--force``, so the refusal does not advise one.
     """
-    guard = protected(dest)  # a new folder too (trial 12's A43, A45)
+    guard = protected(dest, owner=owner)  # a new folder too (trial 12's A43, A45)
     if guard and guard[1]:
         raise UserError(f"{dest} {guard[0]}: no command writes there, --force included; pass "
                         "another folder")

@@ -95,7 +95,8 @@ def require_data_root(*relative: str, root: Path | None = None) -> Path:
     return base
 
 
-def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
+def protected(dest: Path, *, file: bool = False,
+              owner: str | None = None) -> tuple[str, bool] | None:
     """Which of the project's own stores ``dest`` is, holds or lies in, said for a refusal, and
     whether no ``--force`` passes it (True) or ``--force`` replaces there only what the command
     made itself (False). Trials 10 and 11: ``package-checkpoint --force --dest`` deleted every
@@ -107,10 +108,12 @@ def protected(dest: Path, *, file: bool = False) -> tuple[str, bool] | None:
     # the packaged checkpoint's folder was replaced, its target lying outside every store)
     named = resolved or _protected_at(Path(os.path.abspath(dest)), file,
                                       lambda s: Path(os.path.abspath(s)))
-    held = None if named is not None else run_manifest_near(Path(dest))
-    if held is not None:  # runs of a store of any name (trials 15 to 17, A-n1, A-v)
-        what = "a run" if held.name == "manifest.json" else (
-            "a run's training state" if STATE_FILE.fullmatch(held.name) else "packaged weights")
+    # packaged weights are replaced only by their packaging command (trial 18's A-p)
+    held = None if named is not None else run_manifest_near(
+        Path(dest), package_ok=owner == "package-checkpoint")
+    if held is not None:  # runs of a store of any name (trials 15 to 18, A-n1, A-v, A-x, A-p)
+        what = ("a run's training state" if STATE_FILE.fullmatch(held.name) else
+                "packaged weights" if held.name == "model.pt" else "a run")
         return f"is, holds or lies in {what} ({held})", True
     return named
 
@@ -131,10 +134,12 @@ def is_run_manifest(manifest: Path) -> bool:
     return b'"framework"' in text and b'"experiment"' in text
 
 
-def run_manifest_near(dest: Path) -> Path | None:
+def run_manifest_near(dest: Path, *, package_ok: bool = False) -> Path | None:
     """A run's ``manifest.json`` at ``dest`` itself, in a folder above it, or anywhere below it
     (a run store, an experiment, a run, a file in one; trial 17's A-v8: five levels down), links
-    not followed; None where there is none. A folder too large to look through is refused."""
+    not followed, or a run's event files, training state or packaged weights (``dest`` itself
+    a package only where ``package_ok``: the packaging command's own output); None where there is
+    none. A folder too large to look through is refused."""
     for place in (dest, *list(dest.parents)[:3]):
         if place.name == "manifest.json" and place.is_file() and is_run_manifest(place):
             return place
@@ -155,8 +160,12 @@ def run_manifest_near(dest: Path) -> Path | None:
         state = next((f for f in files if STATE_FILE.fullmatch(f)), None)
         if state is not None:
             return Path(top) / state
-        if Path(top) != dest and {"model.pt", "manifest.json"} <= set(files):
+        if {"model.pt", "manifest.json"} <= set(files) and (Path(top) != dest or not package_ok):
             return Path(top) / "model.pt"
+        # a run whose manifest is cut short or gone: its event files (trial 18's A-x)
+        events = next((f for f in files if f.startswith("events.out.tfevents.")), None)
+        if events is not None:
+            return Path(top) / events
     return None
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from finetune_lab.book import devices, fairseq_report, hf_compare, standin
-from finetune_lab.book.claims import holds, needs  # noqa: F401  (the pages guard their claims)
+from finetune_lab.book.claims import excluded_in, holds, needs  # noqa: F401  (the pages' guards)
 from finetune_lab.book.course_reference import COURSE_TEST_ACCURACY
 from finetune_lab.book.decomposition import decomposition_table
 from finetune_lab.book.lora_cls_report import gaps_to_full
@@ -164,5 +164,5 @@ def course_range(init: str) -> str:
     return COURSE_TEST_ACCURACY[init].text()
 
 
-__all__ = ["Accuracy", "holds", "needs", "Gap", "candidates", "course_range", "decomposition", "fairseq_accuracies", "fmt_int", "init_gap_on_gpu", "lora_results", "pretrained_by_library", "random_init_by_library",
+__all__ = ["Accuracy", "excluded_in", "holds", "needs", "Gap", "candidates", "course_range", "decomposition", "fairseq_accuracies", "fmt_int", "init_gap_on_gpu", "lora_results", "pretrained_by_library", "random_init_by_library",
            "q1_counts", "standin_cost", "transformers_result"]

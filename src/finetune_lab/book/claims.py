@@ -33,6 +33,14 @@ def holds(ok: bool, claim: str, *experiments: str) -> None:
     raise ClaimError(f"the sentence '{claim}' no longer holds with the valid runs of {where}{why}")
 
 
+def excluded_in(*experiments: str) -> list[str]:
+    """The runs of ``experiments`` (globs) that the registry excluded, as ``experiment/name``:
+    a sentence saying runs were never made must first know none were made and excluded
+    (trial 18's G-d: rejected runs read as "not fine-tuned yet", "no run on a GPU yet")."""
+    return [f"{r.experiment}/{r.name}" for r in excluded_runs(discover_runs())
+            if any(fnmatch(r.experiment, e) for e in experiments)]
+
+
 T = TypeVar("T")
 
 

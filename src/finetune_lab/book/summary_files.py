@@ -165,13 +165,13 @@ def name_problem(record: dict[str, Any], runs_base: Path,
     # a run of any pretraining experiment (trial 14's W3: pretrain-gpu, pretrain-ablation)
     run_named = isinstance(name, str) and any(
         (runs_base / exp / name).is_dir() for exp in PRETRAINING_EXPERIMENTS)
-    if candidate is None and not run_named:
-        return None
     label = candidate["name"] if candidate else name
     sha = record["checkpoint"]["sha256"]
     made_by = {k: set(v) for k, v in packages_made(runs_base).items()}  # sha256 -> run names
     if packaged is not None:
         made_by.setdefault(packaged[0], set()).add(packaged[1].rsplit("/", 1)[-1])
+    if candidate is None and not run_named and not any(label in n for n in made_by.values()):
+        return None  # a name of the user's own (trial 18's W3-v6: a candidate's, elsewhere)
     known = sorted(s for s, names in made_by.items() if label in names)
     # its own weights: known by its name, or (a candidate at update N of a run) by its run's
     if sha in known or (candidate is not None and candidate["run"] in made_by.get(sha, ())):

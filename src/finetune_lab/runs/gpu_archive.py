@@ -118,6 +118,11 @@ def read_result(meta_path: Path) -> dict[str, Any]:
     return meta
 
 
+STAGING_PREFIX = ".gpu-unpack-"
+"""``gpu-unpack``'s staging folder under ``data/`` (git-ignored): one a killed unpack left is
+removed by the next."""
+
+
 def check_product_path(product: Any, meta_path: Path) -> str:
     """A product path must name one folder directly under :data:`PRODUCT_ROOTS`, relative, with
     no ``..``: so nothing a bundle lists lands outside the run cache and the candidates."""
@@ -125,7 +130,7 @@ def check_product_path(product: Any, meta_path: Path) -> str:
     ok = (isinstance(product, str) and "\\" not in product and len(parts) >= 2
           and PurePosixPath(product).as_posix() == product.rstrip("/")
           and not PurePosixPath(product).is_absolute()
-          and not any(p in ("", ".", "..") for p in parts)
+          and not any(p in ("", ".", "..") or p.startswith(".") for p in parts)  # G-h4
           and "/".join(parts[:-1]) in PRODUCT_ROOTS)
     if not ok:
         raise UserError(f"{meta_path} lists the product {product!r}, which is not one folder "
@@ -143,6 +148,10 @@ def _staged(stage: Path, product: str, meta_path: Path) -> Path:
                         "folder: the files do not belong together; fetch the call's files again")
     for folder, dirs, files in os.walk(top):
         for name in dirs + files:
+            if any(ord(c) < 32 or ord(c) == 127 for c in name):  # trial 17's G-h5: a newline
+                rel = Path(folder, name).relative_to(stage)
+                raise UserError(f"the archive's {str(rel)!r} has a control character in its "
+                                "name, which no command writes; refused, nothing was unpacked")
             if os.path.islink(os.path.join(folder, name)):
                 rel = Path(folder, name).relative_to(stage)
                 raise UserError(f"the archive's {rel} is a link: a device call's products hold "
@@ -154,6 +163,8 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
     """Check each piece's sha256 and the whole's, then move every run folder and candidate it
     holds into place. A destination that already exists is left alone and reported. Every
     product is checked (:func:`check_product_path`, :func:`_staged`) before anything moves."""
+    for left in (root / "data").glob(f"{STAGING_PREFIX}*"):  # a killed unpack's (trial 17's GL2)
+        shutil.rmtree(left, ignore_errors=True)
     src = Path(src)
     meta_path = src / RESULT_FILE
     if not meta_path.is_file():
@@ -162,7 +173,8 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
     meta = read_result(meta_path)
     digest = hashlib.sha256()
     (root / "data").mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root / "data") as tmp:  # same disk: moves are renames
+    # same disk, so moves are renames; hidden, so no reader takes it for data
+    with tempfile.TemporaryDirectory(dir=root / "data", prefix=STAGING_PREFIX) as tmp:
         whole = Path(tmp) / ARCHIVE
         with open(whole, "wb") as fh:
             for piece in meta["pieces"]:

@@ -114,6 +114,7 @@ def resume_point(save_dir: Path) -> dict[str, Any] | None:
             "training_time_s": float(extra.get("previous_training_time") or 0.0),
             # who made it: fairseq keeps the seed and the save folder of the run it trained
             "seed": (cfg.get("common") or {}).get("seed"),
+            "lr": ((cfg.get("optimization") or {}).get("lr") or [None])[0],
             "save_dir": (cfg.get("checkpoint") or {}).get("save_dir")}
 
 
@@ -145,10 +146,13 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
     trial 17's R-W2-v1: another run's state at the same update passed). And a launch must read
     the corpora the run was recorded on (``data``)."""
     man = read_manifest(run_dir)
+    lr = (man.get("hyperparameters") or {}).get("lr")
     if made is not None and (made.get("seed") != man.get("seed") or Path(
-            str(made.get("save_dir"))).name != last.parent.name):
-        raise UserError(f"{last} was saved by another run (seed {made.get('seed')}, in "
-                        f"{made.get('save_dir')}), not by {run_dir} (seed {man.get('seed')}): "
+            str(made.get("save_dir"))).name != last.parent.name
+            or None not in (lr, made.get("lr")) and made["lr"] != lr):  # trial 18's W2-w
+        raise UserError(f"{last} was saved by another run (seed {made.get('seed')}, lr "
+                        f"{made.get('lr')}, in {made.get('save_dir')}), not by {run_dir} (seed "
+                        f"{man.get('seed')}, lr {lr}): "
                         "move that folder away, or put the run's own state back")
     recorded = man.get("resume_state")
     # every launch that ended under the project's control (paused, failed, interrupted) left
