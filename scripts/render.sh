@@ -7,7 +7,7 @@ export PATH="$PWD/$venv/bin:$PATH" QUARTO_PYTHON="$PWD/$venv/bin/python"
 if ! command -v quarto >/dev/null 2>&1; then
   cat >&2 <<'MSG'
 render: Quarto is not installed (the `quarto` command is not on PATH).
-  Install Quarto >= 1.9 from https://quarto.org/docs/get-started/ (or, where GitHub downloads
+  Install Quarto >= 1.11 from https://quarto.org/docs/get-started/ (or, where GitHub downloads
   are allowed, `pip install quarto-cli` into the venv), then run `make site` again.
   Everything else is set up: `make test` runs the chapters through Jupyter without Quarto.
 MSG

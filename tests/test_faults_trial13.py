@@ -172,8 +172,8 @@ def test_a_record_named_after_another_run_is_set_aside():
         "path": "data/checkpoints/roberta-small-fr/model.pt", "sha256": packaged[0]}}
     assert name_problem(record, runs, packaged) == (
         "is named after the pretraining run cpu-long, but holds other weights "
-        "(data/checkpoints/roberta-small-fr/model.pt, packaged by cpu-sinpos1-bow): record them "
-        "under another --name")
+        "(data/checkpoints/roberta-small-fr/model.pt, packaged by cpu-sinpos1-bow, "
+        "roberta-small-fr): record them under another --name")
     own = packaged[1].removeprefix("pretrain/")
     assert name_problem({**record, "name": own}, runs, packaged) is None
     # trial 17's W3-v4: a candidate's folder holding other weights than its name's
@@ -218,7 +218,8 @@ def test_trial_14s_variants_of_trial_13s_classes(tmp_path, monkeypatch):
     from finetune_lab._files import check_replaceable
     from finetune_lab.book.chapter_inputs import check_book_stores
     from finetune_lab.book.summary_files import name_problem
-    from finetune_lab.data.cls_books import BOOKS_DIR, Review, check_overlap, check_sources
+    from finetune_lab.data.cls_books import BOOKS_DIR, Review, check_sources
+    from finetune_lab.data.overlap import check_overlap
     from finetune_lab.runs.crosscheck import packaged_origin
 
     monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))

@@ -62,12 +62,18 @@ def test_a_paused_run_resumes_only_its_own_state(tmp_path):
     (run / "manifest.json").write_text(json.dumps(man))
     check_own_state(run, last, 8)
     last.write_bytes(b"another run's state")
-    with pytest.raises(UserError, match="is not the state .* paused with"):
+    with pytest.raises(UserError, match="is not the state .* last recorded"):
         check_own_state(run, last, 8)
-    man["status"] = "running"  # killed after its pause: the state may have gone further...
+    # killed after its pause: the state went further, as far as the launch recorded each save
+    # (trial 18's W2-w1: an unrecorded state of the same seed and rate, put there, passed) ...
+    last.write_bytes(b"own state, saved at update 12")
+    man = {"status": "running", "resume_state": {"updates": 12, "sha256": sha256_file(last)}}
     (run / "manifest.json").write_text(json.dumps(man))
     check_own_state(run, last, 12)
-    with pytest.raises(UserError, match="update count differs"):  # ... never back
+    last.write_bytes(b"another run's state at update 12")
+    with pytest.raises(UserError, match="is not the state .* last recorded"):
+        check_own_state(run, last, 12)
+    with pytest.raises(UserError, match="update count differs"):  # ... and never back
         check_own_state(run, last, 4)
     # trial 15's W2-n1: a run paused before the sha256 was kept (the committed cpu-long3 and
     # cpu-long4) takes only state at the very update it paused at, and only on its own corpora
@@ -434,7 +440,8 @@ def test_sums_in_bsd_format_are_read_and_a_list_naming_no_books_file_is_refused(
 
 def test_test_reviews_with_a_character_added_are_still_the_test_reviews(tmp_path):
     """D-n1 (trial 15): a training file of the test texts, each with " ." added, passed."""
-    from finetune_lab.data.cls_books import Review, check_overlap
+    from finetune_lab.data.cls_books import Review
+    from finetune_lab.data.overlap import check_overlap
 
     test = [Review(f"Un livre numéro {i}, vraiment bien", 1, 5.0, i) for i in range(20)]
     train = [Review(r.text + " .", 1, 5.0, r.position) for r in test]

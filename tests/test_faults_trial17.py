@@ -152,7 +152,8 @@ def test_the_training_size_is_read_from_the_index_as_fairseq_reads_it(tiny_pipel
 def test_test_reviews_with_words_added_at_both_ends_or_dropped_inside_are_found(tmp_path):
     """D-v3, D-v4: each test review wrapped in "Bref : … Voilà.", or with its third and
     third-from-last words dropped, passed the first/last-eight-words check."""
-    from finetune_lab.data.cls_books import Review, check_overlap, near_test_reviews
+    from finetune_lab.data.cls_books import Review
+    from finetune_lab.data.overlap import check_overlap, near_test_reviews
 
     words = ("le roman raconte une histoire simple mais la fin surprend et les personnages "
              "restent en mémoire longtemps après la dernière page").split()
@@ -404,7 +405,8 @@ def test_gpu_unpack_refuses_hidden_products_and_control_characters(tmp_path):
 def test_test_reviews_with_fillers_replacements_or_reversed_words_are_found(tmp_path):
     """Trial 18's D-w: a filler after every third word, every fourth word replaced, or the words
     reversed shared no run of four words with the test review."""
-    from finetune_lab.data.cls_books import Review, near_test_reviews
+    from finetune_lab.data.cls_books import Review
+    from finetune_lab.data.overlap import near_test_reviews
 
     words = ("le roman raconte une histoire simple mais la fin surprend et les personnages "
              "restent en mémoire longtemps après la dernière page").split()
@@ -442,7 +444,7 @@ def test_trial_18s_state_of_another_lr_and_a_candidates_name_elsewhere(tmp_path)
         check_own_state(run, folder / "checkpoint_last.pt", 4, made=resume_point(folder))
     record = {"name": "cpu-long3-u2750", "checkpoint": {"path": "data/work/mine/model.pt",
                                                         "sha256": "9" * 64}}
-    assert "not the weights runs here know as cpu-long3-u2750" in name_problem(record, RUNS, None)
+    assert "the candidate of the pretraining run cpu-long3" in name_problem(record, RUNS, None)
 
 
 def test_a_run_without_its_manifest_and_a_package_itself_are_never_replaced(tmp_path):

@@ -242,7 +242,7 @@ def test_damaged_prepared_data_is_one_line(tmp_path):
     """f18, f19, f21: a `cls.books/manifest.json` of `[]`, a garbage `spm.model` and `"counts":
     "many"` gave a TypeError, a sentencepiece RuntimeError, and a data.json that broke a
     chapter."""
-    from finetune_lab._files import read_record
+    from finetune_lab.book.records import read_record
     from finetune_lab.data import tokenizer
     from finetune_lab.errors import DamagedFileError
 

@@ -11,6 +11,7 @@ import pytest
 from runfixtures import EXPERIMENT, HYPERPARAMETERS, INITS, SEEDS
 
 from finetune_lab import _files
+from finetune_lab.book.records import digest_of
 from finetune_lab.errors import UserError
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.recording import (
@@ -32,7 +33,7 @@ def test_sha256_file_and_tree(tmp_path: Path) -> None:
     assert _files.sha256_tree(tmp_path / "d" / "a.txt") == {".": hashlib.sha256(b"abc").hexdigest()}
     with pytest.raises(UserError, match="no such file"):
         _files.sha256_tree(tmp_path / "nope")
-    assert _files.digest_of(tree) == _files.digest_of(dict(reversed(list(tree.items()))))
+    assert digest_of(tree) == digest_of(dict(reversed(list(tree.items()))))
 
 
 def test_write_json_atomic_keeps_old_file_on_failure(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from runfixtures import EXPERIMENT, copy_run
 
-from finetune_lab._files import digest_of, sha256_file
+from finetune_lab.book.records import digest_of
+from finetune_lab._files import sha256_file
 from finetune_lab.book.provenance import current_chapter, provenance_footer, provenance_markdown
 from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.runs.registry import discover_runs

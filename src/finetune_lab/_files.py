@@ -12,13 +12,13 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.config import check_protected_file, protected
+from finetune_lab.config import check_protected_file, hidden, protected  # noqa: F401 (hidden)
 from finetune_lab.errors import DamagedFileError, UserError
 
 CONVERSION_RECORD = "conversion.json"
@@ -56,19 +56,6 @@ def sha256_tree(path: Path | str, exclude: Iterable[str] = ()) -> dict[str, str]
         raise UserError(f"cannot hash {root}: no such file or directory")
     return {rel.as_posix(): sha256_file(f) for f in sorted(root.rglob("*"))
             if f.is_file() and f.name not in skip and not hidden(rel := f.relative_to(root))}
-
-
-def hidden(relative: Path | str) -> bool:
-    """A path with a hidden part (a run's ``.lock``, ``.superseded/``, a ``.DS_Store``), which
-    git leaves uncommitted, the freeze does not hash, and so no reader reads or records (trial
-    11's CF11, CF14; trial 14's CF1: a ``.DS_Store`` in prepared data rejected its runs)."""
-    return any(part.startswith(".") for part in Path(relative).parts)
-
-
-def digest_of(hashes: Mapping[str, str]) -> str:
-    """One sha256 summarising a ``{path: sha256}`` map (order-independent), for short display."""
-    text = "\n".join(f"{k}\t{v}" for k, v in sorted(hashes.items()))
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _umask() -> int:
@@ -153,19 +140,6 @@ def read_json(path: Path) -> Any:
         raise DamagedFileError(path, str(exc).splitlines()[0]) from None
 
 
-def read_record(path: Path, fields: Mapping[str, type | tuple[type, ...]]) -> dict[str, Any]:
-    """:func:`read_json` of a JSON object that must hold ``fields`` (name to type): one that
-    parses but has another shape (``[]``, ``"counts": "many"``) is damaged too, named here, not
-    a TypeError in the code that reads it."""
-    record = read_json(path)
-    if not isinstance(record, dict):
-        raise DamagedFileError(path, f"it holds a {type(record).__name__}, not an object")
-    for name, kind in fields.items():
-        if not isinstance(record.get(name), kind):
-            raise DamagedFileError(path, f"its {name!r} is {record.get(name)!r}")
-    return record
-
-
 def _no_constant(name: str) -> Any:
     raise ValueError(f"it holds {name}")
 
@@ -242,7 +216,7 @@ def not_there(path: Path | str, want: str = "file") -> str:
 
 
 def _refusal(dest: Path, problem: str, force_hint: bool) -> UserError:
-    fix = ("pass --force to replace it and everything in it" if force_hint else
+    fix = ("pass --force to replace it (what it holds is then kept beside it)" if force_hint else
            "choose another output folder, or move it away first")
     return UserError(f"{dest} {problem}: it was left as it is; {fix}")
 
@@ -298,6 +272,28 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
                        owner is not None and can_force)
 
 
+def replaceable(dest: Path, owner: str | None, earlier: Recognizer | None = None) -> bool:
+    """Whether ``dest`` is nothing, or only what ``owner`` made: all a command ever deletes."""
+    try:
+        return check_replaceable(dest, owner, earlier=earlier) is None
+    except UserError:
+        return False
+
+
+def _drop_old(old: Path, dest: Path, keep: bool) -> None:
+    """Remove the folder ``dest`` held (``old``), or with ``keep`` (what ``--force`` replaced)
+    keep it beside ``dest``, named for the time it was replaced: what a command did not make is
+    never deleted, whatever it holds (trials 10 to 19: a run, weights or state that no check
+    recognised, its manifest cut or gone, was wiped)."""
+    if not keep:
+        return _remove(old)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    kept = next(k for n in range(1, 10**6) if not os.path.lexists(
+        k := dest.parent / f"{dest.name}.replaced-{stamp}{f'-{n}' if n > 1 else ''}"))
+    os.replace(old, kept)
+    print(f"{dest} was replaced; what it held is kept in {kept}", file=sys.stderr)
+
+
 def _empty(folder: Path) -> bool:
     with os.scandir(folder) as entries:
         return next(entries, None) is None
@@ -318,13 +314,15 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
     Readers therefore never see a half-written dataset, and a failed run leaves the previous
     complete output (or nothing) in place. ``dest`` is replaced only if ``owner`` made it
     (:func:`check_replaceable`, asked before the work and again before the swap), so a user's
-    folder given as ``--out`` is never wiped; ``force`` replaces anything. ``marker``: write
+    folder given as ``--out`` is never wiped; ``force`` replaces anything, and keeps what it
+    replaced beside it unless ``owner`` made it (:func:`_drop_old`). ``marker``: write
     :data:`OUTPUT_MARKER` (off for a folder whose exact files identify it, the packaged
     checkpoint, which stays byte for byte what it was).
     """
     dest = Path(dest)
     check_replaceable(dest, owner, force=force, earlier=earlier)
     check_writable(dest.parent)
+    keep = force and not replaceable(dest, owner, earlier)  # --force keeps what it replaces
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     except OSError as exc:
@@ -341,7 +339,7 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
         if not os.path.lexists(dest):
             os.replace(tmp, dest)
         elif _swap(tmp, dest):  # one atomic exchange: ``dest`` is the old or the new, always
-            _remove(tmp)  # now the old one
+            _drop_old(tmp, dest, keep)  # ``tmp`` is now the old one
         else:  # no exchange here: two renames, and the old put back if the second fails
             old = dest.parent / f".{dest.name}.old-{os.getpid()}"
             os.replace(dest, old)
@@ -350,7 +348,7 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
             except BaseException:
                 os.replace(old, dest)
                 raise
-            _remove(old)
+            _drop_old(old, dest, keep)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno == errno.EBUSY:  # trial 13's A4
@@ -385,8 +383,8 @@ def _swap(a: Path, b: Path) -> bool:
         return False
     if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+    if (err := ctypes.get_errno()) in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP,
+                                       errno.EOPNOTSUPP):
         return False
     raise OSError(err, os.strerror(err), str(b))
 

@@ -109,7 +109,7 @@ def protected(dest: Path, *, file: bool = False,
     named = resolved or _protected_at(Path(os.path.abspath(dest)), file,
                                       lambda s: Path(os.path.abspath(s)))
     # packaged weights are replaced only by their packaging command (trial 18's A-p)
-    held = None if named is not None else run_manifest_near(
+    held = None if named is not None else run_work_near(
         Path(dest), package_ok=owner == "package-checkpoint")
     if held is not None:  # runs of a store of any name (trials 15 to 18, A-n1, A-v, A-x, A-p)
         what = ("a run's training state" if STATE_FILE.fullmatch(held.name) else
@@ -119,7 +119,14 @@ def protected(dest: Path, *, file: bool = False,
 
 
 WALK_LIMIT = 200_000
-"""Entries :func:`run_manifest_near` looks through below a folder before it refuses to say."""
+"""Entries :func:`run_work_near` looks through below a folder before it refuses to say."""
+
+
+def hidden(relative: Path | str) -> bool:
+    """A path with a hidden part (a run's ``.lock``, ``.superseded/``, a ``.DS_Store``), which
+    git leaves uncommitted, the freeze does not hash, and so no reader reads or records (trial
+    11's CF11, CF14; trial 14's CF1: a ``.DS_Store`` in prepared data rejected its runs)."""
+    return any(part.startswith(".") for part in Path(relative).parts)
 
 
 def is_run_manifest(manifest: Path) -> bool:
@@ -134,13 +141,13 @@ def is_run_manifest(manifest: Path) -> bool:
     return b'"framework"' in text and b'"experiment"' in text
 
 
-def run_manifest_near(dest: Path, *, package_ok: bool = False) -> Path | None:
-    """A run's ``manifest.json`` at ``dest`` itself, in a folder above it, or anywhere below it
+def run_work_near(dest: Path, *, package_ok: bool = False) -> Path | None:
+    """A run's ``manifest.json`` at ``dest`` itself, in any folder above it, or anywhere below it
     (a run store, an experiment, a run, a file in one; trial 17's A-v8: five levels down), links
     not followed, or a run's event files, training state or packaged weights (``dest`` itself
     a package only where ``package_ok``: the packaging command's own output); None where there is
     none. A folder too large to look through is refused."""
-    for place in (dest, *list(dest.parents)[:3]):
+    for place in (dest, *Path(os.path.abspath(dest)).parents):  # any depth (trial 19: A-x1r)
         if place.name == "manifest.json" and place.is_file() and is_run_manifest(place):
             return place
         if (place / "manifest.json").is_file() and is_run_manifest(place / "manifest.json"):

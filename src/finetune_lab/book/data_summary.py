@@ -18,6 +18,7 @@ from typing import Any
 
 from finetune_lab.argtypes import folder
 from finetune_lab import _files
+from finetune_lab.book.records import read_record
 from finetune_lab.config import check_protected_file, paths
 from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
 from finetune_lab.data.cls_books import SPLITS, read_split
@@ -109,12 +110,12 @@ def compute_summary(work: Path | None = None) -> dict[str, Any]:
         raise UserError(f"prepared data missing: {', '.join(missing)}. Run `finetune-lab "
                         "reproduce` (it makes what is missing and skips the rest), or in order: "
                         + "; ".join(REGENERATE[:-1]))
-    cls_manifest = _files.read_record(folders["cls"] / "manifest.json",
+    cls_manifest = read_record(folders["cls"] / "manifest.json",
                                       {"seed": int, "parameters": dict})
-    trained = tokenizer_training(_files.read_record(folders["tokenizer"] / "manifest.json", {}))
-    bin_manifest = _files.read_record(folders["cls_bin"] / "manifest.json",
+    trained = tokenizer_training(read_record(folders["tokenizer"] / "manifest.json", {}))
+    bin_manifest = read_record(folders["cls_bin"] / "manifest.json",
                                       {"counts": dict, "commands": list})
-    pre_manifest = _files.read_record(folders["pretrain"] / "manifest.json",
+    pre_manifest = read_record(folders["pretrain"] / "manifest.json",
                                       {"counts": dict, "parameters": dict, "timings_s": dict,
                                        "commands": list})
 

@@ -23,7 +23,7 @@ from finetune_lab.book.report import project_path, signed
 from finetune_lab.config import paths
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.listing import exclusions_markdown
-from finetune_lab.runs.registry import discover_runs, sound_runs, valid_runs
+from finetune_lab.runs.registry import RunRecord, discover_runs, sound_runs, valid_runs
 from finetune_lab.runs.runspeed import layout_table, settings_sentence
 from finetune_lab.runs.runspeed import speed_table as run_speeds
 from finetune_lab.runs.tblogs import LoadedRuns, load_scalars
@@ -149,17 +149,27 @@ def speed_table(res: FairseqResults) -> pd.DataFrame:
     return run_speeds(res.loaded.used)[SPEED_COLUMNS]
 
 
-def layout_speeds(res: FairseqResults, runs_root: Path | None = None) -> pd.DataFrame:
+def layout_speeds(res: FairseqResults, runs_root: Path | None = None, *,
+                  everything: list[RunRecord] | None = None) -> pd.DataFrame:
     """Every valid run of the lab's fairseq recipe (this grid and the candidates': the same
     updates, other weights) by how it shared the machine (:func:`runspeed.layout_table`), from
-    the manifests of everything recorded. Only the registry's valid runs count, and as
-    neighbours its sound ones (an unfinished run did share the machine): a rejected copy or a
-    damaged manifest changes no row."""
-    everything = discover_runs(runs_root or paths().runs)
+    the manifests of ``everything`` recorded (default: the run store's). Only the
+    registry's valid runs count, and as neighbours its sound ones (an unfinished run did share
+    the machine): a rejected copy or a damaged manifest changes no row, and a rejected run is
+    no neighbour (:func:`not_neighbours` names them)."""
+    if everything is None:
+        everything = discover_runs(runs_root or paths().runs)
     updates = {r.manifest["hyperparameters"].get("total_updates") for r in res.loaded.used}
     recipe = [r for r in valid_runs(everything) if r.framework == "fairseq"
               and r.manifest["hyperparameters"].get("total_updates") in updates]
     return layout_table(recipe, sound_runs(everything))
+
+
+def not_neighbours(everything: list[RunRecord]) -> list[RunRecord]:
+    """The rejected runs of the store: their times are not read, so a run that ran beside one
+    of them counts as alone in :func:`layout_speeds` (trial 19's M-y1: three runs with damaged
+    event files moved three others to "1 × 1 thread", and the chapter named none of them)."""
+    return [r for r in everything if not r.valid and not r.unfinished]
 
 
 # --- paragraphs that depend on what the run cache holds (Markdown, for `output: asis`) ------

@@ -52,6 +52,7 @@ from finetune_lab.runs.manifest import (
 )
 from finetune_lab.runs.consistency import recorded_time
 from finetune_lab.runs.crosscheck import packaged_origin
+from finetune_lab.runs.record_names import check_record_name
 from finetune_lab.runs.run_inputs import cached_sha256
 
 DEMO_SENTENCES = (
@@ -156,6 +157,7 @@ def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None, *,
     out = Path(out_dir or fill_mask_dir()) / f"{name}.json"
     check_new_record(out, f"the answers of the weights recorded as {name!r}", force=force)
     refuse_outside_project(folder, out)
+    check_record_name(name, folder, out)
     start = time.monotonic()
     table = fill_mask_table(folder=folder)
     result = {"schema": 1, "name": name, "checkpoint": weights_record(folder, out),

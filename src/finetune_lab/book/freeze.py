@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab import render_cache
-from finetune_lab._files import digest_of, parse_json, utc_now, write_json_atomic
+from finetune_lab.book.records import digest_of
+from finetune_lab._files import parse_json, utc_now, write_json_atomic
 from finetune_lab.book import prewarm
 from finetune_lab.book.chapter_inputs import (EMPTY_FOLDER, MISSING, absent_inputs, chapter_inputs,
                                               chapters, check_book_stores)

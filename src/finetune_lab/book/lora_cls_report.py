@@ -158,7 +158,7 @@ def gaps_table(loaded: LoadedRuns | None) -> pd.DataFrame:
     gaps = gaps_to_full(loaded) if loaded is not None else pd.DataFrame()
     if gaps.empty:
         return pd.DataFrame(columns=columns)
-    if any(overlapping(r, loaded.runs) for r in loaded.used):
+    if shared_or_unknown(loaded):
         columns.remove("time / full")
     return pd.DataFrame({
         "difference": [f"{m} − full" for m in gaps["method"]],
@@ -208,11 +208,20 @@ def gaps_markdown(loaded: LoadedRuns | None) -> str:
     return "\n\n".join(out)
 
 
+def shared_or_unknown(loaded: LoadedRuns) -> bool:
+    """Whether a run used may have shared the machine: it overlapped another run, or a run of
+    the chapter was rejected, whose times are not read (trial 19's M-y1: a run beside rejected
+    runs read as alone)."""
+    return any(r.manifest is None for r in loaded.runs) or any(
+        overlapping(r, loaded.runs) for r in loaded.used)
+
+
 def time_caveat(loaded: LoadedRuns) -> str:
     """Whether the time ratios above measure the methods: the runs' devices and threads
     (:func:`~finetune_lab.runs.runspeed.settings_sentence`), and how many of them shared the
     machine with another recorded run for at least half their wall time."""
     shared = [r for r in loaded.used if overlapping(r, loaded.runs)]
+    unread = [r for r in loaded.runs if r.manifest is None]
     n = len(loaded.used)
     settings = settings_sentence(speed_table(loaded.used))
     text = f"Times per run are wall times; the {n} runs ran {settings}"
@@ -221,6 +230,11 @@ def time_caveat(loaded: LoadedRuns) -> str:
                  "chapter for at least half of their time, which slows a run by as much as the "
                  "CPU is shared: their times would measure the methods and the load together, "
                  "so the table gives no time ratio")
+    if unread:
+        text += (f"{'; and' if shared else ', and'} the times of the {len(unread)} rejected "
+                 f"{'run' if len(unread) == 1 else 'runs'} of this chapter are not read, so "
+                 "whether a run shared the machine with them is not known: the table gives no "
+                 "time ratio")
     return text + "."
 
 

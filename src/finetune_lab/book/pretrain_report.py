@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -377,10 +378,13 @@ def ablation_reading(table: pd.DataFrame) -> AblationReading | None:
         most_tokens_m=float(table["tokens (M)"].max()))
 
 
-def ablation_display(table: pd.DataFrame) -> pd.DataFrame:
-    """:func:`ablation_table` formatted for the chapter (a note row before any ablation ran)."""
+def ablation_display(table: pd.DataFrame, excluded: Sequence[str] = ()) -> pd.DataFrame:
+    """:func:`ablation_table` formatted for the chapter (a note row where no ablation is read:
+    none was run, or the ``excluded`` runs were all rejected)."""
     if table.empty:
-        return pd.DataFrame({"state": ["no ablation run yet: `finetune-lab pretrain-ablations`"]})
+        return pd.DataFrame({"state": [
+            f"ablation runs excluded: {', '.join(f'`{k}`' for k in excluded)}" if excluded
+            else "no ablation run yet: `finetune-lab pretrain-ablations`"]})
     out = table.copy()
     for col in out.columns:
         if col.startswith("valid loss"):

@@ -7,6 +7,8 @@ lines with and without the ``<s>`` bag-of-words objective side by side.
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,11 +23,13 @@ from finetune_lab.book.summary_files import (
     weights_record_problem,
 )
 from finetune_lab.config import paths
+from finetune_lab.data.cls_books import default_output as default_cls_dir
 from finetune_lab.data.cls_splits import split_sizes
 from finetune_lab.models.sizing import SMALL
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.crosscheck import packaged_origin
-from finetune_lab.runs.run_inputs import recorded_checkpoint_sha
+from finetune_lab.runs.registry import RunRecord, discover_runs
+from finetune_lab.runs.run_inputs import cached_sha256, recorded_checkpoint_sha
 from finetune_lab.train.finetune_fairseq import candidate_experiments
 from finetune_lab.train.linear_probe import probe_dir
 
@@ -73,12 +77,43 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
     return weights_record_problem(record, runs_base, packaged)
 
 
+def _same_splits(probes: list[dict], bad: list[str]) -> list[dict]:
+    """The probes of the book's splits: those whose recorded split files (their sha256) are the
+    prepared ones where they are here, else the ones most probes name; the others go to ``bad``
+    (trial 19's P-y1: a probe of another split, 88.0 %, stood in the table)."""
+    def said(p: dict) -> str:
+        return json.dumps(p.get("inputs"), sort_keys=True)
+    folder = default_cls_dir()
+    names = sorted({k for p in probes for k in (p.get("inputs") or {})})
+    if names and all((folder / n).is_file() for n in names):
+        expected, source = json.dumps({n: cached_sha256(folder / n) for n in names},
+                                      sort_keys=True), "the prepared ones"
+    else:
+        shared = Counter(said(p) for p in probes).most_common(1)
+        expected, source = (shared[0][0] if shared else ""), "the ones the other probes read"
+    kept = [p for p in probes if said(p) == expected]
+    bad += [f"`{p['name']}.json` probed other split files than {source} (their sha256 "
+            "differ): re-run `finetune-lab probe` on the prepared CLS-Books"
+            for p in probes if said(p) != expected]
+    return kept
+
+
+def fine_tuning_runs(runs_root: Path | None = None) -> list[RunRecord]:
+    """Every run of the lab's fairseq recipe that the probe and candidate tables read (the
+    grid's and the candidates'), valid or not: the chapter's footer names them."""
+    base = Path(runs_root) if runs_root is not None else paths().runs
+    return discover_runs(base, [fr.EXPERIMENT, *candidate_experiments(runs_root)])
+
+
 def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None,
-                set_aside: list[str] | None = None) -> pd.DataFrame:
+                set_aside: list[str] | None = None,
+                excluded: list[str] | None = None) -> pd.DataFrame:
     """Every linear probe of ``data/summaries/probes/`` (``finetune-lab probe``) beside the
     lab-recipe fine-tuning of the same weights: the candidates' and the packaged checkpoint's,
     matched by the checkpoint's sha256; a random initialisation's beside the grid's random runs.
-    A damaged probe file is left out, with one line in ``set_aside`` naming it.
+    A damaged probe file is left out, with one line in ``set_aside`` naming it; the fine-tuning
+    runs the registry excluded go to ``excluded`` (their weights are not read, so a probe
+    without a valid run reads "no valid run" while any is: trial 19's G-e4).
     """
     folder = Path(probes_dir) if probes_dir is not None else probe_dir()
     lab = split_sizes()  # the lab's splits, read once for every record
@@ -86,19 +121,24 @@ def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None,
     packaged = packaged_origin()
     probes, bad = read_records(folder, PROBE_FIELDS,
                                more=lambda r: _probe_problem(r, lab, base, packaged))
+    probes = _same_splits(probes, bad)
     if set_aside is not None:
         set_aside += bad
     # checkpoint sha256 (or "random") -> seed -> test accuracy; the same weights fine-tuned
     # with the same seed in two experiments (a candidate, then the packaged checkpoint's grid)
     # count once, the grid's first
     tuned: dict[str, dict[int, float]] = {}
+    dropped: list[str] = []
     for experiment in [fr.EXPERIMENT, *candidate_experiments(runs_root)]:
         res = fr.load_results(runs_root, experiment)
+        dropped += [r.key for r in res.loaded.runs if not r.valid and not r.unfinished]
         if not res.ready:
             continue
         for rec in res.loaded.runs:
+            if not rec.valid:
+                continue
             key = "random" if rec.init == "random" else recorded_checkpoint_sha(rec.manifest)
-            if not rec.valid or (key == "random" and experiment != fr.EXPERIMENT):
+            if key == "random" and experiment != fr.EXPERIMENT:
                 continue
             test = res.best.loc[(res.best["init"] == rec.init) & (res.best["seed"] == rec.seed),
                                 "test"].astype(float)
@@ -112,9 +152,12 @@ def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None,
                      "probe on <s> (%)": p["probes"]["<s>"]["test_accuracy"],
                      "probe on the mean (%)": p["probes"]["mean"]["test_accuracy"],
                      "fine-tuned (%)": (seedstats.fmt_mean_std(acc.mean(), acc.std(ddof=1), len(acc))
-                                        if len(acc) else "no run cached"),
+                                        if len(acc) else "no valid run" if dropped
+                                        else "no run cached"),
                      "probe time (min)": round(p["wall_time_s"] / 60, 1),
                      "fine-tuned mean": acc.mean() if len(acc) else float("nan")})
+    if excluded is not None:
+        excluded += dropped
     return pd.DataFrame(rows, columns=["weights", "init", "probe on <s> (%)",
                                        "probe on the mean (%)", "fine-tuned (%)",
                                        "probe time (min)", "fine-tuned mean"])

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import digest_of, sha256_file, utc_now
+from finetune_lab.book.records import digest_of
+from finetune_lab._files import sha256_file, utc_now
 from finetune_lab.book.chapter_inputs import MISSING, chapter_inputs, hash_inputs
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.runs.manifest import MANIFEST_NAME, git_commit, package_versions

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import regular_text
-from finetune_lab.render_cache import per_render
 from finetune_lab.runs.consistency import recorded_time
 from finetune_lab.runs.crosscheck import CANDIDATE, weights_made_from
 from finetune_lab.runs.manifest import hidden, loads_strict, outside_project, portable_path
+from finetune_lab.runs.reading import reads_once
+from finetune_lab.runs.record_names import name_problem, packages_made  # noqa: F401 (tests)
 
 Field = tuple[Any, ...]
 """A path of keys into the record, the type(s) its value must have, and optionally the closed
@@ -71,6 +72,7 @@ def read_json_files(folder: Path, problem: Any, pattern: str = "*.json"
     return good, bad
 
 
+@reads_once  # the store's packages, read once for all its records (packages_made)
 def read_records(folder: Path, fields: Sequence[Field],
                  more: Any = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Every ``*.json`` of ``folder`` that parses (strict JSON: no NaN), has ``fields`` and is
@@ -148,64 +150,3 @@ def weights_record_problem(record: dict[str, Any], runs_base: Path,
                 f"before its weights were made at {made:%Y-%m-%d %H:%M:%S}: its checkpoint, its "
                 "time or its wall time was edited")
     return None
-
-
-PRETRAINING_EXPERIMENTS = ("pretrain", "pretrain-gpu", "pretrain-ablation")
-
-
-def name_problem(record: dict[str, Any], runs_base: Path,
-                 packaged: tuple[str, str] | None) -> str | None:
-    """A record named after a pretraining run, or of a candidate's folder (named after its run),
-    holds the weights known by that name wherever any are: those a run here packaged, continued
-    or fine-tuned under it (trial 13's W3: the packaged weights recorded as `cpu-long` were
-    shown as cpu-long's; trial 17's W3-v4/v5: other weights packaged into a candidate's folder
-    were shown as the candidate's). A name of the user's own is not checked."""
-    name, path = record.get("name"), record["checkpoint"].get("path")
-    candidate = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
-    # a run of any pretraining experiment (trial 14's W3: pretrain-gpu, pretrain-ablation)
-    run_named = isinstance(name, str) and any(
-        (runs_base / exp / name).is_dir() for exp in PRETRAINING_EXPERIMENTS)
-    label = candidate["name"] if candidate else name
-    sha = record["checkpoint"]["sha256"]
-    made_by = {k: set(v) for k, v in packages_made(runs_base).items()}  # sha256 -> run names
-    if packaged is not None:
-        made_by.setdefault(packaged[0], set()).add(packaged[1].rsplit("/", 1)[-1])
-    if candidate is None and not run_named and not any(label in n for n in made_by.values()):
-        return None  # a name of the user's own (trial 18's W3-v6: a candidate's, elsewhere)
-    known = sorted(s for s, names in made_by.items() if label in names)
-    # its own weights: known by its name, or (a candidate at update N of a run) by its run's
-    if sha in known or (candidate is not None and candidate["run"] in made_by.get(sha, ())):
-        return None
-    if sha in made_by:
-        said = f"packaged by {', '.join(sorted(made_by[sha]))}"
-    elif known:
-        said = f"not the weights runs here know as {label}, sha256 {known[0][:12]}…"
-    elif candidate is None:
-        said = "weights no run here packaged or fine-tuned"
-    else:
-        return None  # a candidate no run fine-tuned: the record readers compare its folder
-    return (f"is named after the pretraining run {label}, but holds other weights ({path}, "
-            f"{said}): record them under another --name")  # trials 15 to 17: W3
-
-
-@per_render
-def packages_made(runs_base: Path) -> dict[str, list[str]]:
-    """``{sha256: run names}`` of every package a pretraining run continued (its
-    ``continued_from``) and every candidate a run fine-tuned (its checkpoint input): trials 15
-    and 16's W3, weights recorded under another run's name were shown as that run's."""
-    found: dict[str, list[str]] = {}
-    for man in sorted(runs_base.glob("*/*/manifest.json")):
-        try:
-            data = loads_strict(regular_text(man))
-            if man.parent.parent.name.startswith("pretrain"):
-                source = data["extra"]["continued_from"]
-                sha, name = str(source["sha256"]), Path(str(source["run"])).name
-            elif (start := CANDIDATE.fullmatch(str(data["inputs"]["checkpoint"]["path"]))):
-                sha, name = str(data["inputs"]["checkpoint"]["sha256"]["."]), start["name"]
-            else:
-                continue
-            if name not in found.setdefault(sha, []):
-                found[sha].append(name)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            continue  # a random start, or a damaged manifest (the registry names it)
-    return found

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from finetune_lab.argtypes import folder, non_negative_int
 from finetune_lab import _files
+from finetune_lab.data.overlap import check_overlap
 from finetune_lab.data.tools import tool_versions
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
@@ -242,86 +243,6 @@ def check_sources(root: Path, sources: dict[str, Path]) -> dict[str, str]:
         raise UserError(f"{sources['train']} is the same file as {sources['test']}: the test "
                         "reviews would be trained on; restore Webis-CLS-10's training file")
     return hashes
-
-
-MAX_SHARED = 0.1
-"""The largest share of training reviews whose text may also be in the test file: Webis-CLS-10's
-books share 48 of 2,000 (2.4 %); a training file made from the test file shares nearly all."""
-
-
-def comparable(text: str) -> str:
-    """A review's words, lowercased, without punctuation or spacing: the same review with a
-    character added or changed in case (trial 15's D-n1: " ." after each test text) compares
-    equal."""
-    return " ".join(re.findall(r"\w+", text.lower()))
-
-
-SHINGLE = 4
-"""A review is compared by its runs of :data:`SHINGLE` words (:func:`comparable`), so that words
-added before or after a test review (trial 16's D-v), at both ends, or a few dropped inside it
-(trial 17's D-v3, D-v4) leave it the test review."""
-NEAR = 0.5
-"""A training review holding this share of one test review's word runs (or that one holding as
-much of the training review's) is that test review."""
-COMMON = 50
-"""A word run found in more test reviews than this says nothing of which one (boilerplate)."""
-
-
-def shingles(text: str) -> set[str]:
-    """The review's runs of :data:`SHINGLE` words; a shorter review is its one run."""
-    words = comparable(text).split()
-    return {" ".join(words[i:i + SHINGLE]) for i in range(len(words) - SHINGLE + 1)} \
-        or {" ".join(words)}
-
-
-WORDS_NEAR = 0.7
-"""A training review of :data:`MIN_WORDS` distinct words or more sharing this share of one test
-review's distinct words (or that one as much of its) is that test review, in any order and with
-words added or replaced (trial 18's D-w: a filler every third word, every fourth word replaced,
-the words reversed)."""
-MIN_WORDS = 8
-
-
-def near_test_reviews(train: list[Review], test: list[Review]) -> int:
-    """How many training reviews are a test review, word for word or nearly: :data:`NEAR` of
-    the shorter one's runs of words in common, or :data:`WORDS_NEAR` of its distinct words
-    (the real training file shares 48 of its 2,000 word for word, 71 nearly)."""
-    runs = [shingles(r.text) for r in test]
-    words = [set(comparable(r.text).split()) for r in test]
-    seen = Counter(w for held in words for w in held)
-    by_run: dict[str, list[int]] = {}
-    by_word: dict[str, list[int]] = {}
-    for j, (held_runs, held_words) in enumerate(zip(runs, words)):
-        for run in held_runs:
-            by_run.setdefault(run, []).append(j)
-        for word in held_words:
-            if seen[word] <= COMMON:  # a rare word says which review it is from
-                by_word.setdefault(word, []).append(j)
-    near = 0
-    for review in train:
-        mine, hits = shingles(review.text), Counter()
-        for run in mine:
-            if len(found := by_run.get(run, ())) <= COMMON:
-                hits.update(found)
-        if any(n >= NEAR * min(len(mine), len(runs[j])) for j, n in hits.items()):
-            near += 1
-            continue
-        bag = set(comparable(review.text).split())
-        shared = Counter(j for word in bag for j in by_word.get(word, ()))
-        near += len(bag) >= MIN_WORDS and any(
-            len(bag & words[j]) >= WORDS_NEAR * min(len(bag), len(words[j]))
-            for j, _ in shared.most_common(3))
-    return near
-
-
-def check_overlap(sources: dict[str, Path], train: list[Review], test: list[Review]) -> None:
-    """Refuse a training file that is mostly the test file's reviews (trial 14's D1: the test
-    file plus one byte passed the check that the two files differ)."""
-    shared = near_test_reviews(train, test)
-    if train and shared > MAX_SHARED * len(train):
-        raise UserError(f"{sources['train']} shares {shared} of its {len(train)} reviews with "
-                        f"{sources['test']}: the test reviews would be trained on; restore "
-                        "Webis-CLS-10's training file")
 
 
 def prepare_cls(

@@ -39,6 +39,25 @@ CANDIDATE = re.compile(r"data/work/candidates/(?P<name>(?P<run>[^/]+?)(?:-u\d+)?
 the pretraining run they were taken from (``run``; ``-uN``: at update N of it)."""
 
 
+PRETRAINING_EXPERIMENTS = ("pretrain", "pretrain-gpu", "pretrain-ablation")
+
+
+def candidate_name_problem(name: object, path: object, runs_base: Path) -> str | None:
+    """A record named as a pretraining run's candidate (``RUN-uN``, RUN a run here) names the
+    weights in that candidate's folder, the folder the book knows by that name (trial 19's
+    W3-y1: `fill-mask --checkpoint data/work/mine --name cpu-long3-u3930` put other weights'
+    answers under cpu-long3's candidate; R-W3-v7: a probe record of that name, other weights)."""
+    taken = re.fullmatch(r"(?P<run>.+)-u\d+", name) if isinstance(name, str) else None
+    if taken is None or not any((runs_base / exp / taken["run"]).is_dir()
+                                for exp in PRETRAINING_EXPERIMENTS):
+        return None
+    own = f"data/work/candidates/{name}/model.pt"
+    if path == own:
+        return None
+    return (f"is named {name}, the candidate of the pretraining run {taken['run']}, but names "
+            f"the weights at {path}, not {own}: record them under another --name")
+
+
 def packaged_origin() -> tuple[str, str] | None:
     """The packaged checkpoint's weights (sha256) and the pretraining run that made them, as
     ``experiment/run`` (None when there is no readable package manifest)."""

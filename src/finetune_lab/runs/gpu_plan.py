@@ -24,6 +24,9 @@ GPU_SUFFIX = "-gpu"
 beside the CPU runs of the same recipe, never among them."""
 SUFFIX_TINY = "-smoke"
 """Experiments of a tiny-budget call are named apart, so they never mix with real runs."""
+TINY_PRETRAIN_BATCH = 2
+"""Sequences per update of a tiny call's pretraining (four updates of the lab's batch took 24 s
+of a 2-core CPU's rehearsal)."""
 LAB_PARTS = ("fairseq", "transformers", "lora")
 PRETRAIN_TAIL_S = 120.0
 """Seconds a pretraining job spends outside its time budget (which covers the calibration run):
@@ -170,6 +173,8 @@ def pretrain_jobs(plan: Plan, logs: Path, python: str = sys.executable,
     if plan.pretrain_max_update and not plan.tiny:
         budget = ["--max-update", str(plan.pretrain_max_update),
                   "--stop-minutes", f"{minutes or plan.pretrain_minutes:.2f}"]
+    if plan.tiny and plan.pretrain_batch_size is None:  # the commands, not the model, rehearsed
+        budget += ["--batch-size", str(TINY_PRETRAIN_BATCH)]
     for flag, value in (("--lr", plan.pretrain_lr), ("--batch-size", plan.pretrain_batch_size),
                         ("--update-freq", plan.pretrain_update_freq)):
         if value is not None:

@@ -14,9 +14,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-READING: ContextVar[dict[tuple[str, str], list[Any]] | None] = ContextVar(
+READING: ContextVar[dict[tuple[str, str], Any] | None] = ContextVar(
     "registry_reading", default=None)
-"""The experiments judged in the current reading, by (runs root, experiment); None outside one."""
+"""The experiments judged in the current reading, by (runs root, experiment), and the values of
+:func:`once_per_reading` functions; None outside one."""
 
 
 @contextmanager
@@ -39,4 +40,21 @@ def reads_once(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with one_reading():
             return fn(*args, **kwargs)
+    return wrapper  # type: ignore[return-value]
+
+
+def once_per_reading(fn: F) -> F:
+    """Compute ``fn(*args)`` once within the current reading (every call, outside one): a fact
+    of the whole store that each of many records is checked against."""
+    name = f"{fn.__module__}.{fn.__qualname__}"
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        memo = READING.get()
+        if memo is None:
+            return fn(*args)
+        key = (name, repr(args))
+        if key not in memo:
+            memo[key] = fn(*args)
+        return memo[key]
     return wrapper  # type: ignore[return-value]

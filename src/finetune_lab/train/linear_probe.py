@@ -28,6 +28,7 @@ from finetune_lab.runs.manifest import (
     refuse_outside_project,
     weights_record,
 )
+from finetune_lab.runs.record_names import check_record_name
 
 FEATURES = ("<s>", "mean")
 """``<s>``: the last layer's first position, what fairseq's classification head reads;
@@ -109,6 +110,8 @@ def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: i
     out = Path(out_dir or probe_dir()) / f"{name}.json"
     check_new_record(out, f"the probe recorded as {name!r}", force=force)
     refuse_outside_project(checkpoint, out)
+    if not random_init:
+        check_record_name(name, checkpoint, out)
     splits = {split: read_split(cls_dir, split) for split in ("train", "valid", "test")}
     start = time.monotonic()
     hub = load_hub_model(checkpoint)

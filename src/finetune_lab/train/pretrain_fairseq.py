@@ -163,17 +163,23 @@ def fairseq_progress(line: str) -> str | None:
 def echo_progress(log: Path, stop: threading.Event,
                   show: Callable[[str], str | None] = fairseq_progress) -> None:
     """Print ``show(line)`` for the lines fairseq adds to the run's log while it trains (not
-    those of an earlier launch of a resumed run)."""
+    those of an earlier launch of a resumed run), each whole: a line still being written waits
+    for its end, and the lines written as training ends are read too."""
     pos = log.stat().st_size if log.exists() else 0
-    while not stop.is_set():
+    partial_line = ""
+    while True:
+        ending = stop.is_set()
         if log.exists():
             with open(log, encoding="utf-8", errors="replace") as fh:
                 fh.seek(pos)
-                chunk = fh.read()
+                chunk = partial_line + fh.read()
                 pos = fh.tell()
-            for line in chunk.splitlines():
+            *lines, partial_line = chunk.split("\n")
+            for line in lines:
                 shown = show(line)
                 if shown:
                     print(shown, flush=True)
-        stop.wait(2.0)
+        if ending:
+            return
+        stop.wait(1.0)
 

@@ -30,7 +30,7 @@ from finetune_lab.models import position_init as position_inits
 from finetune_lab.runs.fairseq_logs import line_stat
 from finetune_lab.runs.eventfiles import checked_events
 from finetune_lab.runs.manifest import (device_info, event_files, input_record, portable_path,
-                                         read_manifest)
+                                         read_manifest, write_manifest)
 from finetune_lab.runs.recording import record_run, run_fairseq_train, set_aside
 from finetune_lab.runs.experiments import pin_config
 from finetune_lab.train.pretrain_fairseq import (
@@ -155,17 +155,18 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
                         f"{man.get('seed')}, lr {lr}): "
                         "move that folder away, or put the run's own state back")
     recorded = man.get("resume_state")
-    # every launch that ended under the project's control (paused, failed, interrupted) left
-    # its state's sha256; only a killed one ("running") may have saved further since
+    # every launch records its state's sha256 as it saves and as it stops (paused, failed,
+    # interrupted); a launch killed before its first record (status "running") may have saved
     paused = man.get("status") != "running"
     if isinstance(recorded, dict):
         at, same = int(recorded.get("updates") or 0), sha256_file(last) == recorded.get("sha256")
     else:
         at = int(man.get("updates_done") or 0)
         same = updates == at or not paused
-    if paused and not same or updates < at:
-        raise UserError(f"{last} is not the state {run_dir} paused with (its sha256 or update "
-                        "count differs): move that folder away, or put the run's own state back")
+    if not same or updates < at:
+        raise UserError(f"{last} is not the state {run_dir} last recorded (update {at}; its "
+                        "sha256 or update count differs: another run's, or saved as a launch was "
+                        "killed): move that folder away, or put the run's own state back")
     recorded = [d for d in (man.get("inputs") or {}).get("data") or [] if isinstance(d, dict)]
     was, now = [d.get("path") for d in recorded], [portable_path(d) for d in data or []]
     if data is not None and (was != now or any(  # the same paths, prepared again (trial 16)
@@ -173,6 +174,16 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
         raise UserError(f"{run_dir} was recorded on {', '.join(map(str, was))}; this launch reads "
                         f"{', '.join(now)}, or that data changed since: a run goes on with its "
                         "own corpora (give them, or choose another --run)")
+
+
+def note_save(line: str, manifest: dict[str, Any], run_dir: Path, last: Path) -> None:
+    """On fairseq's "Saved checkpoint" line (logged once ``checkpoint_last.pt`` is written too),
+    record that state in the manifest on disk: a launch killed later (SIGKILL) leaves the sha256
+    of the only state the run may resume (trial 18's W2-w1: another run's state of the same seed
+    and learning rate, put in its folder after a kill, was resumed)."""
+    if "| INFO | fairseq.checkpoint_utils | Saved checkpoint " in line:
+        keep_resume_state(manifest, last)
+        write_manifest(run_dir, manifest)
 
 
 def keep_resume_state(manifest: dict[str, Any], last: Path) -> None:
@@ -341,8 +352,11 @@ def pretrain_long(
                       f"{total} ({tokens_per_update} tokens each)", flush=True)
                 progress = partial(progress_line, tokens_per_update=tokens_per_update,
                                    total_updates=total)
-                with echoing(handle.run_dir / "train.log",
-                             None if quiet else lambda line: progress(line) or fairseq_progress(line)):
+
+                def watch(line: str) -> str | None:
+                    note_save(line, handle.manifest, handle.run_dir, save_dir / LAST)
+                    return None if quiet else progress(line) or fairseq_progress(line)
+                with echoing(handle.run_dir / "train.log", watch):
                     run_fairseq_train(handle, args, env=env, launcher=launch.launcher())
         except BaseException:
             # stopped (SIGTERM, Ctrl-C, a failed launch): the state it leaves is the one the

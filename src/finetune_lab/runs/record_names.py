@@ -1,0 +1,93 @@
+"""The names records give weights (a probe's, fill-mask answers'): a name the runs know stands
+for the weights known by it, whatever the record's path says (trials 13 to 19, W3: another
+model's answers were shown under a run's, a candidate's or the packaged checkpoint's name). The
+commands that write records ask the same before writing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from finetune_lab._files import regular_text
+from finetune_lab.config import paths
+from finetune_lab.errors import UserError
+from finetune_lab.models.checkpoints import CHECKPOINT_NAME, MODEL_FILE
+from finetune_lab.render_cache import per_render
+from finetune_lab.runs.crosscheck import (CANDIDATE, PRETRAINING_EXPERIMENTS,
+                                         candidate_name_problem, packaged_origin)
+from finetune_lab.runs.manifest import loads_strict, weights_record
+from finetune_lab.runs.reading import once_per_reading
+
+
+def name_problem(record: dict[str, Any], runs_base: Path,
+                 packaged: tuple[str, str] | None) -> str | None:
+    """A record named after a pretraining run, or of a candidate's folder (named after its run),
+    holds the weights known by that name wherever any are: those a run here packaged, continued
+    or fine-tuned under it (trial 13's W3: the packaged weights recorded as `cpu-long` were
+    shown as cpu-long's; trial 17's W3-v4/v5: other weights packaged into a candidate's folder
+    were shown as the candidate's). A name of the user's own is not checked."""
+    name, path = record.get("name"), record["checkpoint"].get("path")
+    if (problem := candidate_name_problem(name, path, runs_base)) is not None:
+        return problem
+    candidate = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
+    # a run of any pretraining experiment (trial 14's W3: pretrain-gpu, pretrain-ablation)
+    run_named = isinstance(name, str) and any(
+        (runs_base / exp / name).is_dir() for exp in PRETRAINING_EXPERIMENTS)
+    label = candidate["name"] if candidate else name
+    sha = record["checkpoint"]["sha256"]
+    made_by = {k: set(v) for k, v in packages_made(runs_base).items()}  # sha256 -> run names
+    if packaged is not None:  # and the packaged checkpoint's folder's (trial 19's W3-y2)
+        made_by.setdefault(packaged[0], set()).update({packaged[1].rsplit("/", 1)[-1],
+                                                       CHECKPOINT_NAME})
+    if candidate is None and not run_named and not any(label in n for n in made_by.values()):
+        return None  # a name of the user's own (trial 18's W3-v6: a candidate's, elsewhere)
+    known = sorted(s for s, names in made_by.items() if label in names)
+    # its own weights: known by its name, or (a candidate at update N of a run) by its run's
+    if sha in known or (candidate is not None and candidate["run"] in made_by.get(sha, ())):
+        return None
+    if sha in made_by:
+        said = f"packaged by {', '.join(sorted(made_by[sha]))}"
+    elif known:
+        said = f"not the weights runs here know as {label}, sha256 {known[0][:12]}…"
+    elif candidate is None:
+        said = "weights no run here packaged or fine-tuned"
+    else:
+        return None  # a candidate no run fine-tuned: the record readers compare its folder
+    named = "the packaged checkpoint" if label == CHECKPOINT_NAME else "the pretraining run"
+    return (f"is named after {named} {label}, but holds other weights ({path}, {said}): "
+            "record them under another --name")  # trials 15 to 19: W3
+
+
+@per_render
+@once_per_reading
+def packages_made(runs_base: Path) -> dict[str, list[str]]:
+    """``{sha256: run names}`` of every package a pretraining run continued (its
+    ``continued_from``) and every candidate a run fine-tuned (its checkpoint input): trials 15
+    and 16's W3, weights recorded under another run's name were shown as that run's."""
+    found: dict[str, list[str]] = {}
+    for man in sorted(runs_base.glob("*/*/manifest.json")):
+        try:
+            data = loads_strict(regular_text(man))
+            if man.parent.parent.name.startswith("pretrain"):
+                source = data["extra"]["continued_from"]
+                sha, name = str(source["sha256"]), Path(str(source["run"])).name
+            elif (start := CANDIDATE.fullmatch(str(data["inputs"]["checkpoint"]["path"]))):
+                sha, name = str(data["inputs"]["checkpoint"]["sha256"]["."]), start["name"]
+            else:
+                continue
+            if name not in found.setdefault(sha, []):
+                found[sha].append(name)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a random start, or a damaged manifest (the registry names it)
+    return found
+
+
+def check_record_name(name: str, folder: Path, record: Path) -> None:
+    """Refuse, before any work, to write a record under a name the runs know for other weights
+    than those in ``folder`` (the check :func:`name_problem` makes when the book reads it)."""
+    if not (Path(folder) / MODEL_FILE).is_file():
+        return  # the command's own reading of the folder says what is wrong with it
+    weights = weights_record(folder, record)
+    if (problem := name_problem({"name": name, "checkpoint": weights}, paths().runs,
+                                packaged_origin())) is not None:
+        raise UserError(f"--name {name} {problem}")
