@@ -220,3 +220,112 @@ def test_a_folder_deep_inside_a_run_is_refused(tmp_path):
     deep = run / "q" / "r" / "s" / "t"
     assert protected(deep) == (f"is, holds or lies in a run ({run / 'manifest.json'})", True)
     assert protected(tmp_path / "store" / "elsewhere" / "q" / "r" / "s" / "t") is None
+
+
+def test_a_failed_fairseq_preprocess_is_one_line(tmp_path):
+    """X-y3: a damaged dict.txt gave fairseq's 20-line traceback inside the error, naming the
+    scratch folder; the error is now fairseq's own last line."""
+    from finetune_lab.data.binarize import run_preprocess
+
+    (tmp_path / "dict.txt").write_bytes(b"\xff\xfe not a dictionary \x00\n")
+    with pytest.raises(UserError) as caught:
+        run_preprocess(["--only-source", "--trainpref", str(tmp_path / "missing"),
+                        "--srcdict", str(tmp_path / "dict.txt"), "--destdir",
+                        str(tmp_path / "out"), "--workers", "1"], tmp_path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("fairseq-preprocess failed (exit 1): ")
+    assert "Traceback" not in message
+
+
+def test_a_run_killed_right_after_a_save_resumes_and_anothers_recipe_does_not(tmp_path):
+    """19b's W2: killed within a second of a later save, before the watcher recorded it, the
+    run could never resume; 19b's W3: another run's state of the same name, seed and lr but
+    another dropout, put there after a kill, was resumed."""
+    import torch
+
+    from finetune_lab._files import sha256_file
+    from finetune_lab.train.pretrain_resume import check_own_state, resume_point
+
+    save = tmp_path / "work" / "zB"
+    save.mkdir(parents=True)
+    last = save / "checkpoint_last.pt"
+
+    def state(updates: int, dropout: float) -> None:
+        torch.save({"optimizer_history": [{"num_updates": updates}], "extra_state": {},
+                    "cfg": {"common": {"seed": 1}, "optimization": {"lr": [1e-3]},
+                            "model": {"dropout": dropout, "attention_dropout": dropout},
+                            "checkpoint": {"save_dir": str(save)}}}, last)
+    state(2, 0.0)
+    run = tmp_path / "runs" / "zB"
+    run.mkdir(parents=True)
+    manifest = {"status": "running", "seed": 1, "updates_done": 2,
+                "hyperparameters": {"lr": 1e-3, "dropout": 0.0, "attention_dropout": 0.0},
+                "resume_state": {"updates": 2, "sha256": sha256_file(last)}}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    state(4, 0.0)  # saved at update 4, killed before the save was recorded
+    with pytest.raises(UserError, match="is not the state .* last recorded"):
+        check_own_state(run, last, 4, made=resume_point(save))
+    (run / "train.log").write_text(
+        f"2026-11-27 12:00:00 | INFO | fairseq.checkpoint_utils | Saved checkpoint "
+        f"{save}/checkpoint_1_4.pt (epoch 1 @ 4 updates, score 14.2) (writing took 0.1 s)\n")
+    check_own_state(run, last, 4, made=resume_point(save))  # fairseq's log says it saved it
+    state(4, 0.1)  # another run's recipe at that update
+    with pytest.raises(UserError, match=r"saved by another run \(seed 1, lr 0.001, dropout 0.1"):
+        check_own_state(run, last, 4, made=resume_point(save))
+
+
+def test_test_reviews_in_look_alike_letters_or_with_fillers_are_found():
+    """19b's D2 to D4: the test file in Cyrillic look-alike letters, or with a narrow no-break
+    space (U+202F) or a Hangul filler (U+3164) inside each word, passed as the training file."""
+    from finetune_lab.data.cls_books import Review
+    from finetune_lab.data.overlap import near_test_reviews
+
+    def review(text: str) -> Review:
+        return Review(text=text, label=1, rating=5.0, position=1)
+
+    test = [review("Un roman magnifique que je relirai volontiers cet été avec mes enfants"),
+            review("Une intrigue confuse et des personnages sans relief du début à la fin")]
+    cyrillic = str.maketrans("aeopcx", "аеорсх")
+    for disguise in (lambda t: t.translate(cyrillic),
+                     lambda t: " ".join(w[:2] + "\u202f" + w[2:] for w in t.split()),
+                     lambda t: " ".join(w[:1] + "\u3164" + w[1:] for w in t.split())):
+        assert near_test_reviews([review(disguise(r.text)) for r in test], test) == 2
+
+
+def test_force_decides_what_to_keep_when_it_replaces(tmp_path):
+    """19b's F8: a file the user added to the command's own output while the command ran was
+    deleted with --force: whether to keep the old folder was decided before the work."""
+    from finetune_lab import _files
+
+    out = tmp_path / "out"
+    with _files.atomic_dir(out, "prepare-cls") as tmp:
+        (tmp / "train.review").write_text("first\n")
+    with _files.atomic_dir(out, "prepare-cls", force=True) as tmp:
+        (out / "notes.txt").write_text("the user's, written meanwhile")
+        (tmp / "train.review").write_text("second\n")
+    (kept,) = tmp_path.glob("out.replaced-*")
+    assert (kept / "notes.txt").read_text() == "the user's, written meanwhile"
+
+
+def test_a_random_initialisation_under_a_known_name_and_a_damaged_inputs_map(tmp_path):
+    """19b's N4: `probe --random --name cpu-long3` stood in the probe table as cpu-long3; P3: a
+    probe record whose inputs were 5 stopped Appendix A with a TypeError."""
+    import shutil
+
+    from finetune_lab.book import probe_report as prp
+    from finetune_lab.train.linear_probe import run_probe
+
+    with pytest.raises(UserError, match="--name cpu-long3 is a random initialisation under "
+                                        "cpu-long3, a name the runs know"):
+        run_probe(tmp_path, name="cpu-long3", random_init=True, out_dir=tmp_path / "records")
+    records = tmp_path / "probes"
+    shutil.copytree(PROJECT_ROOT / "data" / "summaries" / "probes", records)
+    random = json.loads((records / "random.json").read_text())
+    (records / "cpu-long3.json").write_text(json.dumps({**random, "name": "cpu-long3"}))
+    damaged = json.loads((records / "cpu-seed1.json").read_text())
+    (records / "cpu-seed1.json").write_text(json.dumps({**damaged, "inputs": 5}))
+    bad: list[str] = []
+    table = prp.probe_table(records, set_aside=bad)
+    assert not {"cpu-long3", "cpu-seed1"} & set(table["weights"]) and len(table) == 12
+    assert any("is a random initialisation under cpu-long3" in line for line in bad)
+    assert any(line.startswith("`cpu-seed1.json` probed other split files") for line in bad)

@@ -322,7 +322,6 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
     dest = Path(dest)
     check_replaceable(dest, owner, force=force, earlier=earlier)
     check_writable(dest.parent)
-    keep = force and not replaceable(dest, owner, earlier)  # --force keeps what it replaces
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     except OSError as exc:
@@ -336,6 +335,8 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
                 "command": owner or _step_of(tmp) or "finetune-lab",
                 "entries": sorted(tree_entries(tmp))})
         check_replaceable(dest, owner, force=force, earlier=earlier)  # changed meanwhile?
+        # --force keeps what it replaces, as it is now (19b's F8: a file added meanwhile)
+        keep = force and not replaceable(dest, owner, earlier)
         if not os.path.lexists(dest):
             os.replace(tmp, dest)
         elif _swap(tmp, dest):  # one atomic exchange: ``dest`` is the old or the new, always

@@ -28,6 +28,7 @@ from finetune_lab.data.cls_splits import split_sizes
 from finetune_lab.models.sizing import SMALL
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.crosscheck import packaged_origin
+from finetune_lab.runs.record_names import known_name_problem
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.run_inputs import cached_sha256, recorded_checkpoint_sha
 from finetune_lab.train.finetune_fairseq import candidate_experiments
@@ -73,7 +74,7 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
         return (f"says init {record['init']!r} with seed {seed!r}: a random initialisation "
                 "has a seed, trained weights have none")
     if record["init"] == "random":
-        return None
+        return known_name_problem(record.get("name"), runs_base, packaged)
     return weights_record_problem(record, runs_base, packaged)
 
 
@@ -81,11 +82,15 @@ def _same_splits(probes: list[dict], bad: list[str]) -> list[dict]:
     """The probes of the book's splits: those whose recorded split files (their sha256) are the
     prepared ones where they are here, else the ones most probes name; the others go to ``bad``
     (trial 19's P-y1: a probe of another split, 88.0 %, stood in the table)."""
-    def said(p: dict) -> str:
-        return json.dumps(p.get("inputs"), sort_keys=True)
+    names = [f"{split}.{kind}" for split in ("train", "valid", "test")
+             for kind in ("review", "label")]
+
+    def said(p: dict) -> str:  # the split files only (19b's P2, P3: another key, or no map)
+        inputs = p.get("inputs")
+        return json.dumps({n: inputs.get(n) for n in names} if isinstance(inputs, dict)
+                          else repr(inputs), sort_keys=True)
     folder = default_cls_dir()
-    names = sorted({k for p in probes for k in (p.get("inputs") or {})})
-    if names and all((folder / n).is_file() for n in names):
+    if all((folder / n).is_file() for n in names):
         expected, source = json.dumps({n: cached_sha256(folder / n) for n in names},
                                       sort_keys=True), "the prepared ones"
     else:

@@ -79,9 +79,11 @@ def run_preprocess(args: list[str], cwd: Path) -> float:
     result = subprocess.run(
         [*_preprocess_executable(), *args], cwd=cwd, capture_output=True, text=True, env=env,
     )
-    if result.returncode != 0:
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-        raise UserError(f"fairseq-preprocess failed in {cwd} (exit {result.returncode}):\n{tail}")
+    if result.returncode != 0:  # its last line says why (trial 19's X-y3: a 20-line traceback)
+        said = (result.stderr or result.stdout).strip().splitlines() or ["no output"]
+        raise UserError(f"fairseq-preprocess failed (exit {result.returncode}): {said[-1]}; "
+                        "if it names the tokenizer's dict.txt, rebuild the tokenizer "
+                        "(`finetune-lab adopt-tokenizer --force`)")
     return time.perf_counter() - started
 
 

@@ -5,6 +5,7 @@ commands that write records ask the same before writing."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,4 +91,27 @@ def check_record_name(name: str, folder: Path, record: Path) -> None:
     weights = weights_record(folder, record)
     if (problem := name_problem({"name": name, "checkpoint": weights}, paths().runs,
                                 packaged_origin())) is not None:
+        raise UserError(f"--name {name} {problem}")
+
+
+def known_name_problem(name: object, runs_base: Path,
+                       packaged: tuple[str, str] | None) -> str | None:
+    """A random initialisation's record under a name the runs know for weights (a run's, a
+    candidate ``RUN-uN``'s, the packaged checkpoint's: 19b's N4, `probe --random --name
+    cpu-long3` stood in the probe table as cpu-long3)."""
+    if not isinstance(name, str):
+        return None
+    taken = re.fullmatch(r"(?P<run>.+)-u\d+", name)
+    runs = {name, taken["run"]} if taken else {name}
+    made = {n for names in packages_made(runs_base).values() for n in names}
+    if name == CHECKPOINT_NAME and packaged is not None or name in made or any(
+            (runs_base / exp / run).is_dir() for exp in PRETRAINING_EXPERIMENTS for run in runs):
+        return (f"is a random initialisation under {name}, a name the runs know for trained "
+                "weights: record it under another --name")
+    return None
+
+
+def check_random_name(name: str) -> None:
+    """:func:`known_name_problem`, before a random initialisation is probed."""
+    if (problem := known_name_problem(name, paths().runs, packaged_origin())) is not None:
         raise UserError(f"--name {name} {problem}")

@@ -28,7 +28,7 @@ from finetune_lab.runs.manifest import (
     refuse_outside_project,
     weights_record,
 )
-from finetune_lab.runs.record_names import check_record_name
+from finetune_lab.runs.record_names import check_random_name, check_record_name
 
 FEATURES = ("<s>", "mean")
 """``<s>``: the last layer's first position, what fairseq's classification head reads;
@@ -112,6 +112,8 @@ def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: i
     refuse_outside_project(checkpoint, out)
     if not random_init:
         check_record_name(name, checkpoint, out)
+    else:
+        check_random_name(name)
     splits = {split: read_split(cls_dir, split) for split in ("train", "valid", "test")}
     start = time.monotonic()
     hub = load_hub_model(checkpoint)

@@ -29,8 +29,7 @@ from finetune_lab.models import checkpoints, trust
 from finetune_lab.models import position_init as position_inits
 from finetune_lab.runs.fairseq_logs import line_stat
 from finetune_lab.runs.eventfiles import checked_events
-from finetune_lab.runs.manifest import (device_info, event_files, input_record, portable_path,
-                                         read_manifest, write_manifest)
+from finetune_lab.runs.manifest import device_info, event_files, portable_path, read_manifest
 from finetune_lab.runs.recording import record_run, run_fairseq_train, set_aside
 from finetune_lab.runs.experiments import pin_config
 from finetune_lab.train.pretrain_fairseq import (
@@ -41,6 +40,8 @@ from finetune_lab.train.pretrain_fairseq import (
     require_corpus,
 )
 from finetune_lab.train.pretrain_init import write_random_init
+from finetune_lab.train.pretrain_resume import (LAST, check_own_state, keep_resume_state,  # noqa: F401
+                                                note_save, resume_point)
 from finetune_lab.train.pretrain_lineage import checkpoint_metadata, continuation_source
 from finetune_lab.train.pretrain_recipe import (
     EXPERIMENT,
@@ -55,7 +56,6 @@ from finetune_lab.train.pretrain_recipe import (
 )
 from finetune_lab.train.pretrain_throughput import throughput_record
 
-LAST = "checkpoint_last.pt"
 
 
 @dataclass(frozen=True)
@@ -94,30 +94,6 @@ def phase_records(phases: list[Phase]) -> list[dict[str, Any]]:
 
 
 
-def resume_point(save_dir: Path) -> dict[str, Any] | None:
-    """Updates done and fairseq's cumulative training time in ``checkpoint_last.pt`` (None: none).
-
-    The file is this run's own (in its save folder), read memory-mapped without the optimizer
-    state being copied.
-    """
-    import torch
-
-    last = save_dir / LAST
-    if not last.is_file():
-        return None
-    with trust.fairseq_safe_globals(last):
-        state = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
-    history = state.get("optimizer_history") or [{}]
-    extra = state.get("extra_state") or {}
-    cfg = state.get("cfg") if isinstance(state.get("cfg"), dict) else {}
-    return {"updates": int(history[-1].get("num_updates") or 0),
-            "training_time_s": float(extra.get("previous_training_time") or 0.0),
-            # who made it: fairseq keeps the seed and the save folder of the run it trained
-            "seed": (cfg.get("common") or {}).get("seed"),
-            "lr": ((cfg.get("optimization") or {}).get("lr") or [None])[0],
-            "save_dir": (cfg.get("checkpoint") or {}).get("save_dir")}
-
-
 def start_over_unsaved(run_dir: Path, save_dir: Path, save_every: int) -> None:
     """An unfinished run with no resumable state here: one that failed before its first save
     (Ctrl-C in its first minutes; trial 8's P9) starts over, its folder cleared as a re-run
@@ -134,69 +110,6 @@ def start_over_unsaved(run_dir: Path, save_dir: Path, save_every: int) -> None:
         f"{run_dir} is an unfinished run whose resumable state ({save_dir / LAST}) is not on "
         "this machine. It cannot resume; start a new run from the weights it last packaged "
         "(`--continue-from DIR --run NEW`), or delete the run folder to start it over")
-
-
-def check_own_state(run_dir: Path, last: Path, updates: int,
-                    data: list[Path] | None = None, made: dict[str, Any] | None = None) -> None:
-    """Refuse to resume ``run_dir`` from state that is not its own (trials 14 to 17, W2): a
-    launch that ended paused, failed or interrupted recorded the sha256 of the state it left,
-    and nothing has launched the run since; a launch killed after that can only have gone
-    further. A run paused before that record was kept must find the state at the very update
-    it paused at, made with its seed in its own save folder (``made``: :func:`resume_point`;
-    trial 17's R-W2-v1: another run's state at the same update passed). And a launch must read
-    the corpora the run was recorded on (``data``)."""
-    man = read_manifest(run_dir)
-    lr = (man.get("hyperparameters") or {}).get("lr")
-    if made is not None and (made.get("seed") != man.get("seed") or Path(
-            str(made.get("save_dir"))).name != last.parent.name
-            or None not in (lr, made.get("lr")) and made["lr"] != lr):  # trial 18's W2-w
-        raise UserError(f"{last} was saved by another run (seed {made.get('seed')}, lr "
-                        f"{made.get('lr')}, in {made.get('save_dir')}), not by {run_dir} (seed "
-                        f"{man.get('seed')}, lr {lr}): "
-                        "move that folder away, or put the run's own state back")
-    recorded = man.get("resume_state")
-    # every launch records its state's sha256 as it saves and as it stops (paused, failed,
-    # interrupted); a launch killed before its first record (status "running") may have saved
-    paused = man.get("status") != "running"
-    if isinstance(recorded, dict):
-        at, same = int(recorded.get("updates") or 0), sha256_file(last) == recorded.get("sha256")
-    else:
-        at = int(man.get("updates_done") or 0)
-        same = updates == at or not paused
-    if not same or updates < at:
-        raise UserError(f"{last} is not the state {run_dir} last recorded (update {at}; its "
-                        "sha256 or update count differs: another run's, or saved as a launch was "
-                        "killed): move that folder away, or put the run's own state back")
-    recorded = [d for d in (man.get("inputs") or {}).get("data") or [] if isinstance(d, dict)]
-    was, now = [d.get("path") for d in recorded], [portable_path(d) for d in data or []]
-    if data is not None and (was != now or any(  # the same paths, prepared again (trial 16)
-            input_record(d)["sha256"] != r.get("sha256") for d, r in zip(data, recorded))):
-        raise UserError(f"{run_dir} was recorded on {', '.join(map(str, was))}; this launch reads "
-                        f"{', '.join(now)}, or that data changed since: a run goes on with its "
-                        "own corpora (give them, or choose another --run)")
-
-
-def note_save(line: str, manifest: dict[str, Any], run_dir: Path, last: Path) -> None:
-    """On fairseq's "Saved checkpoint" line (logged once ``checkpoint_last.pt`` is written too),
-    record that state in the manifest on disk: a launch killed later (SIGKILL) leaves the sha256
-    of the only state the run may resume (trial 18's W2-w1: another run's state of the same seed
-    and learning rate, put in its folder after a kill, was resumed)."""
-    if "| INFO | fairseq.checkpoint_utils | Saved checkpoint " in line:
-        keep_resume_state(manifest, last)
-        write_manifest(run_dir, manifest)
-
-
-def keep_resume_state(manifest: dict[str, Any], last: Path) -> None:
-    """Record the state a launch leaves (its update and sha256) in the run's manifest: the only
-    state the next launch resumes (:func:`check_own_state`)."""
-    try:
-        point = resume_point(last.parent) if last.is_file() else None
-    except UserError:  # a state cut short: none to resume (the next launch says so)
-        point = None
-    manifest.pop("resume_state", None)
-    if point is not None:
-        manifest["resume_state"] = {"path": portable_path(last), "updates": point["updates"],
-                                    "sha256": sha256_file(last)}
 
 
 def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str | None:

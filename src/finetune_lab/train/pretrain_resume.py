@@ -1,0 +1,128 @@
+"""Which saved state a long pretraining run may resume: its own, as it recorded it at each save
+and as it stopped, made with its recipe (trials 14 to 19, W2: another run's state was resumed)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from finetune_lab._files import sha256_file
+from finetune_lab.errors import UserError
+from finetune_lab.models import trust
+from finetune_lab.runs.manifest import input_record, portable_path, read_manifest, write_manifest
+
+LAST = "checkpoint_last.pt"
+"""fairseq's state of the last save, in the run's save folder: what a launch resumes from."""
+
+
+def resume_point(save_dir: Path) -> dict[str, Any] | None:
+    """Updates done and fairseq's cumulative training time in ``checkpoint_last.pt`` (None: none).
+
+    The file is this run's own (in its save folder), read memory-mapped without the optimizer
+    state being copied.
+    """
+    import torch
+
+    last = save_dir / LAST
+    if not last.is_file():
+        return None
+    with trust.fairseq_safe_globals(last):
+        state = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+    history = state.get("optimizer_history") or [{}]
+    extra = state.get("extra_state") or {}
+    cfg = state.get("cfg") if isinstance(state.get("cfg"), dict) else {}
+
+    def field(section: str, key: str) -> Any:  # a section is a dict, or (model) a Namespace
+        part = cfg.get(section)
+        return part.get(key) if isinstance(part, dict) else getattr(part, key, None)
+    return {"updates": int(history[-1].get("num_updates") or 0),
+            "training_time_s": float(extra.get("previous_training_time") or 0.0),
+            # who made it: fairseq keeps the seed and the save folder of the run it trained
+            "seed": field("common", "seed"),
+            "lr": (field("optimization", "lr") or [None])[0],
+            "dropout": field("model", "dropout"),
+            "attention_dropout": field("model", "attention_dropout"),
+            "save_dir": field("checkpoint", "save_dir")}
+
+
+SAVED = re.compile(r"\| Saved checkpoint .*\(epoch \d+ @ (\d+) updates")
+"""fairseq's line for a save it finished, with the update it was made at."""
+
+
+def check_own_state(run_dir: Path, last: Path, updates: int,
+                    data: list[Path] | None = None, made: dict[str, Any] | None = None) -> None:
+    """Refuse to resume ``run_dir`` from state that is not its own (trials 14 to 17, W2): a
+    launch that ended paused, failed or interrupted recorded the sha256 of the state it left,
+    and nothing has launched the run since; a launch killed after that can only have gone
+    further. A run paused before that record was kept must find the state at the very update
+    it paused at, made with its seed in its own save folder (``made``: :func:`resume_point`;
+    trial 17's R-W2-v1: another run's state at the same update passed). And a launch must read
+    the corpora the run was recorded on (``data``)."""
+    man = read_manifest(run_dir)
+    hyper = man.get("hyperparameters") or {}
+    lr = hyper.get("lr")
+    # the recipe fairseq saved with the state is the run's (trial 18's W2-w: the lr; 19b's W3:
+    # the dropout), wherever both say
+    other = [k for k in ("lr", "dropout", "attention_dropout") if made is not None
+             and None not in (hyper.get(k), made.get(k)) and made[k] != hyper[k]]
+    if made is not None and (made.get("seed") != man.get("seed") or Path(
+            str(made.get("save_dir"))).name != last.parent.name or other):
+        raise UserError(f"{last} was saved by another run (seed {made.get('seed')}, lr "
+                        f"{made.get('lr')}, dropout {made.get('dropout')}, in "
+                        f"{made.get('save_dir')}), not by {run_dir} (seed {man.get('seed')}, lr "
+                        f"{lr}, dropout {hyper.get('dropout')}): "
+                        "move that folder away, or put the run's own state back")
+    recorded = man.get("resume_state")
+    # every launch records its state's sha256 as it saves and as it stops (paused, failed,
+    # interrupted); a launch killed before its first record (status "running") may have saved
+    paused = man.get("status") != "running"
+    if isinstance(recorded, dict):
+        at, same = int(recorded.get("updates") or 0), sha256_file(last) == recorded.get("sha256")
+    else:
+        at = int(man.get("updates_done") or 0)
+        same = updates == at or not paused
+    if not same and not paused and updates > at and made is not None:
+        # killed within a second of a save, before it was recorded: the state fairseq's own log
+        # says the run saved, with the run's recipe (19b's W2: the run could never resume)
+        log = run_dir / "train.log"
+        text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+        same = updates in {int(n) for n in SAVED.findall(text)}
+    if not same or updates < at:
+        raise UserError(f"{last} is not the state {run_dir} last recorded (update {at}; its "
+                        "sha256 or update count differs: another run's, or saved as a launch was "
+                        "killed): move that folder away, or put the run's own state back")
+    recorded = [d for d in (man.get("inputs") or {}).get("data") or [] if isinstance(d, dict)]
+    was, now = [d.get("path") for d in recorded], [portable_path(d) for d in data or []]
+    if data is not None and (was != now or any(  # the same paths, prepared again (trial 16)
+            input_record(d)["sha256"] != r.get("sha256") for d, r in zip(data, recorded))):
+        raise UserError(f"{run_dir} was recorded on {', '.join(map(str, was))}; this launch reads "
+                        f"{', '.join(now)}, or that data changed since: a run goes on with its "
+                        "own corpora (give them, or choose another --run)")
+
+
+def note_save(line: str, manifest: dict[str, Any], run_dir: Path, last: Path) -> None:
+    """On fairseq's "Saved checkpoint" line (logged once ``checkpoint_last.pt`` is written too),
+    record that state in the manifest on disk: a launch killed later (SIGKILL) leaves the sha256
+    of the only state the run may resume (trial 18's W2-w1: another run's state of the same seed
+    and learning rate, put in its folder after a kill, was resumed)."""
+    if "| INFO | fairseq.checkpoint_utils | Saved checkpoint " in line:
+        try:
+            keep_resume_state(manifest, last)
+            write_manifest(run_dir, manifest)
+        except Exception as exc:  # noqa: BLE001 (the watcher goes on; the stop records it)
+            print(f"pretrain: the state saved at this point was not recorded ({exc})",
+                  flush=True)
+
+
+def keep_resume_state(manifest: dict[str, Any], last: Path) -> None:
+    """Record the state a launch leaves (its update and sha256) in the run's manifest: the only
+    state the next launch resumes (:func:`check_own_state`)."""
+    try:
+        point = resume_point(last.parent) if last.is_file() else None
+    except UserError:  # a state cut short: none to resume (the next launch says so)
+        point = None
+    manifest.pop("resume_state", None)
+    if point is not None:
+        manifest["resume_state"] = {"path": portable_path(last), "updates": point["updates"],
+                                    "sha256": sha256_file(last)}
