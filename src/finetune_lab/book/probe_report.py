@@ -32,7 +32,7 @@ from finetune_lab.runs.record_names import known_name_problem
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.run_inputs import cached_sha256, recorded_checkpoint_sha
 from finetune_lab.train.finetune_fairseq import candidate_experiments
-from finetune_lab.train.linear_probe import probe_dir
+from finetune_lab.train.linear_probe import SPLIT_FILES, probe_dir
 
 PROBE_FIELDS = ((("name",), str), (("init",), str), (("wall_time_s",), NUMBER, (0, 1e7)),
                 (("probes", "<s>", "test_accuracy"), NUMBER, PERCENT),
@@ -82,8 +82,7 @@ def _same_splits(probes: list[dict], bad: list[str]) -> list[dict]:
     """The probes of the book's splits: those whose recorded split files (their sha256) are the
     prepared ones where they are here, else the ones most probes name; the others go to ``bad``
     (trial 19's P-y1: a probe of another split, 88.0 %, stood in the table)."""
-    names = [f"{split}.{kind}" for split in ("train", "valid", "test")
-             for kind in ("review", "label")]
+    names = SPLIT_FILES
 
     def said(p: dict) -> str:  # the split files only (19b's P2, P3: another key, or no map)
         inputs = p.get("inputs")

@@ -30,6 +30,9 @@ from finetune_lab.runs.manifest import (
 )
 from finetune_lab.runs.record_names import check_random_name, check_record_name
 
+SPLIT_FILES = tuple(f"{split}.{kind}" for split in ("train", "valid", "test")
+                    for kind in ("review", "label"))
+"""The prepared split files a probe reads, recorded by sha256 as its ``inputs``."""
 FEATURES = ("<s>", "mean")
 """``<s>``: the last layer's first position, what fairseq's classification head reads;
 ``mean``: the last layer averaged over the review's tokens."""
@@ -128,8 +131,7 @@ def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: i
         "init": "random" if random_init else "pretrained",
         "seed": seed if random_init else None,
         "checkpoint": weights_record(checkpoint, out),
-        "inputs": {f"{split}.{kind}": sha256_file(cls_dir / f"{split}.{kind}")
-                   for split in splits for kind in ("review", "label")},
+        "inputs": {name: sha256_file(cls_dir / name) for name in SPLIT_FILES},
         "sizes": {split: len(labels) for split, (_, labels) in splits.items()},
         "max_tokens": MAX_TOKENS,
         "C_grid": list(C_GRID),
