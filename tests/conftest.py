@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import matplotlib
 
@@ -65,6 +66,25 @@ def tiny_pipeline(tmp_path_factory):
     return built_once(tmp_path_factory, "pipeline", _build_pipeline)
 
 
+TINY_VALID_TOKENS = 8192
+"""Tokens a tiny corpus validates on: a held-out novel (55,000 tokens) took most of a tiny
+pretraining run's time, one validation of it 5 to 20 s."""
+
+
+def short_valid(bin_dir: Path, tokens: int = TINY_VALID_TOKENS) -> None:
+    """Cut a binarized corpus's validation sets to their first ``tokens`` (as a tiny GPU call
+    cuts its own, :func:`~finetune_lab.runs.gpu_bundle.corpus_slice`)."""
+    import shutil
+
+    from finetune_lab.runs.gpu_bundle import corpus_slice
+
+    cut = bin_dir.with_name(bin_dir.name + ".short")
+    corpus_slice(bin_dir, cut, tokens=None, valid_tokens=tokens)
+    for made in cut.glob("valid*"):
+        shutil.move(made, bin_dir / made.name)
+    shutil.rmtree(cut)
+
+
 def _build_pipeline(root):
     from finetune_lab.data import binarize, cls_books, pretrain_corpus, tokenizer
     from finetune_lab.train import pretrain
@@ -77,6 +97,7 @@ def _build_pipeline(root):
                                     with_reviews=False)
     corpus, _ = pretrain_corpus.prepare_pretrain(tokenizer_dir=tok, out=root / "corpus",
                                                  with_reviews=False, max_novels=3, workers=1)
+    short_valid(corpus / "bin")
     recipe = PretrainRecipe(tokens_per_sample=64, batch_size=8, max_update=30,
                             validate_every=15, log_interval=5, lr=1e-3, arch=TINY_ARCH)
     run_dir = pretrain.pretrain(max_update=30, run="tiny", data_dir=corpus, tokenizer_dir=tok,
@@ -105,9 +126,11 @@ def tiny_tapt_corpus(tiny_pipeline, tmp_path_factory):
     from finetune_lab.data import pretrain_corpus
 
     def build(folder):
-        return pretrain_corpus.prepare_pretrain(
+        made = pretrain_corpus.prepare_pretrain(
             tokenizer_dir=tiny_pipeline["tok"], out=folder / "bin", max_novels=3, workers=1,
             with_reviews=True, review_repeat=1, task_repeat=2, train_novels=False)[0]
+        short_valid(made / "bin")
+        return made
     return built_once(tmp_path_factory, "tapt", build)
 
 

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.config import check_protected_file, hidden, protected  # noqa: F401 (hidden)
+from finetune_lab.config import (check_protected_file, hidden, protected,  # noqa: F401
+                                 replaces_weights)
 from finetune_lab.errors import DamagedFileError, UserError
 
 CONVERSION_RECORD = "conversion.json"
@@ -45,10 +46,9 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
 
 
 def sha256_tree(path: Path | str, exclude: Iterable[str] = ()) -> dict[str, str]:
-    """sha256 of every file under ``path`` (or of ``path`` itself if it is a file), leaving out
-    files named in ``exclude`` (a data step's own manifest and logs) and :func:`hidden` ones
-    (the :data:`OUTPUT_MARKER` among them). Keys are POSIX paths relative to ``path`` (``"."``
-    for a single file), sorted: two trees compare equal when they hold the same files."""
+    """sha256 of every file under ``path`` (of ``path`` itself if a file), but files named in
+    ``exclude`` (a data step's manifest, logs) and :func:`hidden` ones (:data:`OUTPUT_MARKER`).
+    Keys: POSIX paths relative to ``path`` (``"."`` for a file), sorted, so equal trees are."""
     root, skip = Path(path), frozenset(exclude)
     if root.is_file():
         return {".": sha256_file(root)}
@@ -281,10 +281,10 @@ def replaceable(dest: Path, owner: str | None, earlier: Recognizer | None = None
 
 
 def _drop_old(old: Path, dest: Path, keep: bool) -> None:
-    """Remove the folder ``dest`` held (``old``), or with ``keep`` (what ``--force`` replaced)
-    keep it beside ``dest``, named for the time it was replaced: what a command did not make is
-    never deleted, whatever it holds (trials 10 to 19: a run, weights or state that no check
-    recognised, its manifest cut or gone, was wiped)."""
+    """Remove the folder ``dest`` held (``old``), or with ``keep`` (what ``--force`` replaced,
+    weights) keep it beside ``dest``, named for the time it was replaced: what a command did not
+    make is never deleted, whatever it holds (trials 10 to 19: a run, weights or state that no
+    check recognised, its manifest cut or gone, was wiped)."""
     if not keep:
         return _remove(old)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -335,8 +335,9 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
                 "command": owner or _step_of(tmp) or "finetune-lab",
                 "entries": sorted(tree_entries(tmp))})
         check_replaceable(dest, owner, force=force, earlier=earlier)  # changed meanwhile?
-        # --force keeps what it replaces, as it is now (19b's F8: a file added meanwhile)
-        keep = force and not replaceable(dest, owner, earlier)
+        # --force keeps what it replaces, as it is now (19b's F8: a file added meanwhile), and
+        # other weights are never deleted, whoever made them (trial 20's A-z1: candidates)
+        keep = force and not replaceable(dest, owner, earlier) or replaces_weights(dest, tmp)
         if not os.path.lexists(dest):
             os.replace(tmp, dest)
         elif _swap(tmp, dest):  # one atomic exchange: ``dest`` is the old or the new, always

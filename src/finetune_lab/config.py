@@ -7,6 +7,7 @@ and commits (run logs, manifests, metric tables, the pretrained checkpoint) live
 
 from __future__ import annotations
 
+import filecmp
 import os
 import re
 from collections.abc import Callable
@@ -174,6 +175,20 @@ def run_work_near(dest: Path, *, package_ok: bool = False) -> Path | None:
         if events is not None:
             return Path(top) / events
     return None
+
+
+def replaces_weights(old: Path, new: Path) -> bool:
+    """Whether putting ``new`` where ``old`` is would lose weights or training state: ``old``
+    holds some (:func:`run_work_near`) that ``new`` does not hold byte for byte (trial 20's
+    A-z1: candidates that runs fine-tuned, replaced by the command that made them)."""
+    if not old.is_dir() or old.is_symlink() or run_work_near(old) is None:
+        return False
+
+    def weights(root: Path) -> dict[Path, Path]:
+        return {f.relative_to(root): f for f in root.rglob("*.pt") if f.is_file()}
+    was, now = weights(old), weights(new)
+    return not was.keys() <= now.keys() or any(
+        not filecmp.cmp(was[k], now[k], shallow=False) for k in was)
 
 
 STATE_FILE = re.compile(r"checkpoint(_last|_best|\d+|_\d+_\d+)\.pt")

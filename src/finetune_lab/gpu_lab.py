@@ -36,7 +36,7 @@ from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
 from finetune_lab.runs.gpu_archive import unpack
 from finetune_lab.runs.gpu_bundle import GPU_PYTHON, TRANSFER_LIMIT, bundle
-from finetune_lab.runs.gpu_plan import BUNDLE_DIR, LAB_PARTS, Plan
+from finetune_lab.runs.gpu_plan import BUNDLE_DIR, LAB_PARTS, TINY_LORA_METHODS, Plan
 from finetune_lab.runs.gpu_remote import remote
 from finetune_lab.runs.registry import validate_run
 from finetune_lab.train.finetune_fairseq import next_candidate_experiment
@@ -47,7 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gpu-bundle", help="prepare .gpu/, what one GPU device call carries")
     p.add_argument("--steps", nargs="+", choices=("pretrain", "lab"), default=["lab"])
     p.add_argument("--tiny", action="store_true",
-                   help="a smoke test: a few reviews, 1 epoch, 1 seed (experiments *-gpu-smoke)")
+                   help="a smoke test: a few reviews, 1 epoch, 1 seed, 2 pretraining updates, "
+                        "lora-qv and qlora-qv (experiments *-gpu-smoke)")
     p.add_argument("--pretrain-tokens", type=positive_int, default=70_000_000,
                    help="tokens of the pretraining corpus carried for --steps pretrain")
     p.add_argument("--pretrain-minutes", type=non_negative_float, default=0.0,
@@ -109,6 +110,7 @@ def _bundle(args: argparse.Namespace) -> int:
         plan.fairseq_inits = plan.transformers_inits = list(args.inits)
     if args.tiny:
         plan.seeds, plan.epochs = plan.seeds[:1] if args.seeds else [0], 1
+        plan.lora_methods = [m for m in plan.lora_methods if m in TINY_LORA_METHODS]
         plan.pretrain_tokens = min(plan.pretrain_tokens, 20_000) if plan.pretrain_tokens else 0
     info = bundle(args.out, plan=plan, python=args.python, force=args.force,
                   from_environment=args.from_environment)

@@ -387,10 +387,10 @@ def ablation_display(table: pd.DataFrame, excluded: Sequence[str] = ()) -> pd.Da
             else "no ablation run yet: `finetune-lab pretrain-ablations`"]})
     out = table.copy()
     for col in out.columns:
-        if col.startswith("valid loss"):
-            out[col] = [f"{v:.3f}" for v in table[col]]
-        elif col.startswith("minus"):
-            out[col] = [f"{v:+.3f}" for v in table[col]]
+        if col.startswith("valid loss"):  # n/a: a corpus without that set, a baseline excluded
+            out[col] = [f"{v:.3f}" if pd.notna(v) else "n/a" for v in table[col]]
+        elif col.startswith("minus"):  # (19b's G1: "+nan" with the baseline rejected)
+            out[col] = [f"{v:+.3f}" if pd.notna(v) else "n/a" for v in table[col]]
     out["wall time (min)"] = [f"{v:.1f}" for v in table["wall time (min)"]]
     out["budget (min)"] = [f"{v:g}" if pd.notna(v) else "n/a" for v in table["budget (min)"]]
     out["tokens/s"] = [f"{v:,.0f}" if pd.notna(v) else "n/a" for v in table["tokens/s"]]

@@ -27,6 +27,12 @@ SUFFIX_TINY = "-smoke"
 TINY_PRETRAIN_BATCH = 2
 """Sequences per update of a tiny call's pretraining (four updates of the lab's batch took 24 s
 of a 2-core CPU's rehearsal)."""
+TINY_PRETRAIN_UPDATES = 2
+"""Updates of a tiny call's pretraining, whatever the clock says: each validates and saves, as
+a real call's last one does (each took 6 s of the rehearsal, four of them half its pretraining)."""
+TINY_LORA_METHODS = ("lora-qv", "qlora-qv")
+"""The LoRA methods a tiny call rehearses: both code paths (bitsandbytes' or not); ``lora-attn``
+differs from ``lora-qv`` only in the modules it adapts."""
 LAB_PARTS = ("fairseq", "transformers", "lora")
 PRETRAIN_TAIL_S = 120.0
 """Seconds a pretraining job spends outside its time budget (which covers the calibration run):
@@ -151,7 +157,7 @@ def pretrain_budget(plan: Plan, started: float, now: float | None = None) -> flo
     call's deadline once :data:`PRETRAIN_TAIL_S` is set aside."""
     if plan.pretrain_minutes > 0:
         return plan.pretrain_minutes
-    if plan.tiny:  # 4 updates (pretrain_jobs), not a time budget: a slow machine still runs them
+    if plan.tiny:  # a few updates (pretrain_jobs), not a time budget: a slow machine runs them
         return 1.0
     left = pretrain_deadline(plan, started) - (time.monotonic() if now is None else now) \
         - PRETRAIN_TAIL_S
@@ -168,7 +174,7 @@ def pretrain_jobs(plan: Plan, logs: Path, python: str = sys.executable,
                   minutes: float | None = None) -> list[Job]:
     """The pretraining run: a time budget (or the plan's schedule, stopped by the time budget),
     the carried corpus slice, its weights packaged as a candidate."""
-    budget = (["--max-update", "4"] if plan.tiny else
+    budget = (["--max-update", str(TINY_PRETRAIN_UPDATES)] if plan.tiny else
               ["--minutes", f"{minutes or plan.pretrain_minutes:.2f}"])
     if plan.pretrain_max_update and not plan.tiny:
         budget = ["--max-update", str(plan.pretrain_max_update),

@@ -269,7 +269,21 @@ def _where(path: Iterable[Any]) -> str:
 
 def schema_problems(manifest: Any) -> list[str]:
     """Where ``manifest`` breaks :data:`SCHEMA_FILE`, one sentence per place, using the
-    schema's titles (``manifest 'outputs' is not a mapping of event file to sha256, ...``)."""
+    schema's titles (``manifest 'outputs' is not a mapping of event file to sha256, ...``);
+    judged once per content in a process (a store's copies, a render's chapters)."""
+    try:
+        text = json.dumps(manifest, sort_keys=True)
+    except (TypeError, ValueError):
+        return _schema_problems(manifest)
+    return list(_problems_of(text, id(_schema_validator())))
+
+
+@lru_cache(maxsize=4096)
+def _problems_of(text: str, _validator: int) -> tuple[str, ...]:
+    return tuple(_schema_problems(json.loads(text)))
+
+
+def _schema_problems(manifest: Any) -> list[str]:
     problems: list[str] = []
     for err in sorted(_schema_validator().iter_errors(manifest),
                       key=lambda e: [str(p) for p in e.absolute_path]):

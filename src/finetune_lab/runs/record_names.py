@@ -20,6 +20,12 @@ from finetune_lab.runs.manifest import loads_strict, weights_record
 from finetune_lab.runs.reading import once_per_reading
 
 
+RANDOM_NAME = "random"
+"""The book's name for a random initialisation of the architecture: the probe table's row."""
+RECORD_KINDS = ("probes", "fill-mask")
+"""The folders of records under ``data/summaries/`` that name weights, one file per name."""
+
+
 def name_problem(record: dict[str, Any], runs_base: Path,
                  packaged: tuple[str, str] | None) -> str | None:
     """A record named after a pretraining run, or of a candidate's folder (named after its run),
@@ -28,6 +34,9 @@ def name_problem(record: dict[str, Any], runs_base: Path,
     shown as cpu-long's; trial 17's W3-v4/v5: other weights packaged into a candidate's folder
     were shown as the candidate's). A name of the user's own is not checked."""
     name, path = record.get("name"), record["checkpoint"].get("path")
+    if name == RANDOM_NAME:  # trial 20's W3-z1: trained weights' answers shown as `random`'s
+        return (f"is the book's name for a random initialisation (`probe --random`), but holds "
+                f"trained weights ({path}): record them under another --name")
     if (problem := candidate_name_problem(name, path, runs_base)) is not None:
         return problem
     candidate = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
@@ -90,8 +99,29 @@ def check_record_name(name: str, folder: Path, record: Path) -> None:
         return  # the command's own reading of the folder says what is wrong with it
     weights = weights_record(folder, record)
     if (problem := name_problem({"name": name, "checkpoint": weights}, paths().runs,
-                                packaged_origin())) is not None:
+                                packaged_origin()) or other_record_problem(
+            name, weights["sha256"], record)) is not None:
         raise UserError(f"--name {name} {problem}")
+
+
+def other_record_problem(name: str, sha: str | None, record: Path) -> str | None:
+    """Records of the other kind under ``name`` (a probe's and fill-mask answers') must name the
+    same weights (``sha`` None: a random initialisation): in the book one name is one set of
+    weights (trial 20's W3-z)."""
+    for kind in RECORD_KINDS:
+        other = paths().summaries / kind / f"{name}.json"
+        if other.resolve() == Path(record).resolve() or not other.is_file():
+            continue
+        try:
+            data = loads_strict(regular_text(other))
+            held = None if data.get("init") == "random" else str(data["checkpoint"]["sha256"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a damaged record: the book sets it aside and says why
+        if held != sha:
+            return (f"names other weights than {kind}/{name}.json does "
+                    f"({'a random initialisation' if held is None else held[:12] + '…'}): "
+                    "record them under another --name")
+    return None
 
 
 def known_name_problem(name: object, runs_base: Path,
@@ -111,7 +141,9 @@ def known_name_problem(name: object, runs_base: Path,
     return None
 
 
-def check_random_name(name: str) -> None:
-    """:func:`known_name_problem`, before a random initialisation is probed."""
-    if (problem := known_name_problem(name, paths().runs, packaged_origin())) is not None:
+def check_random_name(name: str, record: Path) -> None:
+    """:func:`known_name_problem` and :func:`other_record_problem`, before a random
+    initialisation is probed."""
+    if (problem := known_name_problem(name, paths().runs, packaged_origin())
+            or other_record_problem(name, None, record)) is not None:
         raise UserError(f"--name {name} {problem}")

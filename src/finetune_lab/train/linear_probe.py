@@ -116,7 +116,7 @@ def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: i
     if not random_init:
         check_record_name(name, checkpoint, out)
     else:
-        check_random_name(name)
+        check_random_name(name, out)
     splits = {split: read_split(cls_dir, split) for split in ("train", "valid", "test")}
     start = time.monotonic()
     hub = load_hub_model(checkpoint)

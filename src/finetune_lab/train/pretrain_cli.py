@@ -203,7 +203,8 @@ def _run_package(args: argparse.Namespace) -> int:
     checkpoints.check_package_source(args.source, args.dest)
     dest = Path(args.dest) if args.dest is not None else checkpoints.packaged_dir()
     if not args.force:
-        refuse_cited_dest(dest, "choose another --dest, or pass --force")
+        refuse_cited_dest(dest, "choose another --dest, or pass --force (which keeps the old "
+                                "weights beside it)")
     spm_model, spm_dict = tokenizer.require_tokenizer(tokenizer.default_output())
     manifests = trust.default_manifests()
     dest = checkpoints.package_checkpoint(args.source, spm_model, spm_dict, args.dest,

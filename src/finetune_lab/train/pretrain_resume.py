@@ -36,18 +36,47 @@ def resume_point(save_dir: Path) -> dict[str, Any] | None:
     def field(section: str, key: str) -> Any:  # a section is a dict, or (model) a Namespace
         part = cfg.get(section)
         return part.get(key) if isinstance(part, dict) else getattr(part, key, None)
+    per = field("dataset", "max_tokens") or (
+        (field("dataset", "batch_size") or 0) * (field("task", "tokens_per_sample") or 0))
     return {"updates": int(history[-1].get("num_updates") or 0),
             "training_time_s": float(extra.get("previous_training_time") or 0.0),
             # who made it: fairseq keeps the seed and the save folder of the run it trained
             "seed": field("common", "seed"),
+            "save_dir": field("checkpoint", "save_dir"),
+            # and the recipe, as the run's manifest records it (RECIPE)
+            **{key: field(*where) for key, where in RECIPE.items()},
             "lr": (field("optimization", "lr") or [None])[0],
-            "dropout": field("model", "dropout"),
-            "attention_dropout": field("model", "attention_dropout"),
-            "save_dir": field("checkpoint", "save_dir")}
+            "tokens_per_update": per * (field("optimization", "update_freq") or [1])[0] * (
+                field("distributed_training", "distributed_world_size") or 1) or None}
 
 
-SAVED = re.compile(r"\| Saved checkpoint .*\(epoch \d+ @ (\d+) updates")
-"""fairseq's line for a save it finished, with the update it was made at."""
+RECIPE = {"dropout": ("model", "dropout"), "attention_dropout": ("model", "attention_dropout"),
+          "tokens_per_sample": ("task", "tokens_per_sample"), "mask_prob": ("task", "mask_prob"),
+          "leave_unmasked_prob": ("task", "leave_unmasked_prob"),
+          "random_token_prob": ("task", "random_token_prob"),
+          "weight_decay": ("optimizer", "weight_decay"), "adam_eps": ("optimizer", "adam_eps"),
+          "clip_norm": ("optimization", "clip_norm"),
+          "warmup_updates": ("lr_scheduler", "warmup_updates"),
+          "max_update": ("lr_scheduler", "total_num_update")}
+"""Where fairseq's saved configuration holds each recipe field of a run's manifest: a state
+must agree on all of them, with the lr and the tokens per update (trial 20's W2-z1: another
+run's state of the same seed, lr and dropout, but twice the batch, was resumed)."""
+COMPARED = ("lr", "tokens_per_update", *RECIPE)
+
+
+SAVED = re.compile(r"\| Saved checkpoint (.+?) \(epoch \d+ @ (\d+) updates")
+"""fairseq's line for a save it finished, with the file and the update it was made at."""
+
+
+def _differ(saved: Any, recorded: Any) -> bool:
+    """Whether a value of fairseq's saved configuration and the run's record disagree (a
+    missing one agrees: states and manifests from before a field was kept)."""
+    if saved is None or recorded is None:
+        return False
+    try:
+        return abs(float(saved) - float(recorded)) > 1e-9 * max(1.0, abs(float(recorded)))
+    except (TypeError, ValueError):
+        return str(saved) != str(recorded)
 
 
 def check_own_state(run_dir: Path, last: Path, updates: int,
@@ -64,14 +93,14 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
     lr = hyper.get("lr")
     # the recipe fairseq saved with the state is the run's (trial 18's W2-w: the lr; 19b's W3:
     # the dropout), wherever both say
-    other = [k for k in ("lr", "dropout", "attention_dropout") if made is not None
-             and None not in (hyper.get(k), made.get(k)) and made[k] != hyper[k]]
+    other = [k for k in COMPARED if made is not None and _differ(made.get(k), hyper.get(k))]
     if made is not None and (made.get("seed") != man.get("seed") or Path(
             str(made.get("save_dir"))).name != last.parent.name or other):
+        differs = "".join(f", {k} {made.get(k)} (the run's {hyper.get(k)})" for k in other)
         raise UserError(f"{last} was saved by another run (seed {made.get('seed')}, lr "
                         f"{made.get('lr')}, dropout {made.get('dropout')}, in "
-                        f"{made.get('save_dir')}), not by {run_dir} (seed {man.get('seed')}, lr "
-                        f"{lr}, dropout {hyper.get('dropout')}): "
+                        f"{made.get('save_dir')}{differs}), not by {run_dir} (seed "
+                        f"{man.get('seed')}, lr {lr}, dropout {hyper.get('dropout')}): "
                         "move that folder away, or put the run's own state back")
     recorded = man.get("resume_state")
     # every launch records its state's sha256 as it saves and as it stops (paused, failed,
@@ -79,15 +108,17 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
     paused = man.get("status") != "running"
     if isinstance(recorded, dict):
         at, same = int(recorded.get("updates") or 0), sha256_file(last) == recorded.get("sha256")
-    else:
+    else:  # paused before records were kept: the very update it paused at
         at = int(man.get("updates_done") or 0)
-        same = updates == at or not paused
+        same = paused and updates == at
     if not same and not paused and updates > at and made is not None:
-        # killed within a second of a save, before it was recorded: the state fairseq's own log
-        # says the run saved, with the run's recipe (19b's W2: the run could never resume)
+        # killed within a second of a save, before it was recorded (19b's W2: the run could
+        # never resume), or before its first record: the state fairseq's own log says the run
+        # saved there, with the run's recipe (trial 20's W2-z1: any state was taken then)
         log = run_dir / "train.log"
         text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
-        same = updates in {int(n) for n in SAVED.findall(text)}
+        same = updates in {int(n) for folder, n in SAVED.findall(text)
+                           if Path(folder).parent.name == last.parent.name}
     if not same or updates < at:
         raise UserError(f"{last} is not the state {run_dir} last recorded (update {at}; its "
                         "sha256 or update count differs: another run's, or saved as a launch was "
