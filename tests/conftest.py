@@ -257,12 +257,14 @@ def link_events(src: str, dst: str) -> None:
 
 
 def terminal_signals() -> None:
-    """``preexec_fn`` of a command a test interrupts with Ctrl-C: SIGINT handled as a terminal
-    leaves it. A suite started in the background by a shell (``make test &``) passes SIGINT on
-    ignored, and a command that ignores it cannot be asked what Ctrl-C does."""
+    """``preexec_fn`` of a command a test interrupts with Ctrl-C or a closed terminal: SIGINT
+    and SIGHUP handled as a terminal leaves them. A suite started in the background by a shell
+    (``make test &``, ``nohup``) passes them on ignored, and a command that ignores them cannot
+    be asked what they do."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from finetune_lab.cli import build_parser
     (["binarize-cls", "--workers", "0"], "--workers", "must be 1 or more, not 0"),
     (["prepare-pretrain", "--workers", "-3"], "--workers", "must be 1 or more"),
     (["pretrain", "--tokens", "0"], "--tokens", "must be more than 0"),
+    (["pretrain", "--run", ""], "--run", "is empty"),  # trial 20's X-z1: ran as the default
     (["pretrain", "--minutes", "-5"], "--minutes", "must be more than 0"),
     (["pretrain-ablations", "--jobs", "0"], "--jobs", "must be 1 or more"),
     # the fault trial's second round: each was accepted, and failed hours later or on the GPU
@@ -629,10 +630,11 @@ sys.exit(cli.main([]))
 """
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
-                         ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143),
+                                       (signal.SIGHUP, 129)], ids=["ctrl-c", "sigterm", "sighup"])
 def test_an_interrupted_run_is_one_line_and_128_plus_the_signal(sig, code, tmp_path):
-    """Issue 35.12: Ctrl-C or SIGTERM on a single run printed a 25-line traceback, exit 1."""
+    """Issue 35.12: Ctrl-C or SIGTERM on a single run printed a 25-line traceback, exit 1;
+    trial 20's X-z6: a closed terminal (SIGHUP) said nothing and left the scratch folder."""
     from finetune_lab.runs import manifest as mf
 
     pid = tmp_path / "trainer.pid"

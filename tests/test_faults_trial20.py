@@ -22,11 +22,12 @@ TEST = ["Un roman magnifique que je relirai volontiers cet été avec mes enfant
 
 
 @pytest.mark.parametrize("inside", ["\u0085", "\u0081", "\u2028", "-", "\u00b7", "\u02bc",
-                                    "\u2063", ".", "_"])
+                                    "\u2063", ".", "_", "1", "\u00b9"])
 def test_test_reviews_with_anything_inside_their_words_are_found(inside):
     """D-z2, D-z3: a next-line or C1 control, a line separator, or a visible hyphen, middle dot
-    or modifier apostrophe inside every word split each word in two, and the copy passed; the
-    letters alone compare (an invisible separator and '.', '_' are new members)."""
+    or modifier apostrophe inside every word split each word in two, and the copy passed (20b's
+    D-b7: a digit, a superscript one); the letters alone compare (an invisible separator and
+    '.', '_' are new members)."""
     from finetune_lab.data.overlap import near_test_reviews, skeleton
 
     test = [_review(t) for t in TEST]
@@ -39,18 +40,21 @@ def test_test_reviews_with_anything_inside_their_words_are_found(inside):
 
 
 @pytest.mark.parametrize("letters", [("ou", "\u0585\u057d"), ("oia", "\u0585\u0131\u0251"),
-                                     ("e", "\u0435"), ("a", "\u1d00")])
+                                     ("e", "\u0435"), ("a", "\u1d00"), ("oei", "031"),
+                                     ("eo", "\u212e\u25cb"), ("o", "\u00b7")])
 def test_a_file_in_other_letters_is_refused_naming_the_first(tmp_path, letters):
     """D-z1: Armenian look-alikes (and the dotless i and Latin alpha with them) passed, being
-    in no list of look-alikes; any letter outside the French alphabet, throughout, is refused
-    (Cyrillic e and a small capital A are new members)."""
+    in no list of look-alikes; 20b's D-b8, D-b9: digits or symbols for letters. Anything French
+    text rarely holds, throughout, is refused (Cyrillic e, a small capital A, a dot for every o
+    are new members)."""
     from finetune_lab.data.overlap import check_overlap
 
     swap = str.maketrans(*letters)
     train = [_review(t.translate(swap)) for t in TEST * 20]
     sources = {"train": tmp_path / "train.review", "test": tmp_path / "test.review"}
-    with pytest.raises(UserError, match=r"train\.review: \d+ of its \d+ letters are not French "
-                                        r"ones \(the first, in review 1: "):
+    with pytest.raises(UserError, match=r"train\.review: \d+ of its characters \(for \d+ "
+                                        r"letters\) are not French text's \(the first, in review "
+                                        r"1: "):
         check_overlap(sources, train, [_review(t) for t in TEST])
     # the real files' own letters pass: accents, œ, and a rare foreign name
     check_overlap(sources, [_review("Un cœur d'Œdipe à Kraków, lu à Noël ")] * 40 + [
@@ -96,6 +100,19 @@ def test_a_killed_run_with_no_record_resumes_only_a_state_its_log_saved(tmp_path
         check_own_state(run, last, 2, made=resume_point(save))  # another folder's save
     (run / "train.log").write_text(line.format(save))
     check_own_state(run, last, 2, made=resume_point(save))  # its own log says it saved it
+    # 20b's W2-b1: a run of the same name in another work folder, on another corpus
+    elsewhere = tmp_path / "other-work" / "zR"
+    elsewhere.mkdir(parents=True)
+    state = torch.load(last, weights_only=False)
+    state["cfg"]["checkpoint"]["save_dir"] = str(elsewhere)
+    torch.save(state, last)
+    with pytest.raises(UserError, match=r"save_dir .*other-work/zR \(not the run's\)"):
+        check_own_state(run, last, 2, made=resume_point(save))
+    state["cfg"]["checkpoint"]["save_dir"] = str(save)
+    state["cfg"]["task"]["data"] = str(tmp_path)  # a corpus here that the run does not read
+    torch.save(state, last)
+    with pytest.raises(UserError, match=r", data .* \(not the run's\)"):
+        check_own_state(run, last, 2, data=[tmp_path / "corpus"], made=resume_point(save))
 
 
 def test_trained_weights_under_the_random_initialisations_name_are_refused(tmp_path,
@@ -119,6 +136,12 @@ def test_trained_weights_under_the_random_initialisations_name_are_refused(tmp_p
     assert record_names.other_record_problem("mine", "ab" * 32, answers) is None
     assert "probes/mine.json" in record_names.other_record_problem("mine", "cd" * 32, answers)
     assert "probes/mine.json" in record_names.other_record_problem("mine", None, answers)
+    # and when the book reads them (20b's W3-b5: two records merged in, one name, two weights)
+    answers_record = {"name": "mine", "checkpoint": {"path": "data/work/x/model.pt",
+                                                     "sha256": "cd" * 32}}
+    assert "probes/mine.json" in record_names.name_problem(answers_record, tmp_path / "runs", None)
+    probe_record = {**answers_record, "init": "pretrained"}
+    assert record_names.name_problem(probe_record, tmp_path / "runs", None) is None  # itself
 
 
 def test_force_keeps_weights_the_command_made(tmp_path):
@@ -151,3 +174,18 @@ def test_a_guard_names_rejected_runs_of_experiments_it_does_not_list(cache):
     with pytest.raises(ClaimError, match=r"no run there is excluded, but these runs of other "
                                          r"experiments are.*pretrain/cpu-clean-bow1"):
         holds(False, "a sentence", "fairseq*")
+
+
+def test_a_chapter_the_book_lists_or_froze_but_that_is_gone_is_stale(tmp_path):
+    """F-z7: with a chapter deleted (still listed in _quarto.yml), or chapters/ replaced by a
+    file, check-freeze said "up to date"."""
+    from finetune_lab.book.freeze import check_freeze
+
+    (tmp_path / "_quarto.yml").write_text("book:\n  chapters:\n    - index.qmd\n"
+                                          "    - chapters/gone.qmd\n")
+    (tmp_path / "index.qmd").write_text("# Index\n")
+    record = tmp_path / "_freeze" / "finetune-lab" / "chapters" / "frozen.qmd.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    assert [(s.chapter, "it is gone" in s.reason) for s in check_freeze(tmp_path)] == [
+        ("chapters/frozen.qmd", True), ("chapters/gone.qmd", True)]

@@ -103,6 +103,14 @@ def resolved_path(text: str) -> Path:
     return Path(text).expanduser().resolve()
 
 
+def run_name(text: str) -> str:
+    """``--run``: a name, when given (trial 20's X-z1: ``--run ""`` from an unset variable ran
+    as the default run)."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty: give a name, or drop --run for the default")
+    return text
+
+
 def record_name(name: str) -> str:
     """``--name`` of a record kept as ``<folder>/<name>.json`` (a probe, a fill-mask): a file
     name, never a path, so that a record cannot land outside its folder."""

@@ -106,11 +106,13 @@ WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    # SIGTERM as an exception, like Ctrl-C: what a command was writing is removed or marked on
-    # the way out (a half-made output folder is deleted), and the message is one line. Both are
-    # handled from the start: importing the commands' modules takes seconds.
-    previous = (signal.signal(signal.SIGTERM, _terminated)
-                if threading.current_thread() is threading.main_thread() else None)
+    # SIGTERM and SIGHUP (a closed terminal; trial 20's X-z6) as an exception, like Ctrl-C:
+    # what a command was writing is removed or marked on the way out (a half-made output
+    # folder is deleted), and the message is one line. All are handled from the start:
+    # importing the commands' modules takes seconds. A SIGHUP ignored (`nohup`) stays ignored.
+    previous = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if threading.current_thread() is threading.main_thread()
+                and signal.getsignal(sig) is not signal.SIG_IGN}
     command = words[0] if words and not words[0].startswith("-") else "command"
     try:
         light = LIGHT_COMMANDS.get(words[0]) if words else None
@@ -147,8 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{exc.strerror or exc}; {advice}", file=sys.stderr)
         return 2
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _terminated(signum: int, _frame: object) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -195,7 +196,22 @@ def check_freeze(project: Path = PROJECT_ROOT) -> list[StaleChapter]:
     """Every frozen chapter whose inputs changed since execution (empty list: all fresh)."""
     if not (project / FREEZE_DIR).is_dir():
         return []
-    return [s for c in chapters(project) if (s := stale_chapter(project, c)) is not None]
+    return [s for c in chapters(project) if (s := stale_chapter(project, c)) is not None] + \
+        gone_chapters(project)
+
+
+def gone_chapters(project: Path) -> list[StaleChapter]:
+    """Chapters the book lists in ``_quarto.yml``, or that have a freeze record, whose ``.qmd``
+    is gone (trial 20's F-z7: a deleted chapter, or ``chapters/`` replaced by a file, was "up
+    to date"): a render would stop in Quarto."""
+    listed = re.findall(r"[\w./-]+\.qmd\b", (project / "_quarto.yml").read_text(
+        encoding="utf-8", errors="replace")) if (project / "_quarto.yml").is_file() else []
+    base = project / FREEZE_DIR / RECORDS_DIR
+    recorded = [r.relative_to(base).as_posix()[:-len(".json")]
+                for r in base.rglob("*.qmd.json")] if base.is_dir() else []
+    return [StaleChapter(c, "the book lists it or froze it, but it is gone: restore it, or "
+                            "drop it from _quarto.yml and its _freeze/ entries")
+            for c in sorted(set(listed + recorded)) if not (project / c).is_file()]
 
 
 # --- Quarto project scripts -----------------------------------------------------------------

@@ -28,7 +28,7 @@ from finetune_lab.data.cls_splits import split_sizes
 from finetune_lab.models.sizing import SMALL
 from finetune_lab.runs import seedstats
 from finetune_lab.runs.crosscheck import packaged_origin
-from finetune_lab.runs.record_names import known_name_problem
+from finetune_lab.runs.record_names import known_name_problem, other_record_problem
 from finetune_lab.runs.registry import RunRecord, discover_runs
 from finetune_lab.runs.run_inputs import cached_sha256, recorded_checkpoint_sha
 from finetune_lab.train.finetune_fairseq import candidate_experiments
@@ -74,7 +74,9 @@ def _probe_problem(record: dict, lab: dict[str, int], runs_base: Path,
         return (f"says init {record['init']!r} with seed {seed!r}: a random initialisation "
                 "has a seed, trained weights have none")
     if record["init"] == "random":
-        return known_name_problem(record.get("name"), runs_base, packaged)
+        return known_name_problem(record.get("name"), runs_base, packaged) or (
+            other_record_problem(record["name"], None, "probes")
+            if isinstance(record.get("name"), str) else None)
     return weights_record_problem(record, runs_base, packaged)
 
 

@@ -24,9 +24,12 @@ class ChildFailed(RuntimeError):
 
 
 def _send(fn: Callable[[], T], conn: Connection) -> None:
-    """The child: the terminal's Ctrl-C is the parent's to handle, SIGTERM just ends it."""
+    """The child: the terminal's Ctrl-C is the parent's to handle, SIGTERM just ends it (and
+    SIGHUP, which the parent handles as SIGTERM)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
         result = ("ok", fn())
     except BaseException as exc:  # noqa: BLE001 - the parent raises it with its message

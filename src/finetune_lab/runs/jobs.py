@@ -115,7 +115,8 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
         raise KeyboardInterrupt(f"signal {signum}")
 
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
+    previous = {sig: signal.signal(sig, terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if main_thread and signal.getsignal(sig) is not signal.SIG_IGN}  # and SIGHUP
     try:
         while pending or running:
             if deadline is not None and time.monotonic() > deadline:
@@ -155,8 +156,8 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
         _stop(running, done)
         raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, was in previous.items():
+            signal.signal(sig, was)
     order = {j.name: i for i, j in enumerate(jobs)}
     return sorted(done, key=lambda r: order[r.name])
 

@@ -27,18 +27,30 @@ RECORD_KINDS = ("probes", "fill-mask")
 
 
 def name_problem(record: dict[str, Any], runs_base: Path,
-                 packaged: tuple[str, str] | None) -> str | None:
+                 packaged: tuple[str, str] | None, own: Path | str | None = None) -> str | None:
     """A record named after a pretraining run, or of a candidate's folder (named after its run),
     holds the weights known by that name wherever any are: those a run here packaged, continued
     or fine-tuned under it (trial 13's W3: the packaged weights recorded as `cpu-long` were
     shown as cpu-long's; trial 17's W3-v4/v5: other weights packaged into a candidate's folder
-    were shown as the candidate's). A name of the user's own is not checked."""
+    were shown as the candidate's). ``random`` is a random initialisation's; any name, the
+    user's own too, holds the weights its records of the other kind hold
+    (:func:`other_record_problem`; ``own``: the record's file or kind)."""
     name, path = record.get("name"), record["checkpoint"].get("path")
-    if name == RANDOM_NAME:  # trial 20's W3-z1: trained weights' answers shown as `random`'s
+    if isinstance(name, str) and name.casefold() == RANDOM_NAME:  # trial 20's W3-z1 (`Random`)
         return (f"is the book's name for a random initialisation (`probe --random`), but holds "
                 f"trained weights ({path}): record them under another --name")
     if (problem := candidate_name_problem(name, path, runs_base)) is not None:
         return problem
+    if (problem := _known_weights_problem(record, runs_base, packaged)) is not None:
+        return problem
+    return other_record_problem(name, record["checkpoint"].get("sha256"), own or (
+        "probes" if "init" in record else "fill-mask")) if isinstance(name, str) else None
+
+
+def _known_weights_problem(record: dict[str, Any], runs_base: Path,
+                           packaged: tuple[str, str] | None) -> str | None:
+    """:func:`name_problem` for the names the runs know (a run's, a candidate's, a package's)."""
+    name, path = record.get("name"), record["checkpoint"].get("path")
     candidate = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
     # a run of any pretraining experiment (trial 14's W3: pretrain-gpu, pretrain-ablation)
     run_named = isinstance(name, str) and any(
@@ -99,18 +111,19 @@ def check_record_name(name: str, folder: Path, record: Path) -> None:
         return  # the command's own reading of the folder says what is wrong with it
     weights = weights_record(folder, record)
     if (problem := name_problem({"name": name, "checkpoint": weights}, paths().runs,
-                                packaged_origin()) or other_record_problem(
-            name, weights["sha256"], record)) is not None:
+                                packaged_origin(), Path(record))) is not None:
         raise UserError(f"--name {name} {problem}")
 
 
-def other_record_problem(name: str, sha: str | None, record: Path) -> str | None:
+def other_record_problem(name: str, sha: str | None, own: Path | str) -> str | None:
     """Records of the other kind under ``name`` (a probe's and fill-mask answers') must name the
     same weights (``sha`` None: a random initialisation): in the book one name is one set of
-    weights (trial 20's W3-z)."""
+    weights, when a command writes a record and when the book reads them (trial 20's W3-z,
+    20b's W3-b5). ``own``: the record's file, or its kind (:data:`RECORD_KINDS`)."""
     for kind in RECORD_KINDS:
         other = paths().summaries / kind / f"{name}.json"
-        if other.resolve() == Path(record).resolve() or not other.is_file():
+        if kind == own or not other.is_file() or (
+                isinstance(own, Path) and other.resolve() == own.resolve()):
             continue
         try:
             data = loads_strict(regular_text(other))

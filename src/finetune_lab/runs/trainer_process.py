@@ -27,9 +27,10 @@ class RunInterrupted(Interrupted):
 
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """While a run is written, SIGTERM raises :class:`RunInterrupted` instead of ending the
-    launcher on the spot (which would leave the manifest ``running`` and, without the
-    parent-death signal, the trainer alive). Only the main thread can take signals."""
+    """While a run is written, SIGTERM and SIGHUP (unless ignored: ``nohup``) raise
+    :class:`RunInterrupted` instead of ending the launcher on the spot (which would leave the
+    manifest ``running`` and, without the parent-death signal, the trainer alive). Only the
+    main thread can take signals."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -37,11 +38,13 @@ def terminate_as_interrupt() -> Iterator[None]:
     def handler(signum: int, _frame: object) -> None:
         raise RunInterrupted(signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, was in previous.items():
+            signal.signal(sig, was)
 
 
 PR_SET_PDEATHSIG = 1

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.argtypes import folder
+from finetune_lab.argtypes import folder, run_name
 from finetune_lab._files import parse_json, write_json_atomic
 from finetune_lab.data.qa_prompts import (
     CausalLMCollator,
@@ -316,7 +316,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="The lab's QLoRA fine-tune; runs on CPU with recorded fallbacks.")
     p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
                    help="BLOOM-560m (local folder or hub name) or any BLOOM-architecture model")
-    p.add_argument("--run", default=None, help="run folder name (default: from the model)")
+    p.add_argument("--run", type=run_name, default=None,
+                   help="run folder name (default: from the model)")
     p.add_argument("--runs-root", type=folder, default=None, help="default: data/runs")
     p.add_argument("--faq", type=Path, default=None,
                    help="FAQ JSON (default: qa/ecommerce-faq.en.json under the data root)")

@@ -20,6 +20,7 @@ from finetune_lab.argtypes import (
     positive_int,
     probability,
     resolved_folder,
+    run_name,
     seed_arg,
     segment_minutes,
 )
@@ -81,8 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fixes initialisation and sample order (default 1; with --continue-from, "
                         "1 + the runs behind the weights, so that no run replays its parent's "
                         "samples)")
-    p.add_argument("--run", help="run name (default: <device>-seed<seed>; with --tokens, "
-                                  "<device>-long)")
+    p.add_argument("--run", type=run_name,
+                   help="run name (default: <device>-seed<seed>; with --tokens, <device>-long)")
     p.add_argument("--batch-size", type=positive_int, help="sequences per step (default by device)")
     p.add_argument("--update-freq", type=positive_int, help="steps per update (default by device)")
     p.add_argument("--lr", type=positive_float, default=None,

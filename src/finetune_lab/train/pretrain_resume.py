@@ -42,7 +42,7 @@ def resume_point(save_dir: Path) -> dict[str, Any] | None:
             "training_time_s": float(extra.get("previous_training_time") or 0.0),
             # who made it: fairseq keeps the seed and the save folder of the run it trained
             "seed": field("common", "seed"),
-            "save_dir": field("checkpoint", "save_dir"),
+            "save_dir": field("checkpoint", "save_dir"), "data": field("task", "data"),
             # and the recipe, as the run's manifest records it (RECIPE)
             **{key: field(*where) for key, where in RECIPE.items()},
             "lr": (field("optimization", "lr") or [None])[0],
@@ -66,6 +66,14 @@ COMPARED = ("lr", "tokens_per_update", *RECIPE)
 
 SAVED = re.compile(r"\| Saved checkpoint (.+?) \(epoch \d+ @ (\d+) updates")
 """fairseq's line for a save it finished, with the file and the update it was made at."""
+
+
+def _elsewhere(saved: Any, own: list[Path]) -> bool:
+    """Whether a folder fairseq saved in a state's configuration is on this machine and none of
+    the run's ``own`` (one that is not here says nothing: a checkout moved, another machine)."""
+    if not isinstance(saved, str) or not saved or not Path(saved).exists():
+        return False
+    return all(Path(saved).resolve() != Path(o).resolve() for o in own)
 
 
 def _differ(saved: Any, recorded: Any) -> bool:
@@ -94,9 +102,14 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
     # the recipe fairseq saved with the state is the run's (trial 18's W2-w: the lr; 19b's W3:
     # the dropout), wherever both say
     other = [k for k in COMPARED if made is not None and _differ(made.get(k), hyper.get(k))]
+    # the folders fairseq saved it in and read: where they are on this machine, the run's own
+    # (20b's W2-b1: a state of a run of the same name in another work folder, on another corpus)
+    other += [k for k, own in (("save_dir", [last.parent]), ("data", data)) if made is not None
+              and own is not None and _elsewhere(made.get(k), own)]
     if made is not None and (made.get("seed") != man.get("seed") or Path(
             str(made.get("save_dir"))).name != last.parent.name or other):
-        differs = "".join(f", {k} {made.get(k)} (the run's {hyper.get(k)})" for k in other)
+        differs = "".join(f", {k} {made.get(k)} " + (f"(the run's {hyper[k]})" if k in hyper
+                                                    else "(not the run's)") for k in other)
         raise UserError(f"{last} was saved by another run (seed {made.get('seed')}, lr "
                         f"{made.get('lr')}, dropout {made.get('dropout')}, in "
                         f"{made.get('save_dir')}{differs}), not by {run_dir} (seed "
