@@ -94,6 +94,8 @@ letter: rare in French text ("M6", "etc.Mais"), everywhere in a disguised one ("
 
 
 def _odd(c: str) -> bool:
+    """A letter outside the French alphabet, or a symbol or control (not ASCII, a space or
+    punctuation)."""
     if c.isalpha():
         return not c.isascii() and c not in FRENCH_LETTERS
     return not (c.isascii() or c.isspace() or unicodedata.category(c).startswith("P"))
@@ -111,7 +113,7 @@ def odd_characters(text: str) -> tuple[int, str | None]:
     return len(odd) + len(joined), first
 
 
-def foreign_letters(path: Path, reviews: Sequence[Text]) -> None:
+def check_french_text(path: Path, reviews: Sequence[Text]) -> None:
     """Refuse a reviews file that does not read as French text, naming the first odd character:
     a file disguised letter by letter compares with no other, whatever look-alikes a list
     knows."""
@@ -163,7 +165,7 @@ def near_test_reviews(train: Sequence[Text], test: Sequence[Text]) -> int:
     """How many training reviews are a test review, word for word or nearly: :data:`NEAR` of
     the shorter one's runs of words in common, :data:`WORDS_NEAR` of its distinct words, or
     :data:`NEAR` of its letters' fingerprints (the real training file shares 48 of its 2,000
-    word for word, 75 nearly)."""
+    word for word, 76 nearly)."""
     test_words = [comparable(r.text).split() for r in test]
     runs = [shingles(w) for w in test_words]
     words = [set(w) for w in test_words]
@@ -210,8 +212,8 @@ def check_overlap(sources: Mapping[str, Path], train: Sequence[Text],
                   test: Sequence[Text]) -> None:
     """Refuse a training file that is mostly the test file's reviews (trial 14's D1: the test
     file plus one byte passed the check that the two files differ)."""
-    foreign_letters(sources["train"], train)
-    foreign_letters(sources["test"], test)
+    check_french_text(sources["train"], train)
+    check_french_text(sources["test"], test)
     shared = near_test_reviews(train, test)
     if train and shared > MAX_SHARED * len(train):
         raise UserError(f"{sources['train']} shares {shared} of its {len(train)} reviews with "
