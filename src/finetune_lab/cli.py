@@ -14,12 +14,12 @@ import importlib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 from finetune_lab.config import paths
-from finetune_lab.errors import Interrupted, UserError
+from finetune_lab.errors import Interrupted, UserError, stop_signals_raise
 
 COMMAND_MODULES: list[str] = [
     "finetune_lab.models.params",
@@ -110,9 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # what a command was writing is removed or marked on the way out (a half-made output
     # folder is deleted), and the message is one line. All are handled from the start:
     # importing the commands' modules takes seconds. A SIGHUP ignored (`nohup`) stays ignored.
-    previous = {sig: signal.signal(sig, _terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
-                if threading.current_thread() is threading.main_thread()
-                and signal.getsignal(sig) is not signal.SIG_IGN}
+    stops = ExitStack()
+    stops.enter_context(stop_signals_raise(_terminated))
     command = words[0] if words and not words[0].startswith("-") else "command"
     try:
         light = LIGHT_COMMANDS.get(words[0]) if words else None
@@ -149,8 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{exc.strerror or exc}; {advice}", file=sys.stderr)
         return 2
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stops.close()
 
 
 def _terminated(signum: int, _frame: object) -> None:

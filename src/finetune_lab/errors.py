@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Iterator
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -35,6 +37,25 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted (signal {signum})")
         self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""The signals that ask a command to stop besides Ctrl-C: a scheduler's or ``kill``'s, and a
+closed terminal's (trial 20's X-z6)."""
+
+
+@contextmanager
+def stop_signals_raise(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """Within the block, :data:`STOP_SIGNALS` call ``handler`` (which raises), in the main
+    thread only (the only one that takes signals); a signal ignored (``nohup``) stays ignored."""
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS
+                if threading.current_thread() is threading.main_thread()
+                and signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for sig, was in previous.items():
+            signal.signal(sig, was)
 
 
 @contextmanager

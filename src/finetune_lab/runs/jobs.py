@@ -14,13 +14,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.errors import stop_signals_raise
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,8 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
         # background by a shell ignores SIGINT, so SIGTERM is the signal that reaches it.
         raise KeyboardInterrupt(f"signal {signum}")
 
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
-                if main_thread and signal.getsignal(sig) is not signal.SIG_IGN}  # and SIGHUP
+    stops = ExitStack()
+    stops.enter_context(stop_signals_raise(terminated))  # SIGTERM and SIGHUP
     try:
         while pending or running:
             if deadline is not None and time.monotonic() > deadline:
@@ -156,8 +156,7 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
         _stop(running, done)
         raise
     finally:
-        for sig, was in previous.items():
-            signal.signal(sig, was)
+        stops.close()
     order = {j.name: i for i, j in enumerate(jobs)}
     return sorted(done, key=lambda r: order[r.name])
 

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from finetune_lab.errors import Interrupted
+from finetune_lab.errors import Interrupted, stop_signals_raise
 
 
 class RunInterrupted(Interrupted):
@@ -27,24 +26,14 @@ class RunInterrupted(Interrupted):
 
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """While a run is written, SIGTERM and SIGHUP (unless ignored: ``nohup``) raise
-    :class:`RunInterrupted` instead of ending the launcher on the spot (which would leave the
-    manifest ``running`` and, without the parent-death signal, the trainer alive). Only the
-    main thread can take signals."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
+    """While a run is written, SIGTERM and SIGHUP raise :class:`RunInterrupted` instead of
+    ending the launcher on the spot (which would leave the manifest ``running`` and, without the
+    parent-death signal, the trainer alive)."""
     def handler(signum: int, _frame: object) -> None:
         raise RunInterrupted(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)
-                if signal.getsignal(sig) is not signal.SIG_IGN}
-    try:
+    with stop_signals_raise(handler):
         yield
-    finally:
-        for sig, was in previous.items():
-            signal.signal(sig, was)
 
 
 PR_SET_PDEATHSIG = 1
