@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
-import matplotlib
+# The suite's processes (hundreds: fairseq runs, chapter kernels) cache what they compile, once,
+# where an image sets PYTHONDONTWRITEBYTECODE (this machine's does): setup compiles only the
+# project and fairseq, not the 17,000 files of site-packages, of which the tests import a fifth.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 os.environ.setdefault("MPLBACKEND", "Agg")

@@ -127,11 +127,11 @@ def test_a_training_file_that_is_not_the_data_roots_own_is_refused(tmp_path):
     with pytest.raises(UserError, match="is the same file as .*test.review: the test reviews"):
         check_sources(tmp_path, sources)
     (books / "train.review").write_text("<b/>\n")
-    hashes = check_sources(tmp_path, sources)
+    hashes = check_sources(tmp_path, sources, other_corpus=True)
     (tmp_path / "SHA256SUMS").write_text(
         f"{hashes['test']}  ./{BOOKS_DIR}/test.review\n{'0' * 64}  ./{BOOKS_DIR}/train.review\n")
     with pytest.raises(UserError, match=r"train.review is not the file the data root's .*SHA256SUMS"):
-        check_sources(tmp_path, sources)
+        check_sources(tmp_path, sources, other_corpus=True)
     from finetune_lab.config import default_data_root
 
     root = default_data_root()  # the real data root's sums agree with its files

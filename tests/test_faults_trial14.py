@@ -435,7 +435,8 @@ def test_sums_in_bsd_format_are_read_and_a_list_naming_no_books_file_is_refused(
     from finetune_lab._files import sha256_file
 
     sums.write_text(f"SHA256 ({BOOKS_DIR}/train.review) = {sha256_file(sources['train']).upper()}\n")
-    assert check_sources(tmp_path, sources)["train"] == sha256_file(sources["train"])
+    assert check_sources(tmp_path, sources, other_corpus=True)["train"] == sha256_file(
+        sources["train"])
 
 
 def test_test_reviews_with_a_character_added_are_still_the_test_reviews(tmp_path):

@@ -77,7 +77,7 @@ def test_project_data_every_cls_review():
     cls_dir, tok_dir = default_cls(), default_tok()
     if not (cls_dir / "train.review").is_file() or not (tok_dir / "dict.txt").is_file():
         pytest.skip(f"prepared data absent ({cls_dir}, {tok_dir}): run `finetune-lab prepare-cls` "
-                    "and `finetune-lab train-tokenizer` to run this check")
+                    "and `finetune-lab adopt-tokenizer` to run this check")
     tok = FairseqIdTokenizer.from_dir(tok_dir)
     bin_dir = default_bin()
     table = token_id_check(cls_dir, tok, bin_dir if bin_dir.is_dir() else None)

@@ -140,7 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         if exc.errno is None and exc.filename is None:
             raise  # no fault of the machine's: a bug, shown whole
-        name = os.fsdecode(exc.filename) if exc.filename is not None else None
+        # a copy that fails to write names its source first and its destination second
+        # (shutil's sendfile path; trial 20's X-z3): the fault is the destination's
+        where = exc.filename2 if exc.errno in WRITE_FAULTS and exc.filename2 else exc.filename
+        name = os.fsdecode(where) if where is not None else None
         verb = "write" if exc.errno in WRITE_FAULTS else "read or write"
         advice = (fault_advice(exc.errno, name) if exc.errno in OS_FAULTS else
                   "fix that, then run the same command again")  # any other (trial 17's X-os)

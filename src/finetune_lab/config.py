@@ -65,6 +65,10 @@ def paths() -> Paths:
     """The project's paths, honouring the ``FINETUNE_LAB_*`` environment variables."""
     data = PROJECT_ROOT / "data"
     work, runs = _env_path(WORK_DIR_ENV), _env_path(RUNS_DIR_ENV)
+    for var, folder in ((WORK_DIR_ENV, work), (RUNS_DIR_ENV, runs)):
+        if folder is not None and folder.exists() and not folder.is_dir():  # trial 21's X-c3
+            raise UserError(f"{var}={os.environ[var]} is a file, not a folder: point it at a "
+                            "folder (it is made where it does not exist)")
     return Paths(
         project=PROJECT_ROOT,
         data_root=default_data_root(),

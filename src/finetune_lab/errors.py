@@ -39,9 +39,11 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-"""The signals that ask a command to stop besides Ctrl-C: a scheduler's or ``kill``'s, and a
-closed terminal's (trial 20's X-z6)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
+                signal.SIGUSR2)
+"""The signals that ask a command to stop besides Ctrl-C: a scheduler's or ``kill``'s, a closed
+terminal's (trial 20's X-z6), and those whose default also ends the process without a word and
+leaves its scratch behind (Ctrl-\\, ``timeout -s``; trial 21's X-c4)."""
 
 
 @contextmanager

@@ -50,12 +50,13 @@ def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path, *,
 
 
 def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
-         pretrain_minutes: float | None, jobs: int = 1) -> list[list[str]]:
+         pretrain_minutes: float | None, jobs: int = 1,
+         other_corpus: bool = False) -> list[list[str]]:
     """The commands, in order, each one a user can type (``finetune-lab STEP...``).
 
     The pretraining corpus is prepared in every case: the data chapter's summary (the last
     step) describes it, whether or not this reproduction pretrains."""
-    steps: list[list[str]] = [["prepare-cls"]]
+    steps: list[list[str]] = [["prepare-cls", *(["--other-corpus"] if other_corpus else [])]]
     pretrain = from_scratch or not have_checkpoint
     steps.append([tokenizer.COMMAND] if pretrain else [tokenizer.ADOPT_COMMAND])
     steps += [["binarize-cls"], ["prepare-pretrain"]]
@@ -73,12 +74,12 @@ def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
 
 
 def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = None,
-              dry_run: bool = False, jobs: int = 1) -> int:
+              dry_run: bool = False, jobs: int = 1, other_corpus: bool = False) -> int:
     import torch
 
     steps = plan(from_scratch=from_scratch, gpu=torch.cuda.is_available(),
                  have_checkpoint=(checkpoints.packaged_dir() / checkpoints.MODEL_FILE).is_file(),
-                 pretrain_minutes=pretrain_minutes, jobs=jobs)
+                 pretrain_minutes=pretrain_minutes, jobs=jobs, other_corpus=other_corpus)
     for step in steps:
         print(f"reproduce: finetune-lab {' '.join(step)}", flush=True)
         if dry_run:
@@ -119,6 +120,9 @@ def add_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the steps only")
     p.add_argument("--jobs", type=positive_int, default=1,
                    help="fairseq grid runs side by side (`finetune fairseq --jobs`)")
+    p.add_argument("--other-corpus", action="store_true",
+                   help="books files that are not Webis-CLS-10's (`prepare-cls --other-corpus`)")
     p.set_defaults(func=lambda a: reproduce(from_scratch=a.from_scratch,
                                             pretrain_minutes=a.pretrain_minutes,
-                                            dry_run=a.dry_run, jobs=a.jobs))
+                                            dry_run=a.dry_run, jobs=a.jobs,
+                                            other_corpus=a.other_corpus))

@@ -123,17 +123,25 @@ def git_ignored(project: Path, paths: Iterable[str]) -> set[str]:
     return set()
 
 
+MACHINE_LOCAL = "data/work/"
+"""The one git-ignored folder whose files chapters read where they exist (prepared data, the
+candidates' weights): a clean clone lacks them, and its frozen pages are the ones to publish."""
+
+
 def diff_files(recorded: dict[str, str], current: dict[str, str],
                project: Path | None = None) -> list[str]:
     """Human-readable list of what changed between two ``{path: sha256}`` maps.
 
-    With ``project``, a recorded file that is gone and that git ignores there (the machine-local
-    ``data/work/``, which a chapter reads where it exists) is no change: a clean clone never has
+    With ``project``, a recorded file of the machine-local :data:`MACHINE_LOCAL` that is gone
+    and that git ignores there is no change: a clean clone never has
     it, and its frozen page is the one to publish. Its edits, where it exists, still count. An
     empty folder that appeared there holds nothing a chapter reads (``mkdir -p data/work``)."""
     gone = [p for p in recorded if recorded[p] != MISSING and current.get(p) in (None, MISSING)]
     emptied = [p for p in current if current[p] == EMPTY_FOLDER and p not in recorded]
-    local = git_ignored(project, gone + emptied) if project is not None else set()
+    # only the work folder is machine-local: a committed input that a commit turned ignored
+    # (trial 21's F-c1, a run's train.log) is gone from a clone, and that is a change
+    local = {p for p in git_ignored(project, gone + emptied) if p.startswith(MACHINE_LOCAL)} \
+        if project is not None else set()
     out = []
     for path in sorted(set(recorded) | set(current)):
         old, new = recorded.get(path), current.get(path)

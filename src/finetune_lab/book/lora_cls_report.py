@@ -311,14 +311,24 @@ def state_markdown(loaded: LoadedRuns | None) -> str:
         # a method whose runs were all made from an earlier checkpoint was run: it waits for a
         # re-run from the current one
         stale = {method_of(r) for r in loaded.excluded if r.stale_checkpoint}
-        for heading, which, why in (
+        # a method whose runs are there but were all rejected was run: the reasons come first
+        # (trial 21's G-c3: "Not run yet", and a command that would run it over them); a
+        # rejected manifest is not read, so its folder's name (METHOD-seedN) says which
+        rejected = {r.name.rsplit("-seed", 1)[0] for r in loaded.excluded} - stale
+        for heading, which, why, then in (
                 ("To be re-run", [m for m in missing if m in stale],
-                 " (their runs were made from an earlier stand-in checkpoint, listed below)"),
-                ("Not run yet", [m for m in missing if m not in stale], "")):
+                 " (their runs were made from an earlier stand-in checkpoint, listed below)",
+                 f"`{run_command([m for m in missing if m in stale])}` makes the runs."),
+                ("Rejected", [m for m in missing if m in rejected],
+                 " (every run of it was excluded, for the reasons listed below)",
+                 "see to the reasons before running it again."),
+                ("Not run yet", [m for m in missing if m not in stale | rejected], "",
+                 f"`{run_command([m for m in missing if m not in stale | rejected])}` makes "
+                 "the runs.")):
             if which:
                 text += (f"\n\n**{heading}:** {', '.join(f'`{m}`' for m in which)}{why}, so "
                          f"the table has no row for {'it' if len(which) == 1 else 'them'}; "
-                         f"`{run_command(which)}` makes the runs.")
+                         f"{then}")
     if loaded is not None and loaded.excluded:
         text += "\n\nExcluded from the table:\n\n" + exclusions_markdown(loaded.runs)
     return text

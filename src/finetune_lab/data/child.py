@@ -13,6 +13,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TypeVar
 
+from finetune_lab.errors import STOP_SIGNALS
+
 T = TypeVar("T")
 
 POLL_S = 0.2
@@ -25,11 +27,11 @@ class ChildFailed(RuntimeError):
 
 def _send(fn: Callable[[], T], conn: Connection) -> None:
     """The child: the terminal's Ctrl-C is the parent's to handle, SIGTERM just ends it (and
-    SIGHUP, which the parent handles as SIGTERM)."""
+    the other stop signals, which the parent handles as SIGTERM; one ignored stays ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
     try:
         result = ("ok", fn())
     except BaseException as exc:  # noqa: BLE001 - the parent raises it with its message

@@ -26,6 +26,12 @@ from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
 
 BOOKS_DIR = "webis-cls-10/fr/books"
+BOOKS_SHA256 = {"train": "fb11d1a20d436ecfe34e19e7fcf3a81473909da593b967bf9f78f22b89256b99",
+                "test": "70c42f8e351fd18311be71f28f3f51022ffa6c7b98ff4c3cf68c0839e916a31c"}
+"""sha256 of Webis-CLS-10's French books files, which the book's runs were prepared from (as a
+dataset loader checks a download). Any other file is another corpus and is prepared only when
+asked (``--other-corpus``): a comparison of texts finds test reviews in a training file only as
+far as it knows their disguise (trials 13 to 21, D), a checksum whatever was done to them."""
 """The CLS-Books XML files, relative to the data root."""
 
 SPLITS = ("train", "valid", "test")
@@ -223,10 +229,12 @@ def read_sums(sums: Path) -> dict[str, str]:
     return listed
 
 
-def check_sources(root: Path, sources: dict[str, Path]) -> dict[str, str]:
-    """The sources' sha256, checked against the data root's ``SHA256SUMS`` where it lists them,
-    and the training file never the test file (trial 13's D8: a ``train.review`` copied from
-    ``test.review`` went through, and the test reviews leaked into training)."""
+def check_sources(root: Path, sources: dict[str, Path],
+                  other_corpus: bool = False) -> dict[str, str]:
+    """The sources' sha256, checked against the data root's ``SHA256SUMS`` where it lists them
+    and against Webis-CLS-10's (:data:`BOOKS_SHA256`) unless ``other_corpus``, and the training
+    file never the test file (trial 13's D8: a ``train.review`` copied from ``test.review`` went
+    through, and the test reviews leaked into training)."""
     hashes = {name: _files.sha256_file(p) for name, p in sources.items()}
     sums = root / "SHA256SUMS"
     listed = read_sums(sums) if os.path.lexists(sums) else {}
@@ -242,6 +250,11 @@ def check_sources(root: Path, sources: dict[str, Path]) -> dict[str, str]:
     if len(set(hashes.values())) < len(hashes):
         raise UserError(f"{sources['train']} is the same file as {sources['test']}: the test "
                         "reviews would be trained on; restore Webis-CLS-10's training file")
+    for name in [] if other_corpus else [n for n in sources if hashes[n] != BOOKS_SHA256[n]]:
+        raise UserError(f"{sources[name]} is not Webis-CLS-10's {name}.review, which the book's "
+                        f"runs were prepared from (sha256 {hashes[name][:12]}…, Webis-CLS-10's "
+                        f"{BOOKS_SHA256[name][:12]}…): restore it, or pass --other-corpus to "
+                        "prepare another corpus")
     return hashes
 
 
@@ -251,11 +264,14 @@ def prepare_cls(
     seed: int = DEFAULT_SEED,
     valid_fraction: float = DEFAULT_VALID_FRACTION,
     force: bool = False,
+    other_corpus: bool = False,
 ) -> Path:
     """Build ``cls.books/`` atomically from the books XML and return its path.
 
     Reads and checks both XML files before writing anything, so a bad item leaves no output.
     An existing ``out`` is replaced only if ``prepare-cls`` made it (``force``: whatever it is).
+    ``other_corpus``: books files that are not Webis-CLS-10's are prepared too, still checked
+    for test reviews in the training file (:func:`check_overlap`).
     """
     started = time.perf_counter()
     root = require_data_root(f"{BOOKS_DIR}/train.review", f"{BOOKS_DIR}/test.review", root=data_root)
@@ -264,7 +280,7 @@ def prepare_cls(
     sources = {name: root / BOOKS_DIR / f"{name}.review" for name in ("train", "test")}
     train_all = read_reviews(sources["train"])  # a file that is none is said here, in one line
     test = read_reviews(sources["test"])
-    hashes = check_sources(root, sources)
+    hashes = check_sources(root, sources, other_corpus)
     check_overlap(sources, train_all, test)
     train, valid = stratified_split(train_all, seed=seed, valid_fraction=valid_fraction)
     parts = {"train": train, "valid": valid, "test": test}
@@ -276,6 +292,7 @@ def prepare_cls(
             "inputs": {f"{BOOKS_DIR}/{name}.review": hashes[name] for name in sources},
             "outputs": _files.sha256_tree(tmp, exclude=("manifest.json",)),
             "seed": seed,
+            "corpus": "other" if set(hashes.items()) - set(BOOKS_SHA256.items()) else "webis-cls-10",
             "parameters": {"valid_fraction": valid_fraction, "label": "1 if rating > 3, 0 if < 3"},
             "counts": {
                 split: {str(k): v for k, v in sorted(Counter(r.label for r in rs).items())}
@@ -302,12 +319,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--valid-fraction", type=float, default=DEFAULT_VALID_FRACTION)
     parser.add_argument("--force", action="store_true",
                         help="replace --out even if prepare-cls did not make it")
+    parser.add_argument("--other-corpus", action="store_true",
+                        help="prepare books files that are not Webis-CLS-10's (the book's numbers "
+                             "are Webis-CLS-10's)")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     out = prepare_cls(args.data_root, args.out, seed=args.seed, valid_fraction=args.valid_fraction,
-                      force=args.force)
+                      force=args.force, other_corpus=args.other_corpus)
     manifest = _files.read_json(out / "manifest.json")
     sizes = ", ".join(f"{s} {sum(manifest['counts'][s].values())}" for s in SPLITS)
     print(f"prepare-cls: wrote {out} ({sizes})")

@@ -233,7 +233,8 @@ def package_checkpoint(
     check_replaceable(dest, COMMAND, force=force, earlier=packaged_output)  # before loading
     for f in (tokenizer_model, dictionary):
         if not Path(f).is_file():
-            raise UserError(f"{f} is missing: run `finetune-lab train-tokenizer` first")
+            raise UserError(f"{f} is missing: run `finetune-lab adopt-tokenizer` first (or "
+                            "`train-tokenizer`, for weights trained with a new one)")
     state = load_trusted(source, manifests, trust=trust)
     if trust:
         metadata = {**(metadata or {}), "trusted_by": "the user (package-checkpoint --trust)"}

@@ -39,12 +39,29 @@ def name_problem(record: dict[str, Any], runs_base: Path,
     if isinstance(name, str) and name.casefold() == RANDOM_NAME:  # trial 20's W3-z1 (`Random`)
         return (f"is the book's name for a random initialisation (`probe --random`), but holds "
                 f"trained weights ({path}): record them under another --name")
+    if isinstance(name, str) and (twin := _case_twin(name, runs_base)) is not None:
+        return (f"differs only in case from {twin}, a name the runs know for weights: record "
+                f"them under {twin} (if they are its) or a name of your own")  # 21's W3-c2
     if (problem := candidate_name_problem(name, path, runs_base)) is not None:
         return problem
     if (problem := _known_weights_problem(record, runs_base, packaged)) is not None:
         return problem
     return other_record_problem(name, record["checkpoint"].get("sha256"), own or (
         "probes" if "init" in record else "fill-mask")) if isinstance(name, str) else None
+
+
+def _case_twin(name: str, runs_base: Path) -> str | None:
+    """A name the runs know (a pretraining run's, a package's, the packaged checkpoint's) that
+    ``name`` spells in other case (`CPU-SINPOS1`), so the book would show two rows that read as
+    one name; None when there is none, or ``name`` is that name."""
+    known = {CHECKPOINT_NAME, *(n for names in packages_made(runs_base).values() for n in names)}
+    known.update(p.name for exp in PRETRAINING_EXPERIMENTS if (runs_base / exp).is_dir()
+                 for p in (runs_base / exp).iterdir() if p.is_dir())
+    if name in known:
+        return None
+    base = re.sub(r"-u\d+$", "", name)  # a candidate at update N (RUN-uN) of a run
+    return next((k for k in sorted(known) if k.casefold() in {name.casefold(), base.casefold()}
+                 and k not in (name, base)), None)
 
 
 def _known_weights_problem(record: dict[str, Any], runs_base: Path,

@@ -173,14 +173,19 @@ def _run(args: argparse.Namespace) -> int:
 
 def runs_citing(weights: Path) -> list[str]:
     """The recorded runs (``experiment/run``) whose manifest names ``weights`` as the checkpoint
-    they started from."""
+    they started from: in the run store, and in the project's own, which the book reads wherever
+    ``FINETUNE_LAB_RUNS_DIR`` points (trial 21's A-c5: weights committed runs fine-tuned were
+    replaced by a pretraining whose runs went elsewhere)."""
     stored = portable_path(weights)
     found = []
-    for manifest, record in readable_manifests(paths().runs, f"*/*/{MANIFEST_NAME}"):
-        ckpt = record.get("inputs").get("checkpoint") \
-            if isinstance(record.get("inputs"), dict) else None
-        if isinstance(ckpt, dict) and ckpt.get("path") == stored:
-            found.append(f"{manifest.parent.parent.name}/{manifest.parent.name}")
+    own = paths().project / "data" / "runs"
+    stores = dict.fromkeys(p.resolve() for p in (paths().runs, own))
+    for store in stores:
+        for manifest, record in readable_manifests(store, f"*/*/{MANIFEST_NAME}"):
+            ckpt = record.get("inputs").get("checkpoint") \
+                if isinstance(record.get("inputs"), dict) else None
+            if isinstance(ckpt, dict) and ckpt.get("path") == stored:
+                found.append(f"{manifest.parent.parent.name}/{manifest.parent.name}")
     return found
 
 

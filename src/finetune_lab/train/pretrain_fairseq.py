@@ -31,8 +31,8 @@ def require_corpus(data_dir: Path) -> Path:
     missing = [n for n in needed if not (bin_dir / n).is_file()]
     if missing:
         raise UserError(
-            f"{bin_dir} lacks {', '.join(missing)}: run `finetune-lab train-tokenizer` then "
-            "`finetune-lab prepare-pretrain` first (or pass --data)"
+            f"{bin_dir} lacks {', '.join(missing)}: run `finetune-lab prepare-pretrain` first "
+            "(it reads the tokenizer `adopt-tokenizer` gives), or pass --data"
         )
     return bin_dir
 

@@ -106,10 +106,15 @@ def start_over_unsaved(run_dir: Path, save_dir: Path, save_every: int) -> None:
               f"{save_every}): it starts over", flush=True)
         set_aside(run_dir)
         return
+    if man.get("status") == "running":  # trial 21's W2-c2: a second launch beside a live one
+        raise UserError(
+            f"{run_dir} is running and has saved no state yet ({save_dir / LAST}): another "
+            "launch may be writing it now (wait for it, or choose another --run); if none is, "
+            "it was killed before its first save: move the run folder aside to start it over")
     raise UserError(
         f"{run_dir} is an unfinished run whose resumable state ({save_dir / LAST}) is not on "
         "this machine. It cannot resume; start a new run from the weights it last packaged "
-        "(`--continue-from DIR --run NEW`), or delete the run folder to start it over")
+        "(`--continue-from DIR --run NEW`), or move the run folder aside to start it over")
 
 
 def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str | None:

@@ -3,6 +3,7 @@ and as it stopped, made with its recipe (trials 14 to 19, W2: another run's stat
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,10 @@ def resume_point(save_dir: Path) -> dict[str, Any] | None:
             # and the recipe, as the run's manifest records it (RECIPE)
             **{key: field(*where) for key, where in RECIPE.items()},
             "lr": (field("optimization", "lr") or [None])[0],
+            "adam_betas": _betas(field("optimizer", "adam_betas")),
+            # the objective: the bag-of-words criterion has a weight, the plain one none (0)
+            "bow_weight": {"masked_lm_bow": field("criterion", "bow_weight"),
+                           "masked_lm": 0.0}.get(field("criterion", "_name")),
             "tokens_per_update": per * (field("optimization", "update_freq") or [1])[0] * (
                 field("distributed_training", "distributed_world_size") or 1) or None}
 
@@ -57,11 +62,20 @@ RECIPE = {"dropout": ("model", "dropout"), "attention_dropout": ("model", "atten
           "weight_decay": ("optimizer", "weight_decay"), "adam_eps": ("optimizer", "adam_eps"),
           "clip_norm": ("optimization", "clip_norm"),
           "warmup_updates": ("lr_scheduler", "warmup_updates"),
+          "sample_break_mode": ("task", "sample_break_mode"),
           "max_update": ("lr_scheduler", "total_num_update")}
 """Where fairseq's saved configuration holds each recipe field of a run's manifest: a state
 must agree on all of them, with the lr and the tokens per update (trial 20's W2-z1: another
 run's state of the same seed, lr and dropout, but twice the batch, was resumed)."""
-COMPARED = ("lr", "tokens_per_update", *RECIPE)
+COMPARED = ("lr", "tokens_per_update", "adam_betas", "bow_weight", *RECIPE)
+
+
+def _betas(saved: Any) -> list[float] | None:
+    """Adam's betas as a manifest records them (fairseq saves the flag's text, "(0.9,0.98)")."""
+    try:
+        return [float(b) for b in ast.literal_eval(saved)] if isinstance(saved, str) else None
+    except (ValueError, SyntaxError, TypeError):
+        return None
 
 
 SAVED = re.compile(r"\| Saved checkpoint (.+?) \(epoch \d+ @ (\d+) updates")
@@ -127,11 +141,14 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
     if not same and not paused and updates > at and made is not None:
         # killed within a second of a save, before it was recorded (19b's W2: the run could
         # never resume), or before its first record: the state fairseq's own log says the run
-        # saved there, with the run's recipe (trial 20's W2-z1: any state was taken then)
+        # saved there, with the run's recipe (trial 20's W2-z1: any state was taken then), in
+        # the folder the state itself names (21's W2-c1: a state saved in a folder since gone,
+        # another machine's, and put in the run's own after its save)
         log = run_dir / "train.log"
         text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
         same = updates in {int(n) for folder, n in SAVED.findall(text)
-                           if Path(folder).parent.name == last.parent.name}
+                           if Path(folder).parent.name == last.parent.name
+                           and Path(folder).parent == Path(str(made.get("save_dir")))}
     if not same or updates < at:
         raise UserError(f"{last} is not the state {run_dir} last recorded (update {at}; its "
                         "sha256 or update count differs: another run's, or saved as a launch was "
