@@ -264,14 +264,17 @@ def link_events(src: str, dst: str) -> None:
 
 
 def terminal_signals() -> None:
-    """``preexec_fn`` of a command a test interrupts with Ctrl-C or a closed terminal: SIGINT
-    and SIGHUP handled as a terminal leaves them. A suite started in the background by a shell
-    (``make test &``, ``nohup``) passes them on ignored, and a command that ignores them cannot
-    be asked what they do."""
+    """``preexec_fn`` of a command a test interrupts with Ctrl-C, a closed terminal or another
+    stop signal: each handled as a terminal leaves it. A suite started in the background by a
+    shell (``make test &``, ``nohup``) passes SIGINT, SIGQUIT and SIGHUP on ignored, and a
+    command that ignores them cannot be asked what they do."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    from finetune_lab.errors import STOP_SIGNALS
+
+    for sig in (signal.SIGINT, *STOP_SIGNALS):  # and the rest a test runner may pass on so
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *STOP_SIGNALS))
 
 
 @pytest.fixture

@@ -186,7 +186,7 @@ def runs_citing(weights: Path) -> list[str]:
                 if isinstance(record.get("inputs"), dict) else None
             if isinstance(ckpt, dict) and ckpt.get("path") == stored:
                 found.append(f"{manifest.parent.parent.name}/{manifest.parent.name}")
-    return found
+    return list(dict.fromkeys(found))  # a run store that is a copy of the project's
 
 
 def refuse_cited_dest(dest: Path, fix: str) -> None:
