@@ -212,7 +212,8 @@ def test_a_second_launch_beside_a_live_one_is_told_so(tmp_path):
     assert (run / "manifest.json").is_file()
 
 
-@pytest.mark.parametrize("name", ["CPU-SINPOS1", "ROBERTA-SMALL-FR", "Cpu-Long3", "CPU-LONG3-u10"])
+@pytest.mark.parametrize("name", ["CPU-SINPOS1", "ROBERTA-SMALL-FR", "Cpu-Long3", "CPU-LONG3-u10",
+                                  "CPU-TAPT1-U2"])
 def test_a_known_name_in_other_case_is_refused(name):
     """W3-c2: `fill-mask --name CPU-SINPOS1` (and the packaged checkpoint's name in capitals)
     was written and shown beside `cpu-sinpos1`'s row: only `random` was compared casefolded."""
@@ -226,3 +227,43 @@ def test_a_known_name_in_other_case_is_refused(name):
     mine = name_problem({**record, "name": "my-own-weights"}, paths().runs, packaged_origin(),
                         "fill-mask")
     assert mine is None
+
+
+def test_a_state_of_the_same_folder_is_the_runs_only_with_its_score_and_corpus(tmp_path):
+    """21b's W2-d1: another run of the same name, saved in the same folder (a checkout at the
+    same path) on a corpus since gone, was resumed: its folder agreed with the run's log, and a
+    gone corpus said nothing. The state's score must be the one the run's log printed for that
+    save, and its corpus one of the run's, as text."""
+    import torch
+
+    from finetune_lab.runs.manifest import input_record
+    from finetune_lab.train.pretrain_resume import check_own_state, resume_point
+
+    save = tmp_path / "work" / "zR"
+    save.mkdir(parents=True)
+    last = save / "checkpoint_last.pt"
+    corpus = tmp_path / "pp" / "bin"
+
+    def state(score: float, data: Path) -> dict:
+        torch.save({"optimizer_history": [{"num_updates": 2}], "extra_state": {"val_loss": score},
+                    "cfg": {"common": {"seed": 1}, "optimization": {"lr": [1e-3]},
+                            "dataset": {"batch_size": 2}, "task": {"tokens_per_sample": 64,
+                                                                   "data": str(data)},
+                            "checkpoint": {"save_dir": str(save)}}}, last)
+        return resume_point(save)
+    run = tmp_path / "runs" / "zR"
+    run.mkdir(parents=True)
+    corpus.mkdir(parents=True)
+    (corpus / "train.bin").write_bytes(b"0")
+    (run / "manifest.json").write_text(json.dumps({
+        "status": "running", "seed": 1, "updates_done": 0,
+        "inputs": {"data": [input_record(corpus.parent)]},
+        "hyperparameters": {"lr": 1e-3, "tokens_per_sample": 64, "tokens_per_update": 128}}))
+    (run / "train.log").write_text(
+        "2026-11-27 12:00:00 | INFO | fairseq.checkpoint_utils | Saved checkpoint "
+        f"{save}/checkpoint_1_2.pt (epoch 1 @ 2 updates, score 14.756) (writing took 0.1 s)\n")
+    with pytest.raises(UserError, match="is not the state .* last recorded"):
+        check_own_state(run, last, 2, made=state(14.767, corpus))  # another save's score
+    with pytest.raises(UserError, match=r", data .*pp3/bin \(not the run's\)"):
+        check_own_state(run, last, 2, [corpus.parent], made=state(14.756, tmp_path / "pp3" / "bin"))
+    check_own_state(run, last, 2, [corpus.parent], made=state(14.756, corpus))  # its own

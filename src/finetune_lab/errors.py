@@ -39,11 +39,14 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1,
-                signal.SIGUSR2)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in (
+    "SIGTERM", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGUSR1", "SIGUSR2", "SIGVTALRM", "SIGPROF",
+    "SIGXCPU", "SIGPWR", "SIGSTKFLT", "SIGPOLL") if hasattr(signal, name))
 """The signals that ask a command to stop besides Ctrl-C: a scheduler's or ``kill``'s, a closed
-terminal's (trial 20's X-z6), and those whose default also ends the process without a word and
-leaves its scratch behind (Ctrl-\\, ``timeout -s``; trial 21's X-c4)."""
+terminal's (trial 20's X-z6), and every other one sent from outside whose default also ends the
+process without a word and leaves its scratch behind (Ctrl-\\, ``timeout -s``, a CPU limit;
+trials 21's X-c4 and 21b's X-d4). A fault of the process itself (SIGSEGV, SIGFPE, SIGBUS) is no
+request to stop, and SIGPIPE is Python's own (a closed pipe, :class:`BrokenPipeError`)."""
 
 
 @contextmanager

@@ -59,7 +59,7 @@ def _case_twin(name: str, runs_base: Path) -> str | None:
                  for p in (runs_base / exp).iterdir() if p.is_dir())
     if name in known:
         return None
-    base = re.sub(r"-u\d+$", "", name)  # a candidate at update N (RUN-uN) of a run
+    base = re.sub(r"-u\d+$", "", name, flags=re.IGNORECASE)  # a candidate (RUN-uN) of a run
     return next((k for k in sorted(known) if k.casefold() in {name.casefold(), base.casefold()}
                  and k not in (name, base)), None)
 

@@ -41,6 +41,7 @@ def resume_point(save_dir: Path) -> dict[str, Any] | None:
         (field("dataset", "batch_size") or 0) * (field("task", "tokens_per_sample") or 0))
     return {"updates": int(history[-1].get("num_updates") or 0),
             "training_time_s": float(extra.get("previous_training_time") or 0.0),
+            "val_loss": extra.get("val_loss"),  # the score fairseq's log line of the save shows
             # who made it: fairseq keeps the seed and the save folder of the run it trained
             "seed": field("common", "seed"),
             "save_dir": field("checkpoint", "save_dir"), "data": field("task", "data"),
@@ -78,7 +79,7 @@ def _betas(saved: Any) -> list[float] | None:
         return None
 
 
-SAVED = re.compile(r"\| Saved checkpoint (.+?) \(epoch \d+ @ (\d+) updates")
+SAVED = re.compile(r"\| Saved checkpoint (.+?) \(epoch \d+ @ (\d+) updates(?:, score ([^)]*))?")
 """fairseq's line for a save it finished, with the file and the update it was made at."""
 
 
@@ -88,6 +89,27 @@ def _elsewhere(saved: Any, own: list[Path]) -> bool:
     if not isinstance(saved, str) or not saved or not Path(saved).exists():
         return False
     return all(Path(saved).resolve() != Path(o).resolve() for o in own)
+
+
+def _other_corpus(saved: Any, own: list[Path]) -> bool:
+    """Whether the corpus a state's configuration names (fairseq's ``task.data``: a corpus
+    folder or its ``bin/``) is none of the run's, compared as text: a folder that is gone says
+    as much as one that is here (21b's W2-d1); a checkout that moved keeps the path below it."""
+    if not isinstance(saved, str) or not saved:
+        return False
+    text = Path(saved).as_posix()
+    mine = {portable_path(p) for o in own for p in (Path(o), Path(o) / "bin")}
+    return not any(text == m or portable_path(saved) == m
+                   or (not Path(m).is_absolute() and text.endswith("/" + m)) for m in mine)
+
+
+def _differ_score(logged: str, saved: Any) -> bool:
+    """Whether the score fairseq logged for a save and the one its state holds disagree (the
+    log prints the validation loss as it was saved; a missing one agrees)."""
+    try:
+        return abs(float(logged) - float(saved)) > 5e-4
+    except (TypeError, ValueError):
+        return False
 
 
 def _differ(saved: Any, recorded: Any) -> bool:
@@ -118,8 +140,10 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
     other = [k for k in COMPARED if made is not None and _differ(made.get(k), hyper.get(k))]
     # the folders fairseq saved it in and read: where they are on this machine, the run's own
     # (20b's W2-b1: a state of a run of the same name in another work folder, on another corpus)
-    other += [k for k, own in (("save_dir", [last.parent]), ("data", data)) if made is not None
-              and own is not None and _elsewhere(made.get(k), own)]
+    other += ["save_dir"] if made is not None and _elsewhere(made.get("save_dir"), [last.parent]) \
+        else []
+    other += ["data"] if made is not None and data is not None \
+        and _other_corpus(made.get("data"), data) else []
     if made is not None and (made.get("seed") != man.get("seed") or Path(
             str(made.get("save_dir"))).name != last.parent.name or other):
         differs = "".join(f", {k} {made.get(k)} " + (f"(the run's {hyper[k]})" if k in hyper
@@ -146,9 +170,12 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
         # another machine's, and put in the run's own after its save)
         log = run_dir / "train.log"
         text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
-        same = updates in {int(n) for folder, n in SAVED.findall(text)
+        # and the score it logged is the state's (21b's W2-d1: another run's, saved at the same
+        # update in the same folder of a checkout at the same path)
+        same = updates in {int(n) for folder, n, score in SAVED.findall(text)
                            if Path(folder).parent.name == last.parent.name
-                           and Path(folder).parent == Path(str(made.get("save_dir")))}
+                           and Path(folder).parent == Path(str(made.get("save_dir")))
+                           and not _differ_score(score, made.get("val_loss"))}
     if not same or updates < at:
         raise UserError(f"{last} is not the state {run_dir} last recorded (update {at}; its "
                         "sha256 or update count differs: another run's, or saved as a launch was "
