@@ -101,16 +101,20 @@ def _odd(c: str) -> bool:
     return not (c.isascii() or c.isspace() or unicodedata.category(c).startswith("P"))
 
 
-def odd_characters(text: str) -> tuple[int, str | None]:
-    """How many characters of ``text`` (after NFKD, accents apart) French text rarely has, and
-    the first: letters outside the French alphabet, symbols and controls (``℮``, ``○``,
-    U+0085), and whatever is put inside a word (:data:`_JOINED`)."""
+def odd_characters(text: str) -> tuple[int, str | None, int]:
+    """How many characters of ``text`` (after NFKD, accents apart) French text rarely has, the
+    first, and how many letters it has: odd are letters outside the French alphabet, symbols
+    and controls (``℮``, ``○``, U+0085), and whatever is put inside a word (:data:`_JOINED`)."""
     text = "".join(c for c in unicodedata.normalize("NFKD", text)
                    if unicodedata.category(c) != "Mn")
-    odd = [c for c in text if _odd(c)]
+    odd, letters = [], 0
+    for c in text:
+        letters += c.isalpha()
+        if _odd(c):
+            odd.append(c)
     joined = [m.group(0) for m in _JOINED.finditer(text)]
     first = odd[0] if odd else (joined[0] if joined else None)
-    return len(odd) + len(joined), first
+    return len(odd) + len(joined), first, letters
 
 
 def check_french_text(path: Path, reviews: Sequence[Text]) -> None:
@@ -119,9 +123,8 @@ def check_french_text(path: Path, reviews: Sequence[Text]) -> None:
     knows."""
     letters, odd, first = 0, 0, None
     for i, review in enumerate(reviews, 1):
-        letters += sum(c.isalpha() for c in review.text)
-        n, c = odd_characters(review.text)
-        odd += n
+        n, c, alpha = odd_characters(review.text)
+        odd, letters = odd + n, letters + alpha
         first = first or (c and (i, c))
     if first and odd > MAX_ODD * letters:
         item, c = first

@@ -142,16 +142,30 @@ def other_record_problem(name: str, sha: str | None, own: Path | str) -> str | N
         if kind == own or not other.is_file() or (
                 isinstance(own, Path) and other.resolve() == own.resolve()):
             continue
-        try:
-            data = loads_strict(regular_text(other))
-            held = None if data.get("init") == "random" else str(data["checkpoint"]["sha256"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        held_by = weights_by_name(paths().summaries / kind)
+        if name not in held_by:
             continue  # a damaged record: the book sets it aside and says why
+        held = held_by[name]
         if held != sha:
             return (f"names other weights than {kind}/{name}.json does "
                     f"({'a random initialisation' if held is None else held[:12] + '…'}): "
                     "record them under another --name")
     return None
+
+
+@once_per_reading
+def weights_by_name(folder: Path) -> dict[str, str | None]:
+    """``{name: sha256}`` of the weights each readable record in ``folder`` names (None: a
+    random initialisation), read once in a reading of the book, not once per record."""
+    held: dict[str, str | None] = {}
+    for record in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = loads_strict(regular_text(record))
+            held[record.stem] = None if data.get("init") == "random" else str(
+                data["checkpoint"]["sha256"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a damaged record: the book sets it aside and says why
+    return held
 
 
 def known_name_problem(name: object, runs_base: Path,
