@@ -107,18 +107,14 @@ found=$("$uv" pip list --python "$py" 2>/dev/null | grep -iE "$refused" || true)
 if [ -n "$found" ]; then
   echo "setup: these must not be installed here (gpu=$gpu): $(echo $found)" >&2; exit 1
 fi
-# Byte-compiled once, here: where PYTHONDONTWRITEBYTECODE is set (this machine's image sets it,
-# as some CI images do) nothing imported is ever cached, and every process compiles torch,
-# pandas and fairseq again. The tests start hundreds: a fresh clone's suite took 50 % longer.
-# Left out: packages' own tests and the Transformers models the project does not load (a third
-# of site-packages' 17,000 files, which nothing imports). Leaving all of site-packages to the
-# tests' own processes (tests/conftest.py lets them write what they compile) cost the suite
-# more than it saved here: several processes compiled torch at once. (compileall also meets a
-# few files that are no Python 3.11, inside packages: not imported.)
-site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-"$py" -m compileall -q -j 0 -x '/tests?/|/transformers/models/(?!(auto|bloom|encoder_decoder|roberta)/)' \
-  "$site" "$venv/src" src >/dev/null 2>&1 || true
-step "byte-compiled (site-packages but tests, src/)"
+# The project and fairseq byte-compiled once, here: where PYTHONDONTWRITEBYTECODE is set (this
+# machine's image sets it, as some CI images do) nothing imported is ever cached, and every
+# fairseq process compiled it again. site-packages is left to the tests, whose processes write
+# what they import (tests/conftest.py): a third of its 17,000 files. Compiling it all here took
+# 21 to 28 s of setup and saved the suite about 5 s (`.ci/run` on clean clones at e969d09 and
+# ec6524f). (compileall also meets a few files that are no Python 3.11: not imported.)
+"$py" -m compileall -q -j 0 "$venv/src" src >/dev/null 2>&1 || true
+step "byte-compiled (src/, fairseq)"
 
 echo "$want" > "$stamp"
 t0=$started; step "done ($venv), in all"
