@@ -267,3 +267,30 @@ def test_a_state_of_the_same_folder_is_the_runs_only_with_its_score_and_corpus(t
     with pytest.raises(UserError, match=r", data .*pp3/bin \(not the run's\)"):
         check_own_state(run, last, 2, [corpus.parent], made=state(14.756, tmp_path / "pp3" / "bin"))
     check_own_state(run, last, 2, [corpus.parent], made=state(14.756, corpus))  # its own
+
+
+def test_a_kernel_that_dies_as_it_starts_is_started_again(tmp_path, monkeypatch):
+    """A newcomer's suite failed once: two chapter kernels started at once were given the same
+    port, and one died before replying ("Address already in use"). Only that is retried."""
+    from nbclient import NotebookClient
+
+    from finetune_lab.book.qmd import KERNEL_STARTS, execute_chapter
+
+    qmd = tmp_path / "k.qmd"
+    qmd.write_text("# K\n\n```{python}\nprint(6 * 7)\n```\n")
+    real, starts = NotebookClient.execute, []
+
+    def flaky(self, **kwargs):
+        starts.append(1)
+        if len(starts) == 1:
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        return real(self, **kwargs)
+    monkeypatch.setattr(NotebookClient, "execute", flaky)
+    nb = execute_chapter(qmd)
+    assert len(starts) == 2 and "42" in nb.cells[-1].outputs[0]["text"]
+    starts.clear()
+    monkeypatch.setattr(NotebookClient, "execute", lambda self, **kw: (starts.append(1), (
+        _ for _ in ()).throw(RuntimeError("Kernel died before replying to kernel_info"))))
+    with pytest.raises(RuntimeError, match="Kernel died"):
+        execute_chapter(qmd)
+    assert len(starts) == KERNEL_STARTS

@@ -133,9 +133,9 @@ def diff_files(recorded: dict[str, str], current: dict[str, str],
     """Human-readable list of what changed between two ``{path: sha256}`` maps.
 
     With ``project``, a recorded file of the machine-local :data:`MACHINE_LOCAL` that is gone
-    and that git ignores there is no change: a clean clone never has
-    it, and its frozen page is the one to publish. Its edits, where it exists, still count. An
-    empty folder that appeared there holds nothing a chapter reads (``mkdir -p data/work``)."""
+    and that git ignores there is no change: a clean clone never has it, and its frozen page is
+    the one to publish. Its edits, where it exists, still count. An empty folder that appeared
+    there holds nothing a chapter reads (``mkdir -p data/work``)."""
     gone = [p for p in recorded if recorded[p] != MISSING and current.get(p) in (None, MISSING)]
     emptied = [p for p in current if current[p] == EMPTY_FOLDER and p not in recorded]
     # only the work folder is machine-local: a committed input that a commit turned ignored

@@ -216,6 +216,12 @@ def inline_problems(nb) -> list[str]:
     return problems
 
 
+KERNEL_STARTS = 3
+"""Kernels started for one chapter at most: jupyter_client picks a kernel's ports before the
+kernel binds them, so two kernels started at once (the suite's workers) may be given the same
+port, and one dies before it replies (jupyter_client issue 487; "Address already in use")."""
+
+
 def execute_chapter(path: Path, timeout: int = 600):
     """Run every cell of ``path`` in its own folder, as Quarto does; raise on the first error,
     and if a ``fig-`` cell shows no image.
@@ -225,11 +231,16 @@ def execute_chapter(path: Path, timeout: int = 600):
     """
     from nbclient import NotebookClient
 
-    nb = to_notebook(path)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
-    # the kernel's own environment: this process's MPLBACKEND is left as it is
-    client.execute(env={**os.environ, "MPLBACKEND": INLINE_BACKEND})
+    for attempt in range(1, KERNEL_STARTS + 1):
+        nb = to_notebook(path)
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}})
+        try:  # the kernel's own environment: this process's MPLBACKEND is left as it is
+            client.execute(env={**os.environ, "MPLBACKEND": INLINE_BACKEND})
+            break
+        except RuntimeError as exc:  # a kernel that died as it started, before any cell ran
+            if attempt == KERNEL_STARTS or "Kernel died before replying" not in str(exc):
+                raise
     missing = figures_missing(nb)
     if missing:
         raise UserError(f"{path}: figure cell(s) {', '.join(missing)} produced no image; a "

@@ -26,13 +26,13 @@ from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
 
 BOOKS_DIR = "webis-cls-10/fr/books"
+"""The CLS-Books XML files, relative to the data root."""
 BOOKS_SHA256 = {"train": "fb11d1a20d436ecfe34e19e7fcf3a81473909da593b967bf9f78f22b89256b99",
                 "test": "70c42f8e351fd18311be71f28f3f51022ffa6c7b98ff4c3cf68c0839e916a31c"}
 """sha256 of Webis-CLS-10's French books files, which the book's runs were prepared from (as a
 dataset loader checks a download). Any other file is another corpus and is prepared only when
 asked (``--other-corpus``): a comparison of texts finds test reviews in a training file only as
 far as it knows their disguise (trials 13 to 21, D), a checksum whatever was done to them."""
-"""The CLS-Books XML files, relative to the data root."""
 
 SPLITS = ("train", "valid", "test")
 DEFAULT_SEED = 1
@@ -292,7 +292,8 @@ def prepare_cls(
             "inputs": {f"{BOOKS_DIR}/{name}.review": hashes[name] for name in sources},
             "outputs": _files.sha256_tree(tmp, exclude=("manifest.json",)),
             "seed": seed,
-            "corpus": "other" if set(hashes.items()) - set(BOOKS_SHA256.items()) else "webis-cls-10",
+            "corpus": ("other" if set(hashes.items()) - set(BOOKS_SHA256.items())
+                       else "webis-cls-10"),
             "parameters": {"valid_fraction": valid_fraction, "label": "1 if rating > 3, 0 if < 3"},
             "counts": {
                 split: {str(k): v for k, v in sorted(Counter(r.label for r in rs).items())}
