@@ -54,14 +54,21 @@ def _case_twin(name: str, runs_base: Path) -> str | None:
     """A name the runs know (a pretraining run's, a package's, the packaged checkpoint's) that
     ``name`` spells in other case (`CPU-SINPOS1`), so the book would show two rows that read as
     one name; None when there is none, or ``name`` is that name."""
-    known = {CHECKPOINT_NAME, *(n for names in packages_made(runs_base).values() for n in names)}
-    known.update(p.name for exp in PRETRAINING_EXPERIMENTS if (runs_base / exp).is_dir()
-                 for p in (runs_base / exp).iterdir() if p.is_dir())
+    known = {CHECKPOINT_NAME, *run_names(runs_base),
+             *(n for names in packages_made(runs_base).values() for n in names)}
     if name in known:
         return None
     base = re.sub(r"-u\d+$", "", name, flags=re.IGNORECASE)  # a candidate (RUN-uN) of a run
     return next((k for k in sorted(known) if k.casefold() in {name.casefold(), base.casefold()}
                  and k not in (name, base)), None)
+
+
+@once_per_reading
+def run_names(runs_base: Path) -> frozenset[str]:
+    """The pretraining runs' names (of every pretraining experiment), listed once in a reading
+    of the book, not once per record."""
+    return frozenset(p.name for exp in PRETRAINING_EXPERIMENTS if (runs_base / exp).is_dir()
+                     for p in (runs_base / exp).iterdir() if p.is_dir())
 
 
 def _known_weights_problem(record: dict[str, Any], runs_base: Path,
@@ -70,8 +77,7 @@ def _known_weights_problem(record: dict[str, Any], runs_base: Path,
     name, path = record.get("name"), record["checkpoint"].get("path")
     candidate = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
     # a run of any pretraining experiment (trial 14's W3: pretrain-gpu, pretrain-ablation)
-    run_named = isinstance(name, str) and any(
-        (runs_base / exp / name).is_dir() for exp in PRETRAINING_EXPERIMENTS)
+    run_named = isinstance(name, str) and name in run_names(runs_base)
     label = candidate["name"] if candidate else name
     sha = record["checkpoint"]["sha256"]
     made_by = {k: set(v) for k, v in packages_made(runs_base).items()}  # sha256 -> run names
@@ -178,8 +184,8 @@ def known_name_problem(name: object, runs_base: Path,
     taken = re.fullmatch(r"(?P<run>.+)-u\d+", name)
     runs = {name, taken["run"]} if taken else {name}
     made = {n for names in packages_made(runs_base).values() for n in names}
-    if name == CHECKPOINT_NAME and packaged is not None or name in made or any(
-            (runs_base / exp / run).is_dir() for exp in PRETRAINING_EXPERIMENTS for run in runs):
+    if name == CHECKPOINT_NAME and packaged is not None or name in made \
+            or runs & run_names(runs_base):
         return (f"is a random initialisation under {name}, a name the runs know for trained "
                 "weights: record it under another --name")
     return None
