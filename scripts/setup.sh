@@ -70,13 +70,15 @@ step "requirements/lock.txt ($(grep -c '^[a-z]' requirements/lock.txt) packages)
 # two Cython modules compiled, in place: its C++ extensions (BLEU, NAT, BASE layers, alignment)
 # are not used here, and setup.py skips them under READTHEDOCS. Its metadata asks for torchaudio,
 # a CUDA build on PyPI that breaks `import transformers`: --no-deps, the lock has the rest.
+# Two of its modules that every fairseq process loads import scikit-learn and SciPy for metrics
+# never used here: build_fairseq moves those imports to their use (1.2 s of a process's 4 s).
 built() {  # this version installed, its two compiled modules there (no import: torch is slow)
   "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('fairseq-fixed') != '$fairseq_version')" \
     2>/dev/null && for name in data_utils_fast token_block_utils_fast; do
       compgen -G "$venv/src/fairseq-fixed/fairseq/data/$name.*.so" >/dev/null ||
         compgen -G "$venv/lib/python3*/site-packages/fairseq/data/$name.*.so" >/dev/null || return 1
-    done
-}
+    done && ! grep -qs '^from sklearn' "$venv/src/fairseq-fixed/fairseq/criterions/sentence_prediction.py"
+}  # ... and, built here, its unused imports deferred (gpu_remote.defer_unused_imports)
 if ! built; then
   src="$venv/src"
   rm -rf "$src/fairseq-fixed" && mkdir -p "$src"

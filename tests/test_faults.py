@@ -632,13 +632,16 @@ sys.exit(cli.main([]))
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143),
                                        (signal.SIGHUP, 129), (signal.SIGQUIT, 131),
-                                       (signal.SIGUSR1, 138), (signal.SIGXCPU, 152)],
-                         ids=["ctrl-c", "sigterm", "sighup", "sigquit", "sigusr1", "sigxcpu"])
+                                       (signal.SIGUSR1, 138), (signal.SIGXCPU, 152),
+                                       (signal.SIGABRT, 134), (signal.SIGRTMIN + 16, 178)],
+                         ids=["ctrl-c", "sigterm", "sighup", "sigquit", "sigusr1", "sigxcpu",
+                              "sigabrt", "sigrtmin+16"])
 def test_an_interrupted_run_is_one_line_and_128_plus_the_signal(sig, code, tmp_path):
     """Issue 35.12: Ctrl-C or SIGTERM on a single run printed a 25-line traceback, exit 1;
     trial 20's X-z6: a closed terminal (SIGHUP) said nothing and left the scratch folder, and
     trial 21's X-c4 and 21b's X-d4 the same for SIGQUIT (Ctrl-\\), SIGUSR1, SIGALRM and SIGXCPU
-    (`timeout -s`, a CPU limit)."""
+    (`timeout -s`, a CPU limit), and trial 22's X-e1 for SIGABRT, SIGSYS and the real-time
+    signals."""
     from finetune_lab.runs import manifest as mf
 
     pid = tmp_path / "trainer.pid"

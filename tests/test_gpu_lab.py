@@ -355,6 +355,57 @@ def test_the_slim_sdist_keeps_the_package_and_drops_examples_and_tests(tmp_path)
     assert files == ["fairseq-src/fairseq/data/data_utils_fast.pyx", "fairseq-src/setup.py"]
 
 
+SENTENCE_PREDICTION = """import torch
+from sklearn.metrics import f1_score
+from sklearn.metrics import matthews_corrcoef as _matthews_corrcoef
+from scipy.stats import pearsonr, spearmanr
+
+def acc_and_f1(preds, labels):
+    f1 = f1_score(y_true=labels, y_pred=preds)
+
+def pearson_and_spearman(preds, labels):
+    pearson_corr = pearsonr(preds, labels)[0]
+
+def matthews_corrcoef(preds, labels):
+    mcc = _matthews_corrcoef(labels, preds)
+"""
+"""The lines of fairseq 0.12.3's sentence_prediction.py that the deferral moves, as its sdist
+has them (with Windows line endings)."""
+
+
+def test_fairseqs_unused_imports_move_to_their_use_and_its_line_endings_stay(tmp_path):
+    from finetune_lab.runs.gpu_remote import defer_unused_imports
+
+    module = tmp_path / "fairseq" / "criterions" / "sentence_prediction.py"
+    module.parent.mkdir(parents=True)
+    module.write_bytes(SENTENCE_PREDICTION.replace("\n", "\r\n").encode())
+    other = tmp_path / "fairseq" / "tasks" / "audio_classification.py"
+    other.parent.mkdir()
+    other.write_text("from sklearn import metrics as sklearn_metrics\n")  # not fairseq's text
+    assert defer_unused_imports(tmp_path) == ["fairseq/criterions/sentence_prediction.py"]
+    text = module.read_bytes().decode()
+    assert "\n" not in text.replace("\r\n", "")
+    lines = text.split("\r\n")
+    assert lines[:2] == ["import torch", ""]
+    assert lines[lines.index("def acc_and_f1(preds, labels):") + 1] == \
+        "    from sklearn.metrics import f1_score"
+    assert lines[lines.index("def matthews_corrcoef(preds, labels):") + 1] == \
+        "    from sklearn.metrics import matthews_corrcoef as _matthews_corrcoef"
+    assert "    from scipy.stats import pearsonr, spearmanr" in lines
+    assert other.read_text() == "from sklearn import metrics as sklearn_metrics\n"
+    assert defer_unused_imports(tmp_path) == []  # done once; a second time changes nothing
+    compile(text, str(module), "exec")
+
+
+def test_this_environments_fairseq_starts_without_scikit_learn_or_scipy():
+    """setup.sh builds fairseq with the deferral: a trainer process loads neither."""
+    code = ("import sys, fairseq_cli.train, fairseq_cli.preprocess; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.splitlines()[-1] == "[]", "fairseq was not built by scripts/setup.sh: run it"
+
+
 def test_unpack_keeps_the_call_record_with_the_gpu_use(tmp_path):
     root = tmp_path / "root"
     run = root / "data" / "runs" / "x-gpu" / "r-seed0"

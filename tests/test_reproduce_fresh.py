@@ -63,7 +63,7 @@ def test_reproduce_completes_on_a_fresh_clone_and_then_reruns_nothing(
     monkeypatch.setattr(reproduce, "main", run_step)
     # the tiny data root is another corpus than Webis-CLS-10's files, and says so
     assert reproduce.reproduce(other_corpus=True) == 0
-    assert summary.is_file() and ["prepare-pretrain"] in done
+    assert summary.is_file() and ["prepare-pretrain", "--other-corpus"] in done
     printed = [line.removeprefix("reproduce: ") for line in capsys.readouterr().out.splitlines()
                if line.startswith("reproduce: finetune-lab ")]
     assert printed == [f"finetune-lab {' '.join(s)}" for s in done]

@@ -39,14 +39,17 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-STOP_SIGNALS = tuple(getattr(signal, name) for name in (
-    "SIGTERM", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGUSR1", "SIGUSR2", "SIGVTALRM", "SIGPROF",
-    "SIGXCPU", "SIGPWR", "SIGSTKFLT", "SIGPOLL") if hasattr(signal, name))
-"""The signals that ask a command to stop besides Ctrl-C: a scheduler's or ``kill``'s, a closed
-terminal's (trial 20's X-z6), and every other one sent from outside whose default also ends the
-process without a word and leaves its scratch behind (Ctrl-\\, ``timeout -s``, a CPU limit;
-trials 21's X-c4 and 21b's X-d4). A fault of the process itself (SIGSEGV, SIGFPE, SIGBUS) is no
-request to stop, and SIGPIPE is Python's own (a closed pipe, :class:`BrokenPipeError`)."""
+NOT_STOPS = frozenset(getattr(signal, name) for name in (
+    "SIGINT", "SIGKILL", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGCHLD", "SIGCONT",
+    "SIGWINCH", "SIGURG", "SIGPIPE", "SIGSEGV", "SIGFPE", "SIGBUS", "SIGILL") if hasattr(signal, name))
+"""The signals that are no request to stop: Ctrl-C (``KeyboardInterrupt``, handled apart), the
+two no process can catch, the terminal's stops and those ignored by default, SIGPIPE (Python's
+own: a closed pipe is :class:`BrokenPipeError`), and a fault of the process itself."""
+STOP_SIGNALS = tuple(sorted(set(signal.valid_signals()) - NOT_STOPS))
+"""The signals that ask a command to stop besides Ctrl-C: every other one, whose default ends
+the process without a word and leaves its scratch behind: a scheduler's or ``kill``'s, a closed
+terminal's, Ctrl-\\, ``timeout -s``, a CPU limit, the real-time ones (trials 20 to 22, X: a
+list of names always lacked the next one tried)."""
 
 
 @contextmanager

@@ -56,10 +56,11 @@ def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
 
     The pretraining corpus is prepared in every case: the data chapter's summary (the last
     step) describes it, whether or not this reproduction pretrains."""
-    steps: list[list[str]] = [["prepare-cls", *(["--other-corpus"] if other_corpus else [])]]
+    other = ["--other-corpus"] if other_corpus else []
+    steps: list[list[str]] = [["prepare-cls", *other]]
     pretrain = from_scratch or not have_checkpoint
-    steps.append([tokenizer.COMMAND] if pretrain else [tokenizer.ADOPT_COMMAND])
-    steps += [["binarize-cls"], ["prepare-pretrain"]]
+    steps.append([tokenizer.COMMAND, *other] if pretrain else [tokenizer.ADOPT_COMMAND])
+    steps += [["binarize-cls"], ["prepare-pretrain", *other]]
     if pretrain:
         budget = ["--minutes", str(pretrain_minutes)] if pretrain_minutes else []
         steps.append(["pretrain", "--overwrite", *budget])

@@ -118,6 +118,12 @@ def git_ignored(project: Path, paths: Iterable[str]) -> set[str]:
         return {p for p in proc.stdout.decode().split("\0") if p}
     if proc.returncode != 1 and checkout:  # 1: none is ignored; anything else is git failing
         why = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[0]
+        links = sorted({str(parent) for p in paths for parent in Path(p).parents
+                        if str(parent) != "." and (Path(project) / parent).is_symlink()})
+        if links:  # trial 22's F-e1: git's "beyond a symbolic link" sent the user to its rules
+            raise UserError(f"{Path(project) / links[0]} is a link: no chapter reads an input "
+                            "through a link (nor does the registry a run); put the folder "
+                            "itself there, then run check-freeze again")
         raise UserError(f"git could not read the ignore rules of {project} ({why}): "
                         "check-freeze needs them; fix what git says, then run it again")
     return set()

@@ -10,12 +10,21 @@ corpus read their documents from here, so neither imports the other.
 from __future__ import annotations
 
 import lzma
+import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune_lab.data.cls_books import BOOKS_DIR, read_reviews, stratified_split
+from finetune_lab._files import sha256_file
+from finetune_lab.data.cls_books import (
+    BOOKS_DIR,
+    BOOKS_SHA256,
+    read_reviews,
+    read_sums,
+    stratified_split,
+)
+from finetune_lab.data.overlap import check_overlap
 from finetune_lab.errors import UserError
 
 ELTEC_DIRS = ("eltec-fra/level1", "eltec-fra/ext1")
@@ -27,6 +36,21 @@ DEFAULT_VALID_FRACTION = 0.02
 DEFAULT_REVIEW_REPEAT = 20
 """About 30 % of train tokens are then reviews (1.2 M review tokens x 20 beside ~55 M of novels)."""
 DEFAULT_REVIEW_VALID = 400
+WEBIS_SHA256 = {
+    **{f"{BOOKS_DIR}/{name}.review": digest for name, digest in BOOKS_SHA256.items()},
+    "webis-cls-10/fr/dvd/train.review":
+        "150487ab1ea7201c6a1a603cb6991f3297d79e4650502e4fbcb0337ed91d5bde",
+    "webis-cls-10/fr/dvd/test.review":
+        "b1d007d197489026a5d2cfe3c62d207c2d6b7e0349335d38903673ac05d4b045",
+    "webis-cls-10/fr/music/train.review":
+        "66961e978b96ba7837cc6ced5f1db200009ad095ff7b55757482a7ceeb73da77",
+    "webis-cls-10/fr/music/test.review":
+        "8ddcf008c838d81dee5fd57599ceb50de61682b10d38ad98d8337ea35cec7bd8",
+}
+"""sha256 of every Webis-CLS-10 file a tokenizer or pretraining corpus reads, as
+:data:`~finetune_lab.data.cls_books.BOOKS_SHA256` pins the books files for ``prepare-cls``
+(trial 22's D-e: the books test reviews, put in as the books or dvd training file, were
+pretrained on)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +124,38 @@ def task_reviews(root: Path, repeat: int) -> Document:
     train, _ = stratified_split(read_reviews(path))
     return Document(f"{BOOKS_DIR}/train.review", path,
                     frozenset(r.position - 1 for r in train), repeat)
+
+
+def check_review_documents(root: Path, docs: Iterable[Document],
+                           other_corpus: bool = False) -> bool:
+    """Refuse a review file a corpus would read that is not Webis-CLS-10's (:data:`WEBIS_SHA256`,
+    and the data root's ``SHA256SUMS`` where it lists it) unless ``other_corpus``, and then one
+    whose reviews are the books test file's (:func:`~finetune_lab.data.overlap.check_overlap`);
+    the books test file itself always. True when another corpus is read."""
+    test = root / BOOKS_DIR / "test.review"
+    sums = root / "SHA256SUMS"
+    listed = read_sums(sums) if os.path.lexists(sums) else {}
+    other = False
+    for doc in {d.name: d for d in docs if d.name.endswith(".review")}.values():
+        digest = sha256_file(doc.path)
+        if digest == BOOKS_SHA256["test"]:
+            raise UserError(f"{doc.path} is Webis-CLS-10's books test file: its reviews would be "
+                            f"pretrained on; restore {doc.name}")
+        if doc.name in listed and listed[doc.name] != digest:
+            raise UserError(f"{doc.path} is not the file the data root's {sums} lists (sha256 "
+                            f"{digest[:12]}…, listed {listed[doc.name][:12]}…); restore it")
+        if digest == WEBIS_SHA256.get(doc.name):
+            continue
+        if not other_corpus:
+            pinned = WEBIS_SHA256.get(doc.name, "")
+            raise UserError(f"{doc.path} is not Webis-CLS-10's {doc.name}, which the book's "
+                            f"corpora were made from (sha256 {digest[:12]}…"
+                            + (f", Webis-CLS-10's {pinned[:12]}…" if pinned else "") +
+                            "): restore it, or pass --other-corpus to read another corpus")
+        check_overlap({"train": doc.path, "test": test}, read_reviews(doc.path),
+                      read_reviews(test))
+        other = True
+    return other
 
 
 def split_novels(

@@ -8,12 +8,16 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from finetune_lab.errors import UserError
+
+
+K = TypeVar("K")
 
 
 class Text(Protocol):
@@ -42,13 +46,22 @@ removed (19b's D2 to D4: the test file in look-alike letters, or with a narrow n
 or a Hangul filler inside each word, passed)."""
 
 
+_WIDE = re.compile(r"[^\x00-\x7f]+")
+
+
+def _without(text: str, categories: tuple[str, ...]) -> str:
+    """``text`` without its characters of the Unicode ``categories`` (none of them ASCII: only
+    the runs of other characters are looked at, which keeps a long review quick)."""
+    return _WIDE.sub(lambda m: "".join(c for c in m.group(0)
+                                       if unicodedata.category(c) not in categories), text)
+
+
 def comparable(text: str) -> str:
     """A review's words, lowercased, without punctuation or spacing, accents, invisible or
     look-alike characters: the same review with a character added or changed in case (trial
     15's D-n1: " ." after each test text), hidden inside its words or disguised compares
     equal."""
-    text = unicodedata.normalize("NFKD", text.translate(LOOKALIKE))
-    text = "".join(c for c in text if c.isascii() or unicodedata.category(c) not in UNSEEN)
+    text = _without(unicodedata.normalize("NFKD", text.translate(LOOKALIKE)), UNSEEN)
     return " ".join(re.findall(r"\w+", text.casefold()))
 
 
@@ -93,6 +106,10 @@ _JOINED = re.compile(rf"(?<={_LETTER})(?:[^\w\s'’\-]|_)(?={_LETTER})"
 letter: rare in French text ("M6", "etc.Mais"), everywhere in a disguised one ("l1vr3")."""
 
 
+_NOT_ASCII, _ASCII_LETTER = re.compile(r"[^\x00-\x7f]"), re.compile(r"[A-Za-z]")
+"""The characters :func:`odd_characters` looks at one by one, and the letters it only counts."""
+
+
 def _odd(c: str) -> bool:
     """A letter outside the French alphabet, or a symbol or control (not ASCII, a space or
     punctuation)."""
@@ -105,13 +122,10 @@ def odd_characters(text: str) -> tuple[int, str | None, int]:
     """How many characters of ``text`` (after NFKD, accents apart) French text rarely has, the
     first, and how many letters it has: odd are letters outside the French alphabet, symbols
     and controls (``℮``, ``○``, U+0085), and whatever is put inside a word (:data:`_JOINED`)."""
-    text = "".join(c for c in unicodedata.normalize("NFKD", text)
-                   if unicodedata.category(c) != "Mn")
-    odd, letters = [], 0
-    for c in text:
-        letters += c.isalpha()
-        if _odd(c):
-            odd.append(c)
+    text = _without(unicodedata.normalize("NFKD", text), ("Mn",))
+    wide = _NOT_ASCII.findall(text)  # an ASCII character is never odd
+    odd = [c for c in wide if _odd(c)]
+    letters = len(_ASCII_LETTER.findall(text)) + sum(c.isalpha() for c in wide)
     joined = [m.group(0) for m in _JOINED.finditer(text)]
     first = odd[0] if odd else (joined[0] if joined else None)
     return len(odd) + len(joined), first, letters
@@ -164,6 +178,12 @@ def fingerprints(text: str) -> set[int]:
 _POWERS = np.array([pow(1_000_003, k, 2**64) for k in range(GRAM)], dtype=np.uint64)
 
 
+def _telling(index: dict[K, list[int]]) -> dict[K, list[int]]:
+    """An index of test reviews without its keys found in more than :data:`COMMON` of them,
+    which say nothing of which review a text is."""
+    return {key: found for key, found in index.items() if len(found) <= COMMON}
+
+
 def near_test_reviews(train: Sequence[Text], test: Sequence[Text]) -> int:
     """How many training reviews are a test review, word for word or nearly: :data:`NEAR` of
     the shorter one's runs of words in common, :data:`WORDS_NEAR` of its distinct words, or
@@ -186,13 +206,12 @@ def near_test_reviews(train: Sequence[Text], test: Sequence[Text]) -> int:
     for j, held in enumerate(prints):
         for fp in held:
             by_print.setdefault(fp, []).append(j)
+    by_run, by_print = _telling(by_run), _telling(by_print)
     near = 0
     for review in train:
         text = comparable(review.text).split()
-        mine, hits = shingles(text), Counter()
-        for run in mine:
-            if len(found := by_run.get(run, ())) <= COMMON:
-                hits.update(found)
+        mine = shingles(text)
+        hits = Counter(chain.from_iterable(by_run[run] for run in mine if run in by_run))
         if any(n >= NEAR * min(len(mine), len(runs[j])) for j, n in hits.items()):
             near += 1
             continue
@@ -203,10 +222,8 @@ def near_test_reviews(train: Sequence[Text], test: Sequence[Text]) -> int:
                 for j in sorted(shared, key=lambda j: (-shared[j], j))[:3]):
             near += 1
             continue
-        mine_prints, hits = fingerprints(review.text), Counter()
-        for fp in mine_prints:
-            if len(found := by_print.get(fp, ())) <= COMMON:
-                hits.update(found)
+        mine_prints = fingerprints(review.text)
+        hits = Counter(chain.from_iterable(by_print[fp] for fp in mine_prints if fp in by_print))
         near += any(n >= NEAR * min(len(mine_prints), len(prints[j])) for j, n in hits.items())
     return near
 

@@ -38,7 +38,8 @@ from finetune_lab.data.cls_books import BOOKS_DIR
 from finetune_lab.errors import UserError
 from finetune_lab.data.eltec import (
     DEFAULT_REVIEW_REPEAT, DEFAULT_REVIEW_VALID, DEFAULT_SEED, DEFAULT_VALID_FRACTION, ELTEC_DIRS,
-    Document, corpus_documents, in_domain_reviews, paragraphs, task_reviews,
+    Document, check_review_documents, corpus_documents, in_domain_reviews, paragraphs,
+    task_reviews,
 )
 
 OUTPUT_NAME = "pretrain-bin"
@@ -71,6 +72,7 @@ def prepare_pretrain(
     review_valid: int = DEFAULT_REVIEW_VALID,
     task_repeat: int = 0,
     train_novels: bool = True,
+    other_corpus: bool = False,
 ) -> tuple[Path, bool]:
     """Encode the corpus with the tokenizer and binarize it for ``masked_lm``; skip if up to date.
 
@@ -79,8 +81,9 @@ def prepare_pretrain(
     output under ``bin/``. With reviews, ``valid1`` holds the held-out reviews and train repeats
     the others ``review_repeat`` times. ``task_repeat`` adds the CLS-Books training split's
     texts that many times; without ``train_novels`` the train side holds reviews only (the
-    validation sets stay the same, so the two corpora's losses compare). Returns
-    ``(out, ran)``; ``ran`` is False when nothing changed.
+    validation sets stay the same, so the two corpora's losses compare). Review files that are
+    not Webis-CLS-10's are read only with ``other_corpus`` (:func:`check_review_documents`).
+    Returns ``(out, ran)``; ``ran`` is False when nothing changed.
     """
     root = require_data_root(*ELTEC_DIRS, root=data_root)
     tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else tokenizer.default_output()
@@ -110,6 +113,8 @@ def prepare_pretrain(
     if not train_novels:
         parameters.update(train_novels=False)
     parameters["documents"] = {split: [d.name for d in ds] for split, ds in docs.items()}
+    if check_review_documents(root, [d for ds in docs.values() for d in ds], other_corpus):
+        parameters["corpus"] = "other"  # in the parameters: a rebuild when it changes
     inputs = {
         "tokenizer/spm.model": _files.sha256_file(model_path),
         "tokenizer/dict.txt": _files.sha256_file(dict_path),
@@ -205,6 +210,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dapt", action="store_true",
                         help="the domain-adaptive corpus: --task-repeat 0 --review-repeat 1 "
                              f"--no-train-novels (no CLS-Books text), into <work dir>/{DAPT_OUTPUT_NAME}")
+    parser.add_argument("--other-corpus", action="store_true",
+                        help="read review files that are not Webis-CLS-10's (each still checked "
+                             "against the books test reviews)")
     parser.add_argument("--workers", type=positive_int, default=2)
     parser.add_argument("--max-novels", type=int, default=None, help="use only the first N novels")
     parser.add_argument("--force", action="store_true",
@@ -245,6 +253,7 @@ def corpus_record(bin_dir: Path) -> dict[str, Any] | None:
                       for n in train})
     return {"kind": corpus_kind(train), "train_sources": sources,
             "task_repeat": int(params.get("task_repeat") or 0),
+            **({"corpus": "other"} if params.get("corpus") == "other" else {}),
             "review_repeat": params.get("review_repeat"),
             "manifest_sha256": _files.sha256_file(manifest)}
 
@@ -264,6 +273,7 @@ def _run(args: argparse.Namespace) -> int:
         workers=args.workers, max_novels=args.max_novels, force=args.force,
         review_repeat=args.review_repeat, review_valid=args.review_valid,
         task_repeat=args.task_repeat, train_novels=args.train_novels,
+        other_corpus=args.other_corpus,
     )
     counts = _files.read_json(out / "manifest.json")["counts"]
     summary = ", ".join(f"{s} {c['tokens']:,} tokens" for s, c in counts.items())

@@ -226,6 +226,7 @@ def train_tokenizer(
     max_novels: int | None = None,
     num_threads: int = 2,
     force: bool = False,
+    other_corpus: bool = False,
 ) -> Path:
     """Train the BPE model on a seeded sample of the pretraining corpus's *train* side.
 
@@ -240,6 +241,7 @@ def train_tokenizer(
     _files.check_replaceable(out, COMMAND, force=force, earlier=mine)  # before the slow part
     docs = eltec.corpus_documents(root, seed=seed, with_reviews=with_reviews, max_novels=max_novels)
     train_docs = docs["train"]
+    other = eltec.check_review_documents(root, train_docs, other_corpus)
     read_started = time.perf_counter()
     all_paragraphs = [p for doc in train_docs for p in eltec.paragraphs(doc)]
     sentences = [s for p in all_paragraphs for s in split_sentences(p)]
@@ -270,6 +272,7 @@ def train_tokenizer(
                 "max_novels": max_novels,
                 "num_threads": num_threads,
                 "held_out_novels": [d.name for d in docs["valid"]],
+                **({"corpus": "other"} if other else {}),
             },
             "corpus": {
                 "documents": len(train_docs),
@@ -311,6 +314,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="ELTeC only: leave out the dvd/music reviews")
     parser.add_argument("--max-novels", type=positive_int, default=None)
     parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument("--other-corpus", action="store_true",
+                        help="read review files that are not Webis-CLS-10's (each still checked "
+                             "against the books test reviews)")
     parser.add_argument("--force", action="store_true",
                         help="replace --out even if train-tokenizer did not make it")
     parser.set_defaults(func=_run)
@@ -321,6 +327,7 @@ def _run(args: argparse.Namespace) -> int:
         args.data_root, args.out, seed=args.seed, vocab_size=args.vocab_size,
         sample_size=args.sample_sentences, with_reviews=args.with_reviews,
         max_novels=args.max_novels, num_threads=args.threads, force=args.force,
+        other_corpus=args.other_corpus,
     )
     manifest = _files.read_json(out / "manifest.json")
     print(f"train-tokenizer: wrote {out} ({manifest['parameters']['embedding_rows']} embedding rows, "

@@ -25,6 +25,7 @@ from finetune_lab.runs.evaluations import (accuracy_problems, log_problems, subs
 from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
+from finetune_lab.runs.measurements import cuda_peak_groups, timed_span_problems
 from finetune_lab.runs.run_inputs import cached_sha256
 
 CLOCK_SLACK_S = 2.0
@@ -112,8 +113,9 @@ def seed_problems(man: dict[str, Any]) -> list[str]:
     return []
 
 
-FLAG_OF = {"total_updates": "--total-num-update", "epochs": "--max-epoch"}
-"""Recipe keys whose command-line flag is not the key with dashes."""
+FLAG_OF = {"total_updates": ("--total-num-update",), "epochs": ("--max-epoch", "--epochs")}
+"""Recipe keys whose command-line flag is not the key with dashes: fairseq's, then this CLI's
+(trial 22's M-d5: `finetune transformers --epochs 7` beside 5 recorded epochs passed)."""
 
 
 def _flags(command: Sequence[str]) -> dict[str, list[str]]:
@@ -135,7 +137,8 @@ def command_problems(man: dict[str, Any]) -> list[str]:
     ``--max-tokens`` a pretraining batch is that many tokens (``--batch-size`` is only a cap)."""
     command = [str(t) for t in man.get("command") or []]
     flags, hp = _flags(command), man.get("hyperparameters") or {}
-    wanted = {key: (FLAG_OF.get(key, "--" + key.replace("_", "-")), value)
+    wanted = {key: (next((f for f in FLAG_OF.get(key, ()) if f in flags),
+                         "--" + key.replace("_", "-")), value)
               for key, value in hp.items()
               if isinstance(value, (int, float, str)) and not isinstance(value, bool)}
     if "--max-tokens" in flags and isinstance(hp.get("tokens_per_sample"), int) \
@@ -326,7 +329,7 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
             + subset_problems(path, man, events, _valid_subset(man))
             + accuracy_problems(path, man, events, _valid_subset(man))
             + log_problems(path, man, events)
-            + trainer_loss_problems(path, man, events))
+            + trainer_loss_problems(path, man, events) + timed_span_problems(man, events))
 
 
 def _valid_subset(man: dict[str, Any]) -> str | None:
@@ -365,8 +368,8 @@ def _hyperparameters(rec: Judged) -> dict[str, Any]:
 def count_problems(records: Sequence[Judged]) -> None:
     """Runs of one experiment and method have the same recipe (the seed and init aside; the
     experiment's ``experiment.json`` lets methods differ, not seeds of one method) and the same
-    model, so the same ``extra.parameters``: a run that differs from a strict majority of its
-    group is flagged."""
+    model, so the same ``extra.parameters``, and on one GPU model the same peak memory: a run
+    that differs from a strict majority of its group is flagged."""
     valid = [r for r in records if r.valid]
     by_method: dict[str, list[Judged]] = defaultdict(list)
     by_recipe: dict[str, list[Judged]] = defaultdict(list)
@@ -380,3 +383,6 @@ def count_problems(records: Sequence[Judged]) -> None:
         check_hyperparameters(group, None)
     for group in by_recipe.values():
         _flag_minority(group, lambda r: _extra(r)["parameters"], "extra.parameters")
+    for group in cuda_peak_groups(valid, _extra):  # trial 22's M-d
+        _flag_minority(group, lambda r: _extra(r)["peak_memory"].get("bytes"),
+                       "extra.peak_memory.bytes")

@@ -78,6 +78,13 @@ def run_dir_for(experiment: str, run: str, runs_root: Path | str | None = None) 
                             "digits, . _ + -)")
     root = Path(runs_root) if runs_root is not None else paths().runs
     refuse_inside_output(root.absolute(), "runs root")
+    for label, folder, name in (("experiment", root, experiment),
+                                ("run", root / experiment, run)):
+        twins = [] if (folder / name).exists() or not folder.is_dir() else sorted(
+            p.name for p in folder.iterdir() if p.name.casefold() == name.casefold())
+        if twins:  # trial 22's N-e1: on a case-insensitive disk, the same folder
+            raise UserError(f"{label} name {name!r} differs only in case from {twins[0]!r} in "
+                            f"{folder}: choose another name, or use {twins[0]!r}")
     return root / experiment / run
 
 
