@@ -299,11 +299,13 @@ def test_a_corpus_kind_edited_to_dapt_does_not_hide_the_task_texts_a_run_read(ca
 
 
 def test_a_gpu_run_holding_more_memory_than_its_calls_gpu_ever_did_is_rejected(cache):
-    """S9: 200 GiB on an H200 whose nvidia-smi samples peak at 26,837 MiB for all 21 runs."""
-    path = cache / "lora-gpu" / "lora-qv-seed0" / "manifest.json"
-    man = json.loads(path.read_text())
-    man["extra"]["peak_memory"]["bytes"] = 200 * 2**30
-    path.write_text(json.dumps(man))
+    """S9: 200 GiB on an H200 whose nvidia-smi samples peak at 26,837 MiB for all 21 runs (on
+    every seed, so that the seeds agree: one run alone is its recipe's minority, trial 22)."""
+    for seed in (0, 1, 2):
+        path = cache / "lora-gpu" / f"lora-qv-seed{seed}" / "manifest.json"
+        man = json.loads(path.read_text())
+        man["extra"]["peak_memory"]["bytes"] = 200 * 2**30
+        path.write_text(json.dumps(man))
     rec = {r.key: r for r in discover_runs(cache, ["lora-gpu"])}["lora-gpu/lora-qv-seed0"]
     assert not rec.valid and "never held more than 26,837 MiB" in rec.reason, rec.reason
 
