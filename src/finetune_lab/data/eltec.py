@@ -51,6 +51,9 @@ WEBIS_SHA256 = {
 :data:`~finetune_lab.data.cls_books.BOOKS_SHA256` pins the books files for ``prepare-cls``
 (trial 22's D-e: the books test reviews, put in as the books or dvd training file, were
 pretrained on)."""
+ELTEC_SHA256 = read_sums(Path(__file__).with_name("eltec-fra.sha256"))
+"""sha256 of each ELTeC-fra novel, the same way (22b's D-f: the books test reviews, one per
+line, put in as a novel, were pretrained on)."""
 
 
 @dataclass(frozen=True)
@@ -126,17 +129,17 @@ def task_reviews(root: Path, repeat: int) -> Document:
                     frozenset(r.position - 1 for r in train), repeat)
 
 
-def check_review_documents(root: Path, docs: Iterable[Document],
-                           other_corpus: bool = False) -> bool:
-    """Refuse a review file a corpus would read that is not Webis-CLS-10's (:data:`WEBIS_SHA256`,
-    and the data root's ``SHA256SUMS`` where it lists it) unless ``other_corpus``, and then one
-    whose reviews are the books test file's (:func:`~finetune_lab.data.overlap.check_overlap`);
-    the books test file itself always. True when another corpus is read."""
+def check_documents(root: Path, docs: Iterable[Document], other_corpus: bool = False) -> bool:
+    """Refuse a file a corpus would read (a review file or a novel) that is not the published
+    one (:data:`WEBIS_SHA256`, :data:`ELTEC_SHA256`, and the data root's ``SHA256SUMS`` where it
+    lists it) unless ``other_corpus``, and then one whose texts are the books test reviews
+    (:func:`~finetune_lab.data.overlap.check_overlap`); the books test file itself always.
+    True when another corpus is read."""
     test = root / BOOKS_DIR / "test.review"
     sums = root / "SHA256SUMS"
     listed = read_sums(sums) if os.path.lexists(sums) else {}
     other = False
-    for doc in {d.name: d for d in docs if d.name.endswith(".review")}.values():
+    for doc in {d.name: d for d in docs}.values():
         digest = sha256_file(doc.path)
         if digest == BOOKS_SHA256["test"]:
             raise UserError(f"{doc.path} is Webis-CLS-10's books test file: its reviews would be "
@@ -144,18 +147,28 @@ def check_review_documents(root: Path, docs: Iterable[Document],
         if doc.name in listed and listed[doc.name] != digest:
             raise UserError(f"{doc.path} is not the file the data root's {sums} lists (sha256 "
                             f"{digest[:12]}…, listed {listed[doc.name][:12]}…); restore it")
-        if digest == WEBIS_SHA256.get(doc.name):
+        pinned = {**WEBIS_SHA256, **ELTEC_SHA256}.get(doc.name, "")
+        if digest == pinned:
             continue
         if not other_corpus:
-            pinned = WEBIS_SHA256.get(doc.name, "")
-            raise UserError(f"{doc.path} is not Webis-CLS-10's {doc.name}, which the book's "
-                            f"corpora were made from (sha256 {digest[:12]}…"
-                            + (f", Webis-CLS-10's {pinned[:12]}…" if pinned else "") +
+            source = "Webis-CLS-10's" if doc.name.endswith(".review") else "ELTeC-fra's"
+            raise UserError(f"{doc.path} is not {source} {doc.name}, which the book's corpora "
+                            f"were made from (sha256 {digest[:12]}…"
+                            + (f", the published file's {pinned[:12]}…" if pinned else
+                               ", and no published file has that name") +
                             "): restore it, or pass --other-corpus to read another corpus")
-        check_overlap({"train": doc.path, "test": test}, read_reviews(doc.path),
-                      read_reviews(test))
+        texts = read_reviews(doc.path) if doc.name.endswith(".review") else [
+            Paragraph(text) for text in paragraphs(doc)]
+        check_overlap({"train": doc.path, "test": test}, texts, read_reviews(test))
         other = True
     return other
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    """A novel's paragraph, compared with the test reviews as a review would be."""
+
+    text: str
 
 
 def split_novels(

@@ -38,7 +38,7 @@ from finetune_lab.data.cls_books import BOOKS_DIR
 from finetune_lab.errors import UserError
 from finetune_lab.data.eltec import (
     DEFAULT_REVIEW_REPEAT, DEFAULT_REVIEW_VALID, DEFAULT_SEED, DEFAULT_VALID_FRACTION, ELTEC_DIRS,
-    Document, check_review_documents, corpus_documents, in_domain_reviews, paragraphs,
+    Document, check_documents, corpus_documents, in_domain_reviews, paragraphs,
     task_reviews,
 )
 
@@ -81,8 +81,8 @@ def prepare_pretrain(
     output under ``bin/``. With reviews, ``valid1`` holds the held-out reviews and train repeats
     the others ``review_repeat`` times. ``task_repeat`` adds the CLS-Books training split's
     texts that many times; without ``train_novels`` the train side holds reviews only (the
-    validation sets stay the same, so the two corpora's losses compare). Review files that are
-    not Webis-CLS-10's are read only with ``other_corpus`` (:func:`check_review_documents`).
+    validation sets stay the same, so the two corpora's losses compare). Files that are not the
+    published ones are read only with ``other_corpus`` (:func:`check_documents`).
     Returns ``(out, ran)``; ``ran`` is False when nothing changed.
     """
     root = require_data_root(*ELTEC_DIRS, root=data_root)
@@ -113,7 +113,7 @@ def prepare_pretrain(
     if not train_novels:
         parameters.update(train_novels=False)
     parameters["documents"] = {split: [d.name for d in ds] for split, ds in docs.items()}
-    if check_review_documents(root, [d for ds in docs.values() for d in ds], other_corpus):
+    if check_documents(root, [d for ds in docs.values() for d in ds], other_corpus):
         parameters["corpus"] = "other"  # in the parameters: a rebuild when it changes
     inputs = {
         "tokenizer/spm.model": _files.sha256_file(model_path),

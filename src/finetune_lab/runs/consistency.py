@@ -25,7 +25,7 @@ from finetune_lab.runs.evaluations import (accuracy_problems, log_problems, subs
 from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
-from finetune_lab.runs.measurements import cuda_peak_groups, timed_span_problems
+from finetune_lab.runs.measurements import peak_problems, timed_span_problems
 from finetune_lab.runs.run_inputs import cached_sha256
 
 CLOCK_SLACK_S = 2.0
@@ -383,6 +383,4 @@ def count_problems(records: Sequence[Judged]) -> None:
         check_hyperparameters(group, None)
     for group in by_recipe.values():
         _flag_minority(group, lambda r: _extra(r)["parameters"], "extra.parameters")
-    for group in cuda_peak_groups(valid, _extra):  # trial 22's M-d
-        _flag_minority(group, lambda r: _extra(r)["peak_memory"].get("bytes"),
-                       "extra.peak_memory.bytes")
+    peak_problems(valid, _extra)  # trial 22's M-d, 22b's M-e
