@@ -25,7 +25,7 @@ from finetune_lab.runs.evaluations import (accuracy_problems, log_problems, subs
 from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
-from finetune_lab.runs.measurements import peak_problems, timed_span_problems
+from finetune_lab.runs.measurements import measurement_problems, peak_problems
 from finetune_lab.runs.run_inputs import cached_sha256
 
 CLOCK_SLACK_S = 2.0
@@ -329,7 +329,7 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
             + subset_problems(path, man, events, _valid_subset(man))
             + accuracy_problems(path, man, events, _valid_subset(man))
             + log_problems(path, man, events)
-            + trainer_loss_problems(path, man, events) + timed_span_problems(man, events))
+            + trainer_loss_problems(path, man, events) + measurement_problems(man, events))
 
 
 def _valid_subset(man: dict[str, Any]) -> str | None:

@@ -17,8 +17,8 @@ from typing import Any
 from finetune_lab.runs.eventfiles import wall_span
 
 SPAN_SLACK = 0.03
-"""How much shorter than the span of its event files a run's timed part may be: at most 1.3 %
-in the committed runs (the first event is logged as the timer starts, the last just before it
+"""How far from the span of its event files a run's timed part may be: 0 to 1.3 % shorter in
+the committed runs (the first event is logged as the timer starts, the last just before it
 stops)."""
 SPAN_SLACK_S = 2.0
 """... or this many seconds, for tiny runs of a few seconds."""
@@ -30,9 +30,10 @@ CPU_SPREAD = 1.2
 kernel's bookkeeping), 1.3 for one edited by 30 % (22b's M-e5)."""
 
 
-def timed_span_problems(man: dict[str, Any], events: Sequence[Path]) -> list[str]:
-    """``extra.time_s`` against the seconds between its event files' first and last events, and
-    a CUDA peak against the GPU the run records."""
+def measurement_problems(man: dict[str, Any], events: Sequence[Path]) -> list[str]:
+    """A run's own measurements against what else it records: ``extra.time_s`` against the
+    seconds between its event files' first and last events, a CUDA peak's GPU against its
+    device."""
     extra = man.get("extra") if isinstance(man.get("extra"), dict) else {}
     peak, device = extra.get("peak_memory"), man.get("device") or {}
     problems = []
@@ -51,12 +52,16 @@ def timed_span_problems(man: dict[str, Any], events: Sequence[Path]) -> list[str
     return problems
 
 
+def _device_name(rec: Any) -> Any:
+    return ((rec.manifest or {}).get("device") or {}).get("name")
+
+
 def _key(rec: Any, extra: Callable[[Any], dict[str, Any]]) -> str:
+    """A run's recipe and device model (and threads, for a CPU run's memory)."""
     man = rec.manifest or {}
-    device = man.get("device") or {}
     return repr([rec.experiment, extra(rec).get("method"), man.get("init"),
                  sorted((man.get("hyperparameters") or {}).items(), key=str),
-                 device.get("name"), device.get("threads")])
+                 _device_name(rec), (man.get("device") or {}).get("threads")])
 
 
 def peak_problems(records: Sequence[Any], extra: Callable[[Any], dict[str, Any]]) -> None:
@@ -78,6 +83,6 @@ def peak_problems(records: Sequence[Any], extra: Callable[[Any], dict[str, Any]]
         for rec in group:
             rec.problems.append(
                 f"extra.peak_memory.bytes {extra(rec)['peak_memory']['bytes']}: the "
-                f"{len(group)} runs of its recipe on {(rec.manifest.get('device') or {}).get('name')} "
-                f"in {rec.experiment} disagree on their peak memory ({values[0]} to {values[-1]} "
-                "bytes), which one recipe on one device model allocates alike")
+                f"{len(group)} runs of its recipe on {_device_name(rec)} in {rec.experiment} "
+                f"disagree on their peak memory ({values[0]} to {values[-1]} bytes), which one "
+                "recipe on one device model allocates alike")
