@@ -251,7 +251,8 @@ def test_a_run_killed_right_after_a_save_resumes_and_anothers_recipe_does_not(tm
     last = save / "checkpoint_last.pt"
 
     def state(updates: int, dropout: float) -> None:
-        torch.save({"optimizer_history": [{"num_updates": updates}], "extra_state": {},
+        torch.save({"optimizer_history": [{"num_updates": updates}],
+                    "extra_state": {"launch": "a1b2c3d4e5f60718"},  # the plugin's mark
                     "cfg": {"common": {"seed": 1}, "optimization": {"lr": [1e-3]},
                             "model": {"dropout": dropout, "attention_dropout": dropout},
                             "checkpoint": {"save_dir": str(save)}}}, last)
@@ -259,6 +260,7 @@ def test_a_run_killed_right_after_a_save_resumes_and_anothers_recipe_does_not(tm
     run = tmp_path / "runs" / "zB"
     run.mkdir(parents=True)
     manifest = {"status": "running", "seed": 1, "updates_done": 2,
+                "segments": [{"launch": "a1b2c3d4e5f60718"}],
                 "hyperparameters": {"lr": 1e-3, "dropout": 0.0, "attention_dropout": 0.0},
                 "resume_state": {"updates": 2, "sha256": sha256_file(last)}}
     (run / "manifest.json").write_text(json.dumps(manifest))

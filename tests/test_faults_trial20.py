@@ -74,7 +74,8 @@ def test_a_killed_run_with_no_record_resumes_only_a_state_its_log_saved(tmp_path
     last = save / "checkpoint_last.pt"
 
     def state(batch: int) -> None:
-        torch.save({"optimizer_history": [{"num_updates": 2}], "extra_state": {},
+        torch.save({"optimizer_history": [{"num_updates": 2}],
+                    "extra_state": {"launch": "a1b2c3d4e5f60718"},  # the plugin's mark
                     "cfg": {"common": {"seed": 1}, "optimization": {"lr": [1e-3],
                                                                    "update_freq": [1]},
                             "model": {"dropout": 0.0, "attention_dropout": 0.0},
@@ -85,6 +86,7 @@ def test_a_killed_run_with_no_record_resumes_only_a_state_its_log_saved(tmp_path
     run.mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({
         "status": "running", "seed": 1, "updates_done": 0,
+        "segments": [{"launch": "a1b2c3d4e5f60718"}],
         "hyperparameters": {"lr": 1e-3, "dropout": 0.0, "attention_dropout": 0.0,
                             "tokens_per_sample": 64, "tokens_per_update": 128}}))
     state(4)  # another run's: 256 tokens per update

@@ -146,7 +146,8 @@ def test_a_killed_run_resumes_no_state_saved_in_a_folder_since_gone(tmp_path):
     last = save / "checkpoint_last.pt"
 
     def state(saved_in: Path) -> dict:
-        torch.save({"optimizer_history": [{"num_updates": 2}], "extra_state": {},
+        torch.save({"optimizer_history": [{"num_updates": 2}],
+                    "extra_state": {"launch": "a1b2c3d4e5f60718"},  # the plugin's mark
                     "cfg": {"common": {"seed": 1}, "optimization": {"lr": [1e-3]},
                             "dataset": {"batch_size": 2}, "task": {"tokens_per_sample": 64},
                             "checkpoint": {"save_dir": str(saved_in)}}}, last)
@@ -155,6 +156,7 @@ def test_a_killed_run_resumes_no_state_saved_in_a_folder_since_gone(tmp_path):
     run.mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({
         "status": "running", "seed": 1, "updates_done": 0,
+        "segments": [{"launch": "a1b2c3d4e5f60718"}],
         "hyperparameters": {"lr": 1e-3, "tokens_per_sample": 64, "tokens_per_update": 128}}))
     (run / "train.log").write_text(
         "2026-11-27 12:00:00 | INFO | fairseq.checkpoint_utils | Saved checkpoint "
@@ -245,7 +247,8 @@ def test_a_state_of_the_same_folder_is_the_runs_only_with_its_score_and_corpus(t
     corpus = tmp_path / "pp" / "bin"
 
     def state(score: float, data: Path) -> dict:
-        torch.save({"optimizer_history": [{"num_updates": 2}], "extra_state": {"val_loss": score},
+        torch.save({"optimizer_history": [{"num_updates": 2}],
+                    "extra_state": {"val_loss": score, "launch": "a1b2c3d4e5f60718"},
                     "cfg": {"common": {"seed": 1}, "optimization": {"lr": [1e-3]},
                             "dataset": {"batch_size": 2}, "task": {"tokens_per_sample": 64,
                                                                    "data": str(data)},
@@ -257,6 +260,7 @@ def test_a_state_of_the_same_folder_is_the_runs_only_with_its_score_and_corpus(t
     (corpus / "train.bin").write_bytes(b"0")
     (run / "manifest.json").write_text(json.dumps({
         "status": "running", "seed": 1, "updates_done": 0,
+        "segments": [{"launch": "a1b2c3d4e5f60718"}],
         "inputs": {"data": [input_record(corpus.parent)]},
         "hyperparameters": {"lr": 1e-3, "tokens_per_sample": 64, "tokens_per_update": 128}}))
     (run / "train.log").write_text(

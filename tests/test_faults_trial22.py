@@ -102,7 +102,8 @@ def test_webis_files_pass_and_a_books_training_file_of_test_reviews_fails_the_te
     the test reviews is still refused by the text comparison."""
     real = default_data_root()
     docs = eltec.in_domain_reviews(real)[0] + [eltec.task_reviews(real, 1)]
-    assert eltec.check_documents(real, docs) is False
+    digests, other = eltec.check_documents(real, docs)
+    assert other is False and digests == {d.name: eltec.WEBIS_SHA256[d.name] for d in docs}
     test = _test_file().read_text(encoding="utf-8")
     near = tmp_path / "train.review"
     near.write_text(test.replace("</text>", " !</text>"), encoding="utf-8")

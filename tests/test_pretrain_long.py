@@ -17,6 +17,7 @@ from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.train import pretrain_long
 from finetune_lab.train.pretrain_fairseq import echoing
 from finetune_lab.train.pretrain_recipe import PretrainRecipe, state_dir, tapt_start
+from finetune_lab.train.pretrain_resume import resume_point
 
 TOTAL = 20  # updates: general 0-14, task-adaptive 14-20 (tapt_fraction 0.3)
 
@@ -98,13 +99,22 @@ def test_an_interrupted_long_run_equals_an_uninterrupted_one(
     assert [(s["updates_from"], s["updates_to"]) for s in m["segments"]] == [(0, 8)]
     assert not (tmp_path / "pkg-cut").exists()  # nothing packaged before the budget is spent
     _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "cut", segment_updates=8)
-    # ... and the rest, in a launch that the previous one did not see end (killed): its
-    # segment has no end, and the next launch says so
+    # ... and the rest, in a launch that the previous one did not see end (killed right after
+    # its save, before recording it): its segment has no end, and the next launch says so
     m = read_manifest(run_dir)
     assert m["status"] == "paused" and m["updates_done"] == 16
+    launch = m["segments"][-1]["launch"]  # the plugin wrote it into the state fairseq saved
+    assert resume_point(state_dir("cut"))["launch"] == launch != m["segments"][0]["launch"]
     m["segments"][-1] = {k: v for k, v in m["segments"][-1].items()
-                         if k in ("start_time", "device", "updates_from")}
-    m["status"] = "running"
+                         if k in ("start_time", "device", "updates_from", "launch")}
+    m.update(status="running", updates_done=8)
+    del m["resume_state"]
+    # another launch's id (22b's W2-f1: another run's state, same folders, seed and score)
+    m["segments"][-1]["launch"] = "0" * 16
+    (run_dir / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match="is not the state .* last recorded"):
+        _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "cut")
+    m["segments"][-1]["launch"] = launch  # the run's own: its log printed the save
     (run_dir / "manifest.json").write_text(json.dumps(m))
     _long(tiny_pipeline, tapt_corpus, tmp_path, monkeypatch, "cut")
     m = read_manifest(run_dir)

@@ -129,18 +129,20 @@ def task_reviews(root: Path, repeat: int) -> Document:
                     frozenset(r.position - 1 for r in train), repeat)
 
 
-def check_documents(root: Path, docs: Iterable[Document], other_corpus: bool = False) -> bool:
+def check_documents(root: Path, docs: Iterable[Document], other_corpus: bool = False,
+                    ) -> tuple[dict[str, str], bool]:
     """Refuse a file a corpus would read (a review file or a novel) that is not the published
     one (:data:`WEBIS_SHA256`, :data:`ELTEC_SHA256`, and the data root's ``SHA256SUMS`` where it
     lists it) unless ``other_corpus``, and then one whose texts are the books test reviews
     (:func:`~finetune_lab.data.overlap.check_overlap`); the books test file itself always.
-    True when another corpus is read."""
+    Returns each file's sha256 by name (its record, hashed once) and whether another corpus is
+    read."""
     test = root / BOOKS_DIR / "test.review"
     sums = root / "SHA256SUMS"
     listed = read_sums(sums) if os.path.lexists(sums) else {}
-    other = False
+    other, digests = False, {}
     for doc in {d.name: d for d in docs}.values():
-        digest = sha256_file(doc.path)
+        digest = digests[doc.name] = sha256_file(doc.path)
         if digest == BOOKS_SHA256["test"]:
             raise UserError(f"{doc.path} is Webis-CLS-10's books test file: its reviews would be "
                             f"pretrained on; restore {doc.name}")
@@ -157,11 +159,14 @@ def check_documents(root: Path, docs: Iterable[Document], other_corpus: bool = F
                             + (f", the published file's {pinned[:12]}…" if pinned else
                                ", and no published file has that name") +
                             "): restore it, or pass --other-corpus to read another corpus")
+        if not other and sha256_file(test) != BOOKS_SHA256["test"]:  # 22b's D-f6: another
+            raise UserError(f"{test} is not Webis-CLS-10's books test file, which another "
+                            "corpus is compared with: restore it")
         texts = read_reviews(doc.path) if doc.name.endswith(".review") else [
             Paragraph(text) for text in paragraphs(doc)]
         check_overlap({"train": doc.path, "test": test}, texts, read_reviews(test))
         other = True
-    return other
+    return digests, other
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from finetune_lab import _files
 from finetune_lab.data.tools import tool_versions
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.data import binarize, tokenizer
-from finetune_lab.data.cls_books import BOOKS_DIR
+from finetune_lab.data.cls_books import BOOKS_DIR, BOOKS_SHA256
 from finetune_lab.errors import UserError
 from finetune_lab.data.eltec import (
     DEFAULT_REVIEW_REPEAT, DEFAULT_REVIEW_VALID, DEFAULT_SEED, DEFAULT_VALID_FRACTION, ELTEC_DIRS,
@@ -113,12 +113,13 @@ def prepare_pretrain(
     if not train_novels:
         parameters.update(train_novels=False)
     parameters["documents"] = {split: [d.name for d in ds] for split, ds in docs.items()}
-    if check_documents(root, [d for ds in docs.values() for d in ds], other_corpus):
+    digests, other = check_documents(root, [d for ds in docs.values() for d in ds], other_corpus)
+    if other:
         parameters["corpus"] = "other"  # in the parameters: a rebuild when it changes
     inputs = {
         "tokenizer/spm.model": _files.sha256_file(model_path),
         "tokenizer/dict.txt": _files.sha256_file(dict_path),
-        **{d.name: _files.sha256_file(d.path) for ds in docs.values() for d in ds},
+        **digests,
     }
     if not force and binarize.up_to_date(out, inputs, parameters):
         return out, False
@@ -247,7 +248,17 @@ def corpus_record(bin_dir: Path) -> dict[str, Any] | None:
     manifest = folder.parent / "manifest.json" if folder.name == "bin" else folder / "manifest.json"
     if not manifest.is_file():
         return None
-    params = _files.read_json(manifest).get("parameters") or {}
+    record = _files.read_json(manifest)
+    if not isinstance(record, dict):
+        raise UserError(f"{manifest} is not a corpus manifest (a JSON object): prepare the corpus "
+                        "again (prepare-pretrain --force)")
+    inputs = record.get("inputs") if isinstance(record.get("inputs"), dict) else {}
+    read = [name for name, digest in inputs.items() if digest == BOOKS_SHA256["test"]]
+    if read:  # made before every file was checked (22b's R-D-e3): its text is the test reviews'
+        raise UserError(f"{manifest} records Webis-CLS-10's books test file as its {read[0]}: "
+                        f"its reviews are in that corpus; prepare it again (prepare-pretrain "
+                        "--force)")
+    params = record.get("parameters") or {}
     train = list((params.get("documents") or {}).get("train") or [])
     sources = sorted({"eltec-fra" if n.endswith(".txt.xz") else n.rsplit("/", 1)[0]
                       for n in train})

@@ -241,7 +241,7 @@ def train_tokenizer(
     _files.check_replaceable(out, COMMAND, force=force, earlier=mine)  # before the slow part
     docs = eltec.corpus_documents(root, seed=seed, with_reviews=with_reviews, max_novels=max_novels)
     train_docs = docs["train"]
-    other = eltec.check_documents(root, train_docs, other_corpus)
+    digests, other = eltec.check_documents(root, train_docs, other_corpus)
     read_started = time.perf_counter()
     all_paragraphs = [p for doc in train_docs for p in eltec.paragraphs(doc)]
     sentences = [s for p in all_paragraphs for s in split_sentences(p)]
@@ -258,7 +258,7 @@ def train_tokenizer(
         count_s = time.perf_counter() - count_started
         manifest = {
             "step": COMMAND,
-            "inputs": {d.name: _files.sha256_file(d.path) for d in train_docs},
+            "inputs": digests,
             "outputs": _files.sha256_tree(tmp, exclude=("manifest.json",)),
             "seed": seed,
             "parameters": {

@@ -136,3 +136,34 @@ def install_numpy_long_alias() -> None:
 
     if not hasattr(np, "compat"):
         np.compat = SimpleNamespace(long=np.int64)  # type: ignore[attr-defined]
+
+
+LAUNCH_ENV = "FINETUNE_LAB_LAUNCH"
+"""The environment variable that names a pretraining launch: a random id its manifest records."""
+
+
+def install_launch_mark() -> None:
+    """Write the launch's id (:data:`LAUNCH_ENV`) into every state fairseq saves, as
+    ``extra_state["launch"]``: a run killed after a save, before it recorded the state, resumes
+    only a state that one of its own launches saved (22b's W2-f1: another run of the same name,
+    in a checkout at the same path, matched its folders, seed, recipe and score).
+
+    fairseq keeps unknown ``extra_state`` keys and ignores them as it loads a state. Without the
+    variable (every other use of fairseq) nothing is changed.
+    """
+    launch = os.environ.get(LAUNCH_ENV)
+    if not launch:
+        return
+    from fairseq.trainer import Trainer
+
+    original = Trainer.state_dict
+    if getattr(original, "_launch_mark", False):
+        return
+
+    def state_dict(self):
+        state = original(self)
+        state["extra_state"]["launch"] = launch
+        return state
+
+    state_dict._launch_mark = True  # type: ignore[attr-defined]
+    Trainer.state_dict = state_dict

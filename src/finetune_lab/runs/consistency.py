@@ -212,7 +212,7 @@ def event_time_problems(events: Sequence[Path], man: dict[str, Any]) -> list[str
 
 def device_problems(man: dict[str, Any]) -> list[str]:
     """The device's name against what else names it: the CPU's model on a CPU run, the GPUs'
-    names on a GPU run, the device its peak memory was measured on."""
+    names on a GPU run, the device (and the GPU) its peak memory was measured on."""
     device = man.get("device") or {}
     name = device.get("name")
     if device.get("type") == "cpu" and device.get("cpu") not in (None, name):
@@ -228,6 +228,8 @@ def device_problems(man: dict[str, Any]) -> list[str]:
     if isinstance(peak, dict) and peak.get("device") not in (None, device.get("type")):
         return [f"extra.peak_memory was measured on {peak.get('device')!r}, not on its device "
                 f"({device.get('type')!r})"]
+    if isinstance(peak, dict) and peak.get("device") == "cuda" and peak.get("gpu") != name:
+        return [f"extra.peak_memory.gpu {peak.get('gpu')!r} is not its device {name!r}"]  # M-e3
     if isinstance(peak, dict) and isinstance(rss, dict) and peak.get("device") == "cpu" \
             and peak.get("bytes") != rss.get("bytes"):
         return [f"extra.peak_memory.bytes {peak.get('bytes')} is not its extra.cpu_peak_rss "

@@ -14,6 +14,7 @@ the manifest records every corpus read, so a lineage can be checked for the task
 from __future__ import annotations
 
 import math
+import secrets
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -27,9 +28,11 @@ from finetune_lab.data import pretrain_corpus, tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
 from finetune_lab.models import position_init as position_inits
+from finetune_lab.models.fairseq_compat import LAUNCH_ENV
 from finetune_lab.runs.fairseq_logs import line_stat
 from finetune_lab.runs.eventfiles import checked_events
-from finetune_lab.runs.manifest import device_info, event_files, portable_path, read_manifest
+from finetune_lab.runs.manifest import (device_info, event_files, portable_path, read_manifest,
+                                        write_manifest)
 from finetune_lab.runs.recording import record_run, run_fairseq_train, set_aside
 from finetune_lab.runs.experiments import pin_config
 from finetune_lab.train.pretrain_fairseq import (
@@ -240,6 +243,10 @@ def pretrain_long(
         segment["updates_from"] = first = point["updates"] if point else 0
         if earlier and earlier[-1].get("updates_to") is None:  # killed: it got as far as saved
             earlier[-1]["updates_to"] = first
+        # a random id for this launch, on disk before fairseq starts: the plugin writes it into
+        # every state it saves, and only a state with one of the run's ids is the run's own
+        segment["launch"] = env[LAUNCH_ENV] = secrets.token_hex(8)
+        write_manifest(handle.run_dir, handle.manifest)
         try:
             for phase in phases:
                 point = resume_point(save_dir)

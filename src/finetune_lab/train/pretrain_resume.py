@@ -45,7 +45,7 @@ def resume_point(save_dir: Path) -> dict[str, Any] | None:
             # who made it: fairseq keeps the seed and the save folder of the run it trained
             "seed": field("common", "seed"),
             "save_dir": field("checkpoint", "save_dir"), "data": field("task", "data"),
-            "logdir": field("common", "tensorboard_logdir"),  # the run folder it logged in
+            "launch": extra.get("launch"),  # the launch that saved it (fairseq_compat)
             # and the recipe, as the run's manifest records it (RECIPE)
             **{key: field(*where) for key, where in RECIPE.items()},
             "lr": (field("optimization", "lr") or [None])[0],
@@ -80,8 +80,6 @@ def _betas(saved: Any) -> list[float] | None:
         return None
 
 
-LOGDIR = re.compile(r"'tensorboard_logdir': '([^']*)'")
-"""The run folder a launch logged in, as fairseq prints its configuration as it starts."""
 SAVED = re.compile(r"\| Saved checkpoint (.+?) \(epoch \d+ @ (\d+) updates(?:, score ([^)]*))?")
 """fairseq's line for a save it finished, with the file and the update it was made at."""
 
@@ -179,10 +177,12 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
                            if Path(folder).parent.name == last.parent.name
                            and Path(folder).parent == Path(str(made.get("save_dir")))
                            and not _differ_score(score, made.get("val_loss"))}
-        # and it logged in a folder the run's launches logged in (trial 22's W2-e2: another
-        # run's, of another run store, at a score two runs that barely moved both printed)
-        logged = set(LOGDIR.findall(text))
-        same = same and (not logged or str(made.get("logdir")) in logged)
+        # and one of the run's launches saved it: each writes its random id in the manifest
+        # before fairseq starts, and into every state (trial 22's W2-e2, 22b's W2-f1: another
+        # run's, at a score two runs that barely moved both printed, in a run store at the
+        # same path; a state saved before launches were named is not resumed this way)
+        launches = [s.get("launch") for s in man.get("segments") or [] if isinstance(s, dict)]
+        same = same and isinstance(made.get("launch"), str) and made["launch"] in launches
     if not same or updates < at:
         raise UserError(f"{last} is not the state {run_dir} last recorded (update {at}; its "
                         "sha256 or update count differs: another run's, or saved as a launch was "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from finetune_lab.models.fairseq_compat import (
     install_bf16_without_tpu,
+    install_launch_mark,
     install_numpy_long_alias,
     install_torchrun_on_cpu,
     quiet_import,
@@ -56,3 +57,4 @@ install_fairseq_loader()
 install_bf16_without_tpu()
 install_torchrun_on_cpu()
 install_numpy_long_alias()  # fairseq's eos break mode (doc_objective's whole-line samples)
+install_launch_mark()  # a pretraining launch's id in every state it saves (pretrain_resume)

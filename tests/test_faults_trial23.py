@@ -1,0 +1,122 @@
+"""Fault trial 23 and check 22b's W2-f1: each defect's class, on real small inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import needs_data_root
+
+from finetune_lab.errors import UserError
+
+MINE, THEIRS = "a1b2c3d4e5f60718", "0f1e2d3c4b5a6978"
+
+
+@pytest.mark.parametrize("segments", [
+    [{"launch": THEIRS}], [{"launch": MINE}], [{}], [{"launch": ["x"]}], "damaged"])
+def test_a_killed_run_resumes_only_a_state_one_of_its_launches_saved(tmp_path, segments):
+    """22b's W2-f1: another run of the same name, in a run store at the same path (a checkout
+    at the same path on another machine), saved at the same update, in the same folders, at
+    the same score (lr 1e-7); the run, killed 0.1 s after its own save, resumed that state."""
+    import torch
+
+    from finetune_lab.train.pretrain_resume import check_own_state, resume_point
+
+    save = tmp_path / "work" / "zR"
+    save.mkdir(parents=True)
+    last = save / "checkpoint_last.pt"
+    run = tmp_path / "runs" / "zR"
+    run.mkdir(parents=True)
+    torch.save({"optimizer_history": [{"num_updates": 2}],
+                "extra_state": {"val_loss": 15.111, "launch": THEIRS},
+                "cfg": {"common": {"seed": 1, "tensorboard_logdir": str(run)},
+                        "optimization": {"lr": [1e-7]}, "task": {"tokens_per_sample": 64},
+                        "checkpoint": {"save_dir": str(save)}}}, last)
+    (run / "manifest.json").write_text(json.dumps({
+        "status": "running", "seed": 1, "updates_done": 0, "hyperparameters": {"lr": 1e-7},
+        "segments": segments if segments == "damaged" else [{"launch": MINE}, *segments]}))
+    (run / "train.log").write_text(
+        f"{{'common': {{'tensorboard_logdir': '{run}'}}}}\n"
+        "2026-11-28 12:00:00 | INFO | fairseq.checkpoint_utils | Saved checkpoint "
+        f"{save}/checkpoint_1_2.pt (epoch 1 @ 2 updates, score 15.111) (writing took 0.1 s)\n")
+    made = resume_point(save)
+    assert made["launch"] == THEIRS
+    if segments == [{"launch": THEIRS}]:  # one of the run's own launches saved it
+        check_own_state(run, last, 2, made=made)
+        return
+    with pytest.raises(UserError, match="is not the state .* last recorded"):
+        check_own_state(run, last, 2, made=made)
+    del made["launch"]  # a state saved by code before launches were named
+    with pytest.raises(UserError, match="is not the state .* last recorded"):
+        check_own_state(run, last, 2, made=made)
+
+
+def test_the_plugin_names_the_launch_in_every_state_fairseq_saves(monkeypatch):
+    """The mark a killed run's state is recognised by: fairseq's own trainer state, with the
+    launch's id beside fairseq's keys, and nothing added without a launch."""
+    from fairseq.trainer import Trainer
+
+    from finetune_lab.models import fairseq_compat
+
+    saved = {"extra_state": {"previous_training_time": 1.5}}
+    monkeypatch.setattr(Trainer, "state_dict", lambda self: {
+        k: dict(v) for k, v in saved.items()})
+    monkeypatch.delenv(fairseq_compat.LAUNCH_ENV, raising=False)
+    fairseq_compat.install_launch_mark()
+    assert Trainer.state_dict(None) == saved
+    monkeypatch.setenv(fairseq_compat.LAUNCH_ENV, MINE)
+    fairseq_compat.install_launch_mark()
+    fairseq_compat.install_launch_mark()  # once only, however often the plugin is imported
+    assert Trainer.state_dict(None) == {
+        "extra_state": {"previous_training_time": 1.5, "launch": MINE}}
+
+
+@pytest.mark.parametrize("manifest, message", [
+    ({"inputs": {"webis-cls-10/fr/books/train.review": "test"}, "parameters": {}},
+     "records Webis-CLS-10's books test file as its webis-cls-10/fr/books/train.review"),
+    ([], "is not a corpus manifest"),
+    ({"inputs": {"webis-cls-10/fr/books/train.review": "train"}, "parameters": {}}, None)])
+def test_a_corpus_made_from_the_books_test_file_is_refused_by_pretraining(tmp_path, manifest,
+                                                                          message):
+    """22b's R-D-e3: a corpus made before every file was checked, whose manifest records the
+    books test file's sha256 as the books training file, was pretrained on."""
+    from finetune_lab.data.cls_books import BOOKS_SHA256
+    from finetune_lab.data.pretrain_corpus import corpus_record
+
+    if isinstance(manifest, dict):
+        manifest["inputs"] = {k: BOOKS_SHA256[v] for k, v in manifest["inputs"].items()}
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    if message is None:
+        assert corpus_record(tmp_path / "bin")["train_sources"] == []
+        return
+    with pytest.raises(UserError, match=message):
+        corpus_record(tmp_path / "bin")
+
+
+@needs_data_root
+def test_another_corpus_is_compared_with_the_published_test_file_only(tmp_path):
+    """22b's D-f6: with --other-corpus, the test reviews were compared with whatever the data
+    root held as the books test file; put the training file there, and the test reviews, read
+    as another corpus, passed the text check."""
+    import shutil
+
+    from finetune_lab.config import default_data_root
+    from finetune_lab.data import eltec
+    from finetune_lab.data.cls_books import BOOKS_DIR
+
+    real = default_data_root()
+    (tmp_path / BOOKS_DIR).mkdir(parents=True)
+    shutil.copyfile(real / BOOKS_DIR / "train.review", tmp_path / BOOKS_DIR / "test.review")
+    disguised = tmp_path / "mine.review"  # the test reviews, one byte from the published file
+    disguised.write_bytes((real / BOOKS_DIR / "test.review").read_bytes() + b"\n")
+    mine = eltec.Document("mine.review", disguised)
+    with pytest.raises(UserError, match="test.review is not Webis-CLS-10's books test file, "
+                                        "which another corpus is compared with: restore it"):
+        eltec.check_documents(tmp_path, [mine], other_corpus=True)
+    (tmp_path / BOOKS_DIR / "test.review").unlink()  # the published file: the text check
+    os.symlink(real / BOOKS_DIR / "test.review", tmp_path / BOOKS_DIR / "test.review")
+    with pytest.raises(UserError, match=r"shares 2000 of its 2000 reviews with"):
+        eltec.check_documents(tmp_path, [mine], other_corpus=True)
