@@ -366,7 +366,8 @@ def test_package_checkpoint_is_atomic_and_byte_for_byte(tmp_path, monkeypatch):
     for name in ("model.pt", checkpoints.DICT_FILE, checkpoints.SPM_FILE):
         assert (dest / name).read_bytes() == (committed / name).read_bytes(), name
     assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in committed.iterdir())
-    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]  # no temp or old folder left
+    # no temp folder left, and the old one kept beside it (trial 23's A-f1: its lineage)
+    assert [p.name.split("-")[0] for p in sorted(tmp_path.iterdir())] == ["pkg", "pkg.replaced"]
     user = _users_folder(tmp_path / "u")
     with pytest.raises(UserError, match="--force"):
         package(user)

@@ -100,7 +100,8 @@ def test_a_corpus_made_from_the_books_test_file_is_refused_by_pretraining(tmp_pa
 def test_another_corpus_is_compared_with_the_published_test_file_only(tmp_path):
     """22b's D-f6: with --other-corpus, the test reviews were compared with whatever the data
     root held as the books test file; put the training file there, and the test reviews, read
-    as another corpus, passed the text check."""
+    as another corpus, passed the text check. (A root of another data set, whose training file
+    is not Webis-CLS-10's either, is compared with its own test file.)"""
     import shutil
 
     from finetune_lab.config import default_data_root
@@ -110,13 +111,106 @@ def test_another_corpus_is_compared_with_the_published_test_file_only(tmp_path):
     real = default_data_root()
     (tmp_path / BOOKS_DIR).mkdir(parents=True)
     shutil.copyfile(real / BOOKS_DIR / "train.review", tmp_path / BOOKS_DIR / "test.review")
+    os.symlink(real / BOOKS_DIR / "train.review", tmp_path / BOOKS_DIR / "train.review")
     disguised = tmp_path / "mine.review"  # the test reviews, one byte from the published file
     disguised.write_bytes((real / BOOKS_DIR / "test.review").read_bytes() + b"\n")
     mine = eltec.Document("mine.review", disguised)
     with pytest.raises(UserError, match="test.review is not Webis-CLS-10's books test file, "
-                                        "which another corpus is compared with: restore it"):
+                                        "which another corpus is compared with, though the "
+                                        "training file beside it is Webis-CLS-10's: restore it"):
         eltec.check_documents(tmp_path, [mine], other_corpus=True)
     (tmp_path / BOOKS_DIR / "test.review").unlink()  # the published file: the text check
     os.symlink(real / BOOKS_DIR / "test.review", tmp_path / BOOKS_DIR / "test.review")
     with pytest.raises(UserError, match=r"shares 2000 of its 2000 reviews with"):
         eltec.check_documents(tmp_path, [mine], other_corpus=True)
+
+
+@needs_data_root
+@pytest.mark.parametrize("split, n", [("train", 40), ("valid", 20)])
+def test_test_reviews_written_into_a_prepared_split_are_not_binarized(tmp_path, split, n):
+    """Trial 23's D-g: a cls.books folder whose training split was the first 40 test reviews
+    (and labels) was binarized and fine-tuned on, and the run was valid."""
+    import shutil
+
+    from data_fixtures import cls_dir, tiny_tokenizer
+
+    from finetune_lab.data.binarize import binarize_cls
+
+    mine = tmp_path / "cls.books"
+    shutil.copytree(cls_dir(), mine)
+    for kind in ("review", "label"):
+        test = (mine / f"test.{kind}").read_text(encoding="utf-8").splitlines(True)
+        (mine / f"{split}.{kind}").write_text("".join(test[:n]), encoding="utf-8")
+    with pytest.raises(UserError, match=rf"{split}.review shares {n} of its {n} reviews with .*"
+                                        "test.review: the test reviews would be trained on; "
+                                        "prepare the splits again"):
+        binarize_cls(mine, tiny_tokenizer(), tmp_path / "bin")
+    assert not (tmp_path / "bin").exists()
+
+
+def _moved(when: str, seconds: float) -> str:
+    from datetime import datetime, timedelta
+
+    return (datetime.fromisoformat(when) + timedelta(seconds=seconds)).isoformat()
+
+
+def _peak3(m: dict) -> None:
+    m["extra"]["peak_memory"]["bytes"] = float(m["extra"]["peak_memory"]["bytes"] * 3)
+
+
+@pytest.mark.parametrize("run, edit, reason", [
+    # M-f1: the peak written as a float, which the group left out
+    ("transformers-gpu/pretrained-seed9", _peak3, r"disagree on their peak memory"),
+    # M-f2, M-f3: a field nothing checked, which made a group of one
+    ("transformers-gpu/pretrained-seed9", lambda m: (_peak3(m), m["device"].update(threads=2)),
+     r"disagree on their peak memory"),
+    ("transformers-gpu/pretrained-seed9",
+     lambda m: (_peak3(m), m["extra"].update(method="full")), r"disagree on their peak memory"),
+    # M-g1: a fairseq run 5 minutes longer, its start moved with it, within the event bounds
+    ("fairseq/pretrained-seed0", lambda m: m.update(
+        start_time=_moved(m["start_time"], -300), wall_time_s=m["wall_time_s"] + 300),
+     r"wall_time_s \d+\.?\d* s is not the 1647 s between its train\.log's first and last"),
+    ("fairseq/pretrained-seed0", lambda m: m.update(
+        end_time=_moved(m["end_time"], 25), wall_time_s=m["wall_time_s"] + 25),
+     r"wall_time_s 1675\.\d+ s is not the 1647 s"),
+    # M-g4: a Transformers CPU run, its start 115 s earlier and its end 100 s later
+    ("transformers/pretrained-seed0", lambda m: m.update(
+        start_time=_moved(m["start_time"], -115), end_time=_moved(m["end_time"], 100),
+        wall_time_s=m["wall_time_s"] + 215), r"start_time .* is 11\d s before its event files'"),
+])
+def test_a_measurement_moved_through_an_unchecked_field_or_the_clock_slack_is_rejected(
+        cache, run, edit, reason):
+    """Trial 23's M-f (a peak memory tripled, as a float, or with a field nothing checks, was
+    compared with no other run) and M-g (a run's minutes grown within the clocks' slack)."""
+    import re
+
+    from finetune_lab.runs.registry import discover_runs
+
+    path = cache / run / "manifest.json"
+    man = json.loads(path.read_text(encoding="utf-8"))
+    edit(man)
+    path.write_text(json.dumps(man, indent=1), encoding="utf-8")
+    (rec,) = [r for r in discover_runs(cache) if r.key == run]
+    assert not rec.valid and re.search(reason, rec.reason), rec.reason
+
+
+def test_packaging_the_same_weights_again_keeps_the_old_folder_and_its_lineage(tmp_path):
+    """Trial 23's A-f1: `package-checkpoint <a copy of model.pt> --dest <the packaged
+    checkpoint> --force --trust` rewrote its manifest in place (lineage null, a new date) and
+    kept nothing: the same weights were not counted as a replacement."""
+    import shutil
+
+    from finetune_lab.config import PROJECT_ROOT
+    from finetune_lab.models import checkpoints
+
+    committed = PROJECT_ROOT / "data" / "checkpoints" / checkpoints.CHECKPOINT_NAME
+    dest = tmp_path / checkpoints.CHECKPOINT_NAME
+    shutil.copytree(committed, dest)
+    source = shutil.copyfile(committed / checkpoints.MODEL_FILE, tmp_path / "m.pt")
+    before = json.loads((dest / checkpoints.MANIFEST_FILE).read_text())
+    assert before["lineage"]
+    checkpoints.package_checkpoint(source, dest / checkpoints.SPM_FILE, dest / checkpoints.DICT_FILE,
+                                   dest, trust=True, force=True)
+    (kept,) = tmp_path.glob(f"{checkpoints.CHECKPOINT_NAME}.replaced-*")
+    assert json.loads((kept / checkpoints.MANIFEST_FILE).read_text()) == before
+    assert json.loads((dest / checkpoints.MANIFEST_FILE).read_text())["trusted_by"]

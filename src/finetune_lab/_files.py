@@ -307,8 +307,8 @@ def _remove(path: Path) -> None:
 
 
 @contextmanager
-def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
-               earlier: Recognizer | None = None, marker: bool = True) -> Iterator[Path]:
+def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, earlier:
+               Recognizer | None = None, marker: bool = True, keep_old: bool = False) -> Iterator[Path]:
     """Yield a temp folder beside ``dest``; on success it replaces ``dest``, on failure it is removed.
 
     Readers therefore never see a half-written dataset, and a failed run leaves the previous
@@ -317,7 +317,7 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
     folder given as ``--out`` is never wiped; ``force`` replaces anything, and keeps what it
     replaced beside it unless ``owner`` made it (:func:`_drop_old`). ``marker``: write
     :data:`OUTPUT_MARKER` (off for a folder whose exact files identify it, the packaged
-    checkpoint, which stays byte for byte what it was).
+    checkpoint, which stays byte for byte what it was). ``keep_old``: keep it, whoever made it.
     """
     dest = Path(dest)
     check_replaceable(dest, owner, force=force, earlier=earlier)
@@ -337,7 +337,7 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False,
         check_replaceable(dest, owner, force=force, earlier=earlier)  # changed meanwhile?
         # --force keeps what it replaces, as it is now (19b's F8: a file added meanwhile), and
         # other weights are never deleted, whoever made them (trial 20's A-z1: candidates)
-        keep = force and not replaceable(dest, owner, earlier) or replaces_weights(dest, tmp)
+        keep = keep_old or force and not replaceable(dest, owner, earlier) or replaces_weights(dest, tmp)
         if not os.path.lexists(dest):
             os.replace(tmp, dest)
         elif _swap(tmp, dest):  # one atomic exchange: ``dest`` is the old or the new, always

@@ -24,7 +24,7 @@ from finetune_lab.data.cls_books import (
     read_sums,
     stratified_split,
 )
-from finetune_lab.data.overlap import check_overlap
+from finetune_lab.data.overlap import Passage, check_overlap
 from finetune_lab.errors import UserError
 
 ELTEC_DIRS = ("eltec-fra/level1", "eltec-fra/ext1")
@@ -159,21 +159,16 @@ def check_documents(root: Path, docs: Iterable[Document], other_corpus: bool = F
                             + (f", the published file's {pinned[:12]}…" if pinned else
                                ", and no published file has that name") +
                             "): restore it, or pass --other-corpus to read another corpus")
-        if not other and sha256_file(test) != BOOKS_SHA256["test"]:  # 22b's D-f6: another
+        if not other and sha256_file(test) != BOOKS_SHA256["test"] and sha256_file(
+                test.with_name("train.review")) == BOOKS_SHA256["train"]:  # 22b's D-f6
             raise UserError(f"{test} is not Webis-CLS-10's books test file, which another "
-                            "corpus is compared with: restore it")
+                            "corpus is compared with, though the training file beside it is "
+                            "Webis-CLS-10's: restore it")
         texts = read_reviews(doc.path) if doc.name.endswith(".review") else [
-            Paragraph(text) for text in paragraphs(doc)]
+            Passage(text) for text in paragraphs(doc)]
         check_overlap({"train": doc.path, "test": test}, texts, read_reviews(test))
         other = True
     return digests, other
-
-
-@dataclass(frozen=True)
-class Paragraph:
-    """A novel's paragraph, compared with the test reviews as a review would be."""
-
-    text: str
 
 
 def split_novels(

@@ -8,6 +8,7 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -22,6 +23,14 @@ K = TypeVar("K")
 
 class Text(Protocol):
     """A review, as far as comparing it goes."""
+    text: str
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A text that is not a parsed review (a novel's paragraph, a line of a prepared split),
+    compared with the test reviews as a review would be."""
+
     text: str
 
 
@@ -228,14 +237,13 @@ def near_test_reviews(train: Sequence[Text], test: Sequence[Text]) -> int:
     return near
 
 
-def check_overlap(sources: Mapping[str, Path], train: Sequence[Text],
-                  test: Sequence[Text]) -> None:
+def check_overlap(sources: Mapping[str, Path], train: Sequence[Text], test: Sequence[Text],
+                  fix: str = "restore Webis-CLS-10's training file") -> None:
     """Refuse a training file that is mostly the test file's reviews (trial 14's D1: the test
-    file plus one byte passed the check that the two files differ)."""
+    file plus one byte passed the check that the two files differ); ``fix``: what to do."""
     check_french_text(sources["train"], train)
     check_french_text(sources["test"], test)
     shared = near_test_reviews(train, test)
     if train and shared > MAX_SHARED * len(train):
         raise UserError(f"{sources['train']} shares {shared} of its {len(train)} reviews with "
-                        f"{sources['test']}: the test reviews would be trained on; restore "
-                        "Webis-CLS-10's training file")
+                        f"{sources['test']}: the test reviews would be trained on; {fix}")

@@ -238,7 +238,10 @@ def package_checkpoint(
     state = load_trusted(source, manifests, trust=trust)
     if trust:
         metadata = {**(metadata or {}), "trusted_by": "the user (package-checkpoint --trust)"}
-    with atomic_dir(dest, COMMAND, force=force, earlier=packaged_output, marker=False) as tmp:
+    # what it replaces is kept, the same weights too: its manifest records their lineage
+    # (trial 23's A-f1: the committed checkpoint's, replaced by a copy of its own weights)
+    with atomic_dir(dest, COMMAND, force=force, earlier=packaged_output, marker=False,
+                    keep_old=True) as tmp:
         with library_write(dest):
             torch.save(weights_only_state(state), tmp / MODEL_FILE)
         shutil.copyfile(dictionary, tmp / DICT_FILE)

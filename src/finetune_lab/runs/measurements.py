@@ -9,11 +9,14 @@ every seed: 553,377,792 bytes in each of the 24 committed Transformers GPU runs.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from datetime import datetime
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from finetune_lab._files import regular_bytes
 from finetune_lab.runs.eventfiles import wall_span
 
 SPAN_SLACK = 0.03
@@ -22,6 +25,40 @@ the committed runs (the first event is logged as the timer starts, the last just
 stops)."""
 SPAN_SLACK_S = 2.0
 """... or this many seconds, for tiny runs of a few seconds."""
+
+
+LOG_SPAN_SLACK_S = (20.0, 150.0)
+"""How much longer than its train.log's first to last line a one-launch fairseq run may be, as
+a fine-tuning and a pretraining run: Python and fairseq starting, the manifest written (3 to
+14 s in the committed fine-tuning runs), and a pretraining run's weights packaged (up to 90 s).
+Trial 23's M-g: 650 s more, start and end moved within the event files' bounds, passed."""
+LOG_TIME = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", re.MULTILINE)
+
+
+def pretraining(man: dict[str, Any]) -> bool:
+    """Whether a run pretrains (its recipe counts tokens per update; a fine-tuning run's does
+    not)."""
+    return "tokens_per_update" in (man.get("hyperparameters") or {})
+
+
+def log_span_problems(path: Path, man: dict[str, Any]) -> list[str]:
+    """A one-launch fairseq run's ``wall_time_s`` against its ``train.log``: fairseq stamps
+    each line with the machine's local time, so the seconds between the first and the last
+    line bound it, in any time zone (a run resumed over launches has a log with gaps)."""
+    wall = man.get("wall_time_s")
+    if man.get("framework") != "fairseq" or man.get("segments") or not isinstance(
+            wall, (int, float)) or isinstance(wall, bool) or not (path / "train.log").is_file():
+        return []
+    try:
+        stamps = LOG_TIME.findall(regular_bytes(path / "train.log"))
+        first, last = (datetime.fromisoformat(s.decode()) for s in (stamps[0], stamps[-1]))
+    except (OSError, IndexError, ValueError):
+        return []  # the log's own checks name it
+    logged = (last - first).total_seconds()
+    if -2.0 <= wall - logged <= LOG_SPAN_SLACK_S[pretraining(man)]:
+        return []
+    return [f"wall_time_s {wall:g} s is not the {logged:.0f} s between its train.log's first and "
+            "last lines (and the start and end of a run around them)"]
 
 
 CPU_SPREAD = 1.2
@@ -49,12 +86,13 @@ def _device_name(rec: Any) -> Any:
     return ((rec.manifest or {}).get("device") or {}).get("name")
 
 
-def _key(rec: Any, extra: Callable[[Any], dict[str, Any]]) -> str:
-    """A run's recipe and device model (and threads, for a CPU run's memory)."""
+def _key(rec: Any) -> str:
+    """The row a run's peak memory is shown in: its experiment, init, method and device model,
+    each checked elsewhere (trial 23's M-f2, M-f3: a run given other threads or an unchecked
+    ``extra.method`` was a group of its own, compared with none)."""
     man = rec.manifest or {}
-    return repr([rec.experiment, extra(rec).get("method"), man.get("init"),
-                 sorted((man.get("hyperparameters") or {}).items(), key=str),
-                 _device_name(rec), (man.get("device") or {}).get("threads")])
+    return repr([rec.experiment, man.get("init"), (man.get("hyperparameters") or {}).get("method"),
+                 _device_name(rec)])
 
 
 def peak_problems(records: Sequence[Any], extra: Callable[[Any], dict[str, Any]]) -> None:
@@ -66,9 +104,10 @@ def peak_problems(records: Sequence[Any], extra: Callable[[Any], dict[str, Any]]
     groups: dict[str, list[Any]] = defaultdict(list)
     for rec in records:
         peak = extra(rec).get("peak_memory")
-        if isinstance(peak, dict) and isinstance(peak.get("bytes"), int) \
-                and peak.get("device") in ("cuda", "cpu"):
-            groups[peak["device"] + _key(rec, extra)].append(rec)
+        peak = peak if isinstance(peak, dict) else {}
+        if isinstance(peak.get("bytes"), (int, float)) and not isinstance(peak["bytes"], bool) \
+                and peak.get("device") in ("cuda", "cpu"):  # a float too (trial 23's M-f1)
+            groups[peak["device"] + _key(rec)].append(rec)
     for name, group in groups.items():
         values = sorted({extra(r)["peak_memory"]["bytes"] for r in group})
         if len(values) < 2 or (name.startswith("cpu") and values[-1] <= CPU_SPREAD * values[0]):
