@@ -130,17 +130,21 @@ def test_another_corpus_is_compared_with_the_published_test_file_only(tmp_path):
 def test_test_reviews_written_into_a_prepared_split_are_not_binarized(tmp_path, split, n):
     """Trial 23's D-g: a cls.books folder whose training split was the first 40 test reviews
     (and labels) was binarized and fine-tuned on, and the run was valid."""
-    import shutil
-
     from data_fixtures import cls_dir, tiny_tokenizer
 
     from finetune_lab.data.binarize import binarize_cls
 
-    mine = tmp_path / "cls.books"
-    shutil.copytree(cls_dir(), mine)
+    def lines(part: str, kind: str) -> list[str]:
+        return (cls_dir() / f"{part}.{kind}").read_text(encoding="utf-8").splitlines(True)
+
+    mine = tmp_path / "cls.books"  # a few reviews of each split, and test reviews as one
+    mine.mkdir()
     for kind in ("review", "label"):
-        test = (mine / f"test.{kind}").read_text(encoding="utf-8").splitlines(True)
-        (mine / f"{split}.{kind}").write_text("".join(test[:n]), encoding="utf-8")
+        parts = {"train": lines("train", kind)[:30], "valid": lines("valid", kind)[:30],
+                 "test": lines("test", kind)[:n + 30]}
+        parts[split] = lines("test", kind)[:n]
+        for part, text in parts.items():
+            (mine / f"{part}.{kind}").write_text("".join(text), encoding="utf-8")
     with pytest.raises(UserError, match=rf"{split}.review shares {n} of its {n} reviews with .*"
                                         "test.review: the test reviews would be trained on; "
                                         "prepare the splits again"):

@@ -53,8 +53,10 @@ def _cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subproces
 
 @pytest.fixture(scope="module")
 def smoke_call(tmp_path_factory):
+    from data_fixtures import cls_dir
+
     from finetune_lab import reproduce
-    from finetune_lab.data import cls_books, pretrain_corpus
+    from finetune_lab.data import pretrain_corpus
     from finetune_lab.models import checkpoints
 
     base = tmp_path_factory.mktemp("gpu-lab")
@@ -64,8 +66,7 @@ def smoke_call(tmp_path_factory):
     reproduce.adopt_checkpoint_tokenizer(home / "data" / "checkpoints" / checkpoints.CHECKPOINT_NAME,
                                          work / "tokenizer")
     # The tiny call carries a few reviews; home holds the same few, so the hashes can agree.
-    full = cls_books.prepare_cls(out=base / "cls.full")
-    gpu_bundle.tiny_cls(full[0] if isinstance(full, tuple) else full, work / "cls.books")
+    gpu_bundle.tiny_cls(cls_dir(), work / "cls.books")  # the split, as this process built it
     pretrain_corpus.prepare_pretrain(tokenizer_dir=work / "tokenizer", out=work / "pretrain-bin",
                                      with_reviews=False, max_novels=2, workers=1)
     # this machine has fairseq and the wheels' packages: the rehearsal downloads nothing (the
