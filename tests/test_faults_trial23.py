@@ -218,3 +218,77 @@ def test_packaging_the_same_weights_again_keeps_the_old_folder_and_its_lineage(t
     (kept,) = tmp_path.glob(f"{checkpoints.CHECKPOINT_NAME}.replaced-*")
     assert json.loads((kept / checkpoints.MANIFEST_FILE).read_text()) == before
     assert json.loads((dest / checkpoints.MANIFEST_FILE).read_text())["trusted_by"]
+
+
+def test_the_h100_runs_edited_alike_are_compared_with_the_h200_runs_of_their_row(cache):
+    """23b's M-h1: the three H100 pretrained runs' peaks tripled alike were a group of their
+    own, though the device table's GPU row mixes them with nine H200 runs."""
+    from finetune_lab.runs.registry import discover_runs
+
+    for seed in (9, 10, 11):
+        path = cache / "transformers-gpu" / f"pretrained-seed{seed}" / "manifest.json"
+        man = json.loads(path.read_text(encoding="utf-8"))
+        _peak3(man)
+        path.write_text(json.dumps(man), encoding="utf-8")
+    bad = [r for r in discover_runs(cache) if not r.valid and r.experiment == "transformers-gpu"]
+    assert len(bad) == 12 and all("the 12 runs of its recipe on GPUs" in r.reason for r in bad)
+
+
+def _launch_longer(index: int, seconds: float, end_too: bool):
+    def edit(m: dict) -> None:
+        seg = m["segments"][index]
+        seg["wall_time_s"] += seconds
+        m["wall_time_s"] += seconds
+        if end_too:
+            seg["end_time"] = _moved(seg["end_time"], seconds)
+            later = [s for s in m["segments"][index + 1:] if s.get("start_time")]
+            for s in later:  # the launches after it, moved along
+                s["start_time"] = _moved(s["start_time"], seconds)
+                if s.get("end_time"):
+                    s["end_time"] = _moved(s["end_time"], seconds)
+            m["end_time"] = _moved(m["end_time"], seconds)
+    return edit
+
+
+@pytest.mark.parametrize("run, edit, reason", [
+    # M-h2: a fine-tuning run given a segments list, 540 s longer, its start moved along
+    ("fairseq/pretrained-seed0", lambda m: m.update(
+        segments=[{"device": m["device"]}], start_time=_moved(m["start_time"], -540),
+        wall_time_s=m["wall_time_s"] + 540), r"wall_time_s \d+\.?\d* s is not the 1647 s"),
+    # M-h3: a one-launch pretraining run 600 s longer, its end and its launch's moved along
+    ("pretrain/cpu-docbow1", _launch_longer(0, 600, True), r"wall_time_s \d+\.?\d* s is not"),
+    # M-h4: one launch of three 3000 s longer, and the run along with it
+    ("pretrain/cpu-clean-general1", _launch_longer(0, 3000, False),
+     r"segments\[0\]\.wall_time_s 6314\.\d+ s is not the 3314 s from its start to its end"),
+    ("pretrain/cpu-clean-general1", _launch_longer(0, 3000, True),
+     r"segments\[0\] ran from .* but its train\.log's lines of that time do not begin and end"),
+])
+def test_a_launch_or_a_run_with_launches_made_longer_is_rejected(cache, run, edit, reason):
+    """23b's M-h: the train.log check skipped any run with a `segments` list, and a launch's
+    own wall time was tied to nothing: a fine-tuning run +540 s, a pretraining run +600 s, and
+    one launch +3000 s (94.1 to 144.1 min in the book) passed."""
+    test_a_measurement_moved_through_an_unchecked_field_or_the_clock_slack_is_rejected(
+        cache, run, edit, reason)
+
+
+@needs_data_root
+def test_a_split_with_train_and_test_swapped_is_neither_binarized_nor_fine_tuned(tmp_path):
+    """23b's D-h: train and test swapped in a prepared cls.books passed binarize-cls (each
+    split compared with the folder's own test split), and `finetune transformers --cls-dir`
+    read a folder with no check at all."""
+    from data_fixtures import cls_dir, tiny_tokenizer
+
+    from finetune_lab.data.binarize import binarize_cls
+    from finetune_lab.train.hf_finetune import load_splits
+
+    mine = tmp_path / "cls.books"
+    mine.mkdir()
+    for kind in ("review", "label"):
+        for part, source in (("train", "test"), ("valid", "valid"), ("test", "train")):
+            text = (cls_dir() / f"{source}.{kind}").read_text(encoding="utf-8")
+            (mine / f"{part}.{kind}").write_text(text, encoding="utf-8")
+    message = r"train\.review shares 2000 of its 2000 reviews with .*books/test\.review"
+    with pytest.raises(UserError, match=message):
+        binarize_cls(mine, tiny_tokenizer(), tmp_path / "bin")
+    with pytest.raises(UserError, match=message):
+        load_splits(mine, tok=None)  # refused before anything is tokenized

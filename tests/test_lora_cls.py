@@ -20,9 +20,15 @@ SEEDS = {"lora-qv": (0, 1), "lora-attn": (0, 1), "full": (0, 1)}
 
 
 def _reviews(n: int) -> list[tuple[str, int]]:
+    """Two-class lines, each with its own filler words: no training line is a test line
+    (``cls_books.check_split`` refuses a split that shares them)."""
     rng = random.Random(0)
     good, bad = ["superbe", "magnifique", "passionnant"], ["ennuyeux", "raté", "décevant"]
-    return [(" ".join(rng.choice(good if y else bad) for _ in range(6)) + " livre", y)
+
+    def filler() -> str:
+        return "".join(rng.choice("bcdfglmnprstv") + rng.choice("aeiou") for _ in range(3))
+    return [(" ".join([*(rng.choice(good if y else bad) for _ in range(3)),
+                       *(filler() for _ in range(6))]) + " livre", y)
             for y in (rng.randint(0, 1) for _ in range(n))]
 
 

@@ -26,7 +26,6 @@ from finetune_lab import _files
 from finetune_lab.data.tools import tool_versions
 from finetune_lab.data import cls_books, tokenizer
 from finetune_lab.data.cls_books import SPLITS, check_same_length, count_lines, read_split
-from finetune_lab.data.overlap import Passage, check_overlap
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 
@@ -108,24 +107,6 @@ def default_output() -> Path:
     return paths().work / OUTPUT_NAME
 
 
-def check_split(cls_dir: Path, inputs: dict[str, str], reviews: dict[str, list[str]]) -> None:
-    """Refuse training or validation reviews that are the test split's, in a folder that is not
-    byte for byte what ``prepare-cls`` wrote and checked (its manifest's ``outputs``): trial
-    23's D-g, the test reviews written as the training split were binarized and fine-tuned."""
-    manifest = cls_dir / "manifest.json"
-    made = _files.read_json(manifest) if manifest.is_file() else {}
-    made = made.get("outputs") if isinstance(made, dict) else None
-    if isinstance(made, dict) and all(made.get(name.removeprefix("cls.books/")) == digest
-                                      for name, digest in inputs.items()
-                                      if name.startswith("cls.books/")):
-        return
-    test = [Passage(text) for text in reviews["test"]]
-    for split in ("train", "valid"):
-        check_overlap({"train": cls_dir / f"{split}.review", "test": cls_dir / "test.review"},
-                      [Passage(text) for text in reviews[split]], test,
-                      fix="prepare the splits again with `finetune-lab prepare-cls`")
-
-
 def binarize_cls(
     cls_dir: Path | None = None,
     tokenizer_dir: Path | None = None,
@@ -159,7 +140,7 @@ def binarize_cls(
 
     started = time.perf_counter()
     splits = {split: read_split(cls_dir, split) for split in SPLITS}
-    check_split(cls_dir, inputs, {split: reviews for split, (reviews, _) in splits.items()})
+    cls_books.check_split(cls_dir, {split: reviews for split, (reviews, _) in splits.items()})
     sp = tokenizer.load_processor(tok_dir)
     with _files.atomic_dir(out, COMMAND, force=force) as tmp:
         (tmp / "spm").mkdir()

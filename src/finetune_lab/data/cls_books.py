@@ -20,7 +20,7 @@ from pathlib import Path
 
 from finetune_lab.argtypes import folder, non_negative_int
 from finetune_lab import _files
-from finetune_lab.data.overlap import check_overlap
+from finetune_lab.data.overlap import Passage, check_overlap
 from finetune_lab.data.tools import tool_versions
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
@@ -184,6 +184,34 @@ def read_split(folder: Path, split: str) -> tuple[list[str], list[int]]:
         if not text.strip():
             raise ClsDataError(f"{review_path}: line {number}: empty review: {regenerate}")
     return reviews, labels
+
+
+def check_split(cls_dir: Path, reviews: dict[str, list[str]]) -> None:
+    """Refuse training or validation reviews (``reviews``: each split's texts) that are test
+    reviews, in a folder that is not byte for byte what ``prepare-cls`` wrote and checked (its
+    manifest's ``outputs``): compared with the folder's test split and with Webis-CLS-10's
+    books test file where the data root holds it (trial 23's D-g: the test reviews written as
+    the training split were fine-tuned on; 23b's D-h: train and test swapped, or read by
+    ``finetune transformers --cls-dir``)."""
+    made = _files.read_json(cls_dir / "manifest.json") \
+        if (cls_dir / "manifest.json").is_file() else {}
+    made = made.get("outputs") if isinstance(made, dict) else None
+    if isinstance(made, dict) and all(
+            made.get(f"{s}.{k}") == _files.sha256_file(cls_dir / f"{s}.{k}")
+            for s in SPLITS for k in ("review", "label")):
+        return
+    tests = {cls_dir / "test.review": reviews["test"]}
+    try:
+        published = require_data_root(f"{BOOKS_DIR}/test.review") / BOOKS_DIR / "test.review"
+        if _files.sha256_file(published) == BOOKS_SHA256["test"]:
+            tests[published] = [r.text for r in read_reviews(published)]
+    except UserError:  # no data root here: the folder's own test split only
+        pass
+    for split in ("train", "valid"):
+        for path, test in tests.items():
+            check_overlap({"train": cls_dir / f"{split}.review", "test": path},
+                          [Passage(t) for t in reviews[split]], [Passage(t) for t in test],
+                          fix="prepare the splits again with `finetune-lab prepare-cls`")
 
 
 def check_same_length(a: Path, n_a: int, b: Path, n_b: int) -> None:

@@ -4,6 +4,7 @@ on)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections import Counter
@@ -11,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -193,12 +194,12 @@ def _telling(index: dict[K, list[int]]) -> dict[K, list[int]]:
     return {key: found for key, found in index.items() if len(found) <= COMMON}
 
 
-def near_test_reviews(train: Sequence[Text], test: Sequence[Text]) -> int:
-    """How many training reviews are a test review, word for word or nearly: :data:`NEAR` of
-    the shorter one's runs of words in common, :data:`WORDS_NEAR` of its distinct words, or
-    :data:`NEAR` of its letters' fingerprints (the real training file shares 48 of its 2,000
-    word for word, 76 nearly)."""
-    test_words = [comparable(r.text).split() for r in test]
+@functools.lru_cache(maxsize=4)
+def _test_index(test: tuple[str, ...]) -> tuple[Any, ...]:
+    """The test reviews' runs of words, words and fingerprints, and which reviews hold each:
+    built once per set of test texts in a process (every split, corpus and run is compared with
+    the same 2,000), and only read."""
+    test_words = [comparable(text).split() for text in test]
     runs = [shingles(w) for w in test_words]
     words = [set(w) for w in test_words]
     seen = Counter(w for held in words for w in held)
@@ -210,12 +211,20 @@ def near_test_reviews(train: Sequence[Text], test: Sequence[Text]) -> int:
         for word in held_words:
             if seen[word] <= COMMON:  # a rare word says which review it is from
                 by_word.setdefault(word, []).append(j)
-    prints = [fingerprints(r.text) for r in test]
+    prints = [fingerprints(text) for text in test]
     by_print: dict[int, list[int]] = {}
     for j, held in enumerate(prints):
         for fp in held:
             by_print.setdefault(fp, []).append(j)
-    by_run, by_print = _telling(by_run), _telling(by_print)
+    return runs, words, _telling(by_run), by_word, prints, _telling(by_print)
+
+
+def near_test_reviews(train: Sequence[Text], test: Sequence[Text]) -> int:
+    """How many training reviews are a test review, word for word or nearly: :data:`NEAR` of
+    the shorter one's runs of words in common, :data:`WORDS_NEAR` of its distinct words, or
+    :data:`NEAR` of its letters' fingerprints (the real training file shares 48 of its 2,000
+    word for word, 76 nearly)."""
+    runs, words, by_run, by_word, prints, by_print = _test_index(tuple(r.text for r in test))
     near = 0
     for review in train:
         text = comparable(review.text).split()

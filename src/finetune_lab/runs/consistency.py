@@ -25,7 +25,7 @@ from finetune_lab.runs.evaluations import (accuracy_problems, log_problems, subs
 from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
-from finetune_lab.runs.measurements import (log_span_problems, measurement_problems,
+from finetune_lab.runs.measurements import (log_time_problems, measurement_problems,
                                             peak_problems, pretraining)
 from finetune_lab.runs.run_inputs import cached_sha256
 
@@ -282,7 +282,7 @@ packages its weights (82 s). Trial 23's M-g: 120 s let a run's minutes grow unse
 FIRST_EVENT_S = {"fairseq": 600.0, "transformers": 30.0}
 """The most a run takes to log its first event, by framework: a fairseq run loads its corpus
 and model first (up to 52 s for a fine-tuning run, 101 s for a pretraining run, in the
-committed runs; its train.log bounds it closer: ``measurements.log_span_problems``); a
+committed runs; its train.log bounds it closer: ``measurements.log_time_problems``); a
 Transformers or peft run records its start as the trainer opens its event file (under 1.5 s
 in every committed run), so an earlier start_time is an edit."""
 
@@ -335,7 +335,7 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
             + accuracy_problems(path, man, events, _valid_subset(man))
             + log_problems(path, man, events)
             + trainer_loss_problems(path, man, events) + measurement_problems(man, events)
-            + log_span_problems(path, man))
+            + log_time_problems(path, man))
 
 
 def _valid_subset(man: dict[str, Any]) -> str | None:

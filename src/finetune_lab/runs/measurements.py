@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,24 +41,71 @@ def pretraining(man: dict[str, Any]) -> bool:
     return "tokens_per_update" in (man.get("hyperparameters") or {})
 
 
-def log_span_problems(path: Path, man: dict[str, Any]) -> list[str]:
-    """A one-launch fairseq run's ``wall_time_s`` against its ``train.log``: fairseq stamps
-    each line with the machine's local time, so the seconds between the first and the last
-    line bound it, in any time zone (a run resumed over launches has a log with gaps)."""
-    wall = man.get("wall_time_s")
-    if man.get("framework") != "fairseq" or man.get("segments") or not isinstance(
-            wall, (int, float)) or isinstance(wall, bool) or not (path / "train.log").is_file():
-        return []
+LAUNCH_LINES_S = (30.0, 180.0)
+"""How long after a launch starts its first train.log line may come (30 s: Python and fairseq
+starting, 2 to 14 s in the committed runs), and how long before it ends its last, as a
+fine-tuning and a pretraining launch (180 s: a pretraining run packages its weights, 83 s)."""
+
+
+def _naive_utc(value: Any) -> datetime | None:
     try:
-        stamps = LOG_TIME.findall(regular_bytes(path / "train.log"))
-        first, last = (datetime.fromisoformat(s.decode()) for s in (stamps[0], stamps[-1]))
-    except (OSError, IndexError, ValueError):
-        return []  # the log's own checks name it
-    logged = (last - first).total_seconds()
-    if -2.0 <= wall - logged <= LOG_SPAN_SLACK_S[pretraining(man)]:
+        return datetime.fromisoformat(value).astimezone(timezone.utc).replace(tzinfo=None)
+    except (TypeError, ValueError):
+        return None
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def log_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
+    """A fairseq run's times against its ``train.log``, whose lines fairseq stamps with the
+    machine's local time: a one-launch run's ``wall_time_s`` against the seconds between its
+    first and last lines; each launch's wall time against its own start and end, and the lines
+    it logged within them (the log's time zone from the first launch; 23b's M-h: a run given a
+    ``segments`` list went unchecked, and a launch's time was tied to nothing)."""
+    if man.get("framework") != "fairseq":
         return []
-    return [f"wall_time_s {wall:g} s is not the {logged:.0f} s between its train.log's first and "
-            "last lines (and the start and end of a run around them)"]
+    segments = [s for s in man.get("segments") or [] if isinstance(s, dict)]
+    problems, times = [], []
+    for i, seg in enumerate(segments):
+        start, end, wall = _naive_utc(seg.get("start_time")), _naive_utc(seg.get("end_time")), \
+            seg.get("wall_time_s")
+        times.append((start, end))
+        if start and end and _seconds(wall) and abs(wall - (end - start).total_seconds()) > 2:
+            problems.append(f"segments[{i}].wall_time_s {wall:g} s is not the "
+                            f"{(end - start).total_seconds():.0f} s from its start to its end")
+    try:
+        stamps = [datetime.fromisoformat(s.decode())
+                  for s in LOG_TIME.findall(regular_bytes(path / "train.log"))]
+    except (OSError, ValueError):
+        stamps = []  # the log's own checks name it
+    wall, late = man.get("wall_time_s"), pretraining(man)
+    if not stamps:
+        return problems
+    if len(segments) <= 1:
+        logged = (stamps[-1] - stamps[0]).total_seconds()
+        if _seconds(wall) and not -2.0 <= wall - logged <= LOG_SPAN_SLACK_S[late]:
+            problems.append(f"wall_time_s {wall:g} s is not the {logged:.0f} s between its "
+                            "train.log's first and last lines (and the start and end of a run "
+                            "around them)")
+        return problems
+    if times[0][0] is None:
+        return problems
+    zone = timedelta(minutes=15 * round((stamps[0] - times[0][0]).total_seconds() / 900))
+    for i, (start, end) in enumerate(times):
+        if start is None or end is None:
+            continue  # a launch killed outright: no end
+        lo, hi = start + zone, end + zone
+        lines = [t for t in stamps if lo - timedelta(seconds=2) <= t <= hi + timedelta(seconds=2)]
+        if lines and (lines[0] - lo).total_seconds() <= LAUNCH_LINES_S[0] \
+                and (hi - lines[-1]).total_seconds() <= LAUNCH_LINES_S[late] \
+                or not lines and (hi - lo).total_seconds() <= LAUNCH_LINES_S[0]:
+            continue  # (a launch that logged nothing trained nothing: it ended as it began)
+        problems.append(f"segments[{i}] ran from {segments[i].get('start_time')} to "
+                        f"{segments[i].get('end_time')}, but its train.log's lines of that "
+                        "time do not" + (" begin and end with it" if lines else " exist"))
+    return problems
 
 
 CPU_SPREAD = 1.2
@@ -86,13 +133,15 @@ def _device_name(rec: Any) -> Any:
     return ((rec.manifest or {}).get("device") or {}).get("name")
 
 
-def _key(rec: Any) -> str:
-    """The row a run's peak memory is shown in: its experiment, init, method and device model,
+def _key(rec: Any, device: str) -> str:
+    """The row a run's peak memory is shown in: its experiment, init and method, and its
+    processor's model, or any GPU (the GPU rows mix H100 and H200 runs, which allocate alike):
     each checked elsewhere (trial 23's M-f2, M-f3: a run given other threads or an unchecked
-    ``extra.method`` was a group of its own, compared with none)."""
+    ``extra.method`` was a group of its own, compared with none; 23b's M-h1: three H100 runs
+    edited alike were a group of their own in a row of H100 and H200 runs)."""
     man = rec.manifest or {}
     return repr([rec.experiment, man.get("init"), (man.get("hyperparameters") or {}).get("method"),
-                 _device_name(rec)])
+                 _device_name(rec) if device == "cpu" else "any GPU"])
 
 
 def peak_problems(records: Sequence[Any], extra: Callable[[Any], dict[str, Any]]) -> None:
@@ -107,14 +156,15 @@ def peak_problems(records: Sequence[Any], extra: Callable[[Any], dict[str, Any]]
         peak = peak if isinstance(peak, dict) else {}
         if isinstance(peak.get("bytes"), (int, float)) and not isinstance(peak["bytes"], bool) \
                 and peak.get("device") in ("cuda", "cpu"):  # a float too (trial 23's M-f1)
-            groups[peak["device"] + _key(rec)].append(rec)
+            groups[peak["device"] + _key(rec, peak["device"])].append(rec)
     for name, group in groups.items():
         values = sorted({extra(r)["peak_memory"]["bytes"] for r in group})
         if len(values) < 2 or (name.startswith("cpu") and values[-1] <= CPU_SPREAD * values[0]):
             continue
         for rec in group:
+            where = _device_name(rec) if name.startswith("cpu") else "GPUs"
             rec.problems.append(
                 f"extra.peak_memory.bytes {extra(rec)['peak_memory']['bytes']}: the "
-                f"{len(group)} runs of its recipe on {_device_name(rec)} in {rec.experiment} "
-                f"disagree on their peak memory ({values[0]} to {values[-1]} bytes), which one "
-                "recipe on one device model allocates alike")
+                f"{len(group)} runs of its recipe on {where} in {rec.experiment} disagree on "
+                f"their peak memory ({values[0]} to {values[-1]} bytes), which one recipe "
+                "allocates alike")

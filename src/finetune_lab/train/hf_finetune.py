@@ -32,7 +32,7 @@ from typing import Any
 
 from finetune_lab._files import sha256_file
 from finetune_lab.argtypes import folder, positive_int, seed_arg
-from finetune_lab.data.cls_books import SPLITS, read_split
+from finetune_lab.data.cls_books import SPLITS, check_split, read_split
 from finetune_lab.data.cls_books import default_output as default_cls
 from finetune_lab.data.tokenizer import default_output as default_tok
 from finetune_lab.errors import UserError
@@ -85,12 +85,12 @@ def collate(features: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def load_splits(cls_dir: Path, tok) -> dict[str, ReviewDataset]:
-    """The three CLS-Books splits, tokenized exactly as fairseq sees them."""
-    out = {}
-    for split in SPLITS:
-        reviews, labels = read_split(Path(cls_dir), split)
-        out[split] = ReviewDataset(tok(reviews), labels)
-    return out
+    """The three CLS-Books splits, tokenized exactly as fairseq sees them; none trains on the
+    test reviews (:func:`~finetune_lab.data.cls_books.check_split`)."""
+    splits = {split: read_split(Path(cls_dir), split) for split in SPLITS}
+    check_split(Path(cls_dir), {split: reviews for split, (reviews, _) in splits.items()})
+    return {split: ReviewDataset(tok(reviews), labels)
+            for split, (reviews, labels) in splits.items()}
 
 
 def compute_metrics(eval_pred) -> dict[str, float]:
