@@ -44,7 +44,10 @@ def _copy_project(dst: Path) -> None:
 
 
 def _cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **(env or {}), "PYTHONPATH": str(root / "src")}
+    from finetune_lab.config import DATA_ROOT_ENV, default_data_root
+
+    env = {**os.environ, DATA_ROOT_ENV: str(default_data_root()), **(env or {}),
+           "PYTHONPATH": str(root / "src")}  # the data root beside this checkout, not the copy
     for name in ("FINETUNE_LAB_WORK_DIR", "FINETUNE_LAB_RUNS_DIR"):
         env.pop(name, None)
     return subprocess.run([sys.executable, "-m", "finetune_lab.cli", *args], cwd=root, env=env,
@@ -164,6 +167,7 @@ def test_unpacked_runs_are_valid_here_with_their_data_checked(smoke_call):
     # a second unpack replaces nothing
     again = _cli(home, "gpu-unpack", str(smoke_call["out"]))
     assert again.returncode == 0 and "exists; left as it is" in again.stdout
+    assert again.stdout.endswith("gpu-unpack: nothing new was placed in the project\n")
     assert ": valid" not in again.stdout
 
 

@@ -100,3 +100,23 @@ def test_transformers_trainer_logs(tmp_path: Path, monkeypatch) -> None:
     assert test["value"].item() == pytest.approx(test_metrics["test_accuracy"], abs=1e-6)
     losses = df[(df["subset"] == "train") & (df["tag"] == "loss")]
     assert len(losses) == sum(1 for h in history if "loss" in h)
+
+
+
+def test_tensorboards_reader_checks_each_record_with_the_same_crc_in_c() -> None:
+    import random
+
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow as stub
+
+    from finetune_lab.runs import eventfiles, tblogs
+
+    def tensorboards(data: bytes) -> int:  # its masked_crc32c, over its Python CRC
+        x = stub.u32(stub.crc32c(data))
+        return stub.u32(((x >> 15) | stub.u32(x << 17)) + 0xA282EAD8)
+
+    rng = random.Random(0)
+    samples = [b"", b"a", bytes(8)] + [rng.randbytes(rng.randrange(1, 300)) for _ in range(50)]
+    tblogs.read_with_c_crc()
+    assert stub.masked_crc32c is eventfiles.masked_crc32c
+    assert eventfiles.google_crc32c.implementation == "c"  # the speed this is for
+    assert [stub.masked_crc32c(s) for s in samples] == [tensorboards(s) for s in samples]

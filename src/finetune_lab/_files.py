@@ -356,8 +356,8 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
         if isinstance(exc, OSError) and exc.errno == errno.EBUSY:  # trial 13's A4
             raise UserError(f"{dest} is a mount point, which cannot be replaced: choose a "
                             "folder inside it as the output") from exc
-        if isinstance(exc, OSError) and exc.filename is None:  # a full disk: name the output
-            exc.filename = str(dest)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            exc.filename = str(dest)  # a full disk: name the output (not a DataRootError's)
         raise
 
 

@@ -129,6 +129,8 @@ def _bundle(args: argparse.Namespace) -> int:
 
 def _unpack(args: argparse.Namespace) -> int:
     placed = unpack(args.files)
+    if not placed:  # trial 24's G-i2: an unpack that placed nothing said nothing
+        print("gpu-unpack: nothing new was placed in the project")
     bad = 0
     for dest in placed:
         rel = dest.relative_to(PROJECT_ROOT).as_posix()

@@ -14,10 +14,13 @@ check still runs with PyYAML only.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+import yaml
 
 from finetune_lab.book.chapter_inputs import hash_inputs
 from finetune_lab.book.qmd import code_cells
@@ -109,7 +112,33 @@ def chapter_packages(project: Path, chapter: str, patterns: Iterable[str]) -> di
     return {f"{KEY}{d}": versions[d] for d in sorted(seen)}
 
 
+OPTION = "option "
+"""The record's key for one of ``_quarto.yml``'s execution options."""
+EXECUTION_KEYS = frozenset({"echo", "eval", "error", "warning", "output", "include", "execute",
+                            "jupyter", "engine", "keep-ipynb", "df-print"})
+"""Options that change what a chapter's execution yields, besides every ``fig-`` option."""
+
+
+def execution_options(project: Path) -> dict[str, str]:
+    """``{"option NAME": value}`` for ``_quarto.yml``'s options that change what a chapter
+    executes to (top-level ``execute`` and ``jupyter``; each format's ``fig-*``, ``echo``...):
+    Quarto's own freeze executes nothing again for them (trial 24's F-i2: the HTML figures'
+    ``fig-format`` changed from svg to png, and the book kept its SVG figures)."""
+    path = project / "_quarto.yml"
+    config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+    config = config if isinstance(config, dict) else {}
+    found = {name: config.get(name) for name in ("execute", "jupyter", "engine")}
+    formats = config.get("format") if isinstance(config.get("format"), dict) else {}
+    for fmt, options in formats.items():
+        for name, value in (options.items() if isinstance(options, dict) else ()):
+            if name.startswith("fig-") or name in EXECUTION_KEYS:
+                found[f"format.{fmt}.{name}"] = value
+    return {f"{OPTION}{name}": json.dumps(value, sort_keys=True, default=str)
+            for name, value in sorted(found.items()) if value is not None}
+
+
 def record_inputs(project: Path, chapter: str, patterns: list[str]) -> dict[str, str]:
-    """What a chapter's freeze record holds: its input files' hashes and its packages'
-    locked versions."""
-    return {**hash_inputs(project, patterns), **chapter_packages(project, chapter, patterns)}
+    """What a chapter's freeze record holds: its input files' hashes, its packages' locked
+    versions and the project's execution options."""
+    return {**hash_inputs(project, patterns), **chapter_packages(project, chapter, patterns),
+            **execution_options(project)}

@@ -25,7 +25,7 @@ from finetune_lab.argtypes import folder, positive_int, resolved_folder
 from finetune_lab import _files
 from finetune_lab.data.tools import tool_versions
 from finetune_lab.data import cls_books, tokenizer
-from finetune_lab.data.cls_books import SPLITS, check_same_length, count_lines, read_split
+from finetune_lab.data.cls_books import SPLITS, check_same_length, count_lines
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 
@@ -139,8 +139,7 @@ def binarize_cls(
         return out, False
 
     started = time.perf_counter()
-    splits = {split: read_split(cls_dir, split) for split in SPLITS}
-    cls_books.check_split(cls_dir, {split: reviews for split, (reviews, _) in splits.items()})
+    splits = cls_books.read_checked_splits(cls_dir)
     sp = tokenizer.load_processor(tok_dir)
     with _files.atomic_dir(out, COMMAND, force=force) as tmp:
         (tmp / "spm").mkdir()

@@ -39,6 +39,9 @@ MAX_SHARED = 0.05
 """The largest share of training reviews whose text may also be in the test file: Webis-CLS-10's
 books share 48 of 2,000 word for word, 76 nearly (3.8 %); a training file made from the test
 file shares nearly all (trial 20's D-z4: 120 test reviews put in passed under 10 %)."""
+MIN_SHARED = 2
+"""... or this many, in a split of fewer than 40 reviews: a few dozen drawn from Webis-CLS-10's
+own training file (a GPU smoke call's 16) may hold one of its 48 shared reviews."""
 
 
 UNSEEN = ("Cf", "Mn", "Me")
@@ -253,6 +256,6 @@ def check_overlap(sources: Mapping[str, Path], train: Sequence[Text], test: Sequ
     check_french_text(sources["train"], train)
     check_french_text(sources["test"], test)
     shared = near_test_reviews(train, test)
-    if train and shared > MAX_SHARED * len(train):
+    if train and shared > max(MAX_SHARED * len(train), MIN_SHARED):
         raise UserError(f"{sources['train']} shares {shared} of its {len(train)} reviews with "
                         f"{sources['test']}: the test reviews would be trained on; {fix}")

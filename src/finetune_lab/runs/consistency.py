@@ -82,11 +82,11 @@ def time_problems(man: dict[str, Any]) -> list[str]:
         return [f"wall_time_s {wall:g} s is longer than the {span:g} s from its start_time to "
                 "its end_time"]
     segments = man.get("segments") or []
-    walls = [_number(s.get("wall_time_s")) for s in segments if isinstance(s, dict)]
-    if segments and walls and None not in walls:
-        if abs(sum(walls) - wall) > CLOCK_SLACK_S:  # type: ignore[arg-type]
+    walls = [_number(s.get("wall_time_s")) or 0.0 for s in segments if isinstance(s, dict)]
+    if segments:  # a launch killed outright has no wall time (measurements.launch_problems)
+        if abs(sum(walls) - wall) > CLOCK_SLACK_S:
             return [f"wall_time_s {wall:g} s is not the sum of its launches' wall times "
-                    f"({sum(walls):g} s)"]  # type: ignore[arg-type]
+                    f"({sum(walls):g} s)"]
     elif not segments and abs(span - wall) > CLOCK_SLACK_S:
         return [f"wall_time_s {wall:g} s disagrees with the {span:g} s from its start_time to "
                 "its end_time (one launch)"]

@@ -49,6 +49,13 @@ def _masked(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of ``data``, computed by :func:`_crc32c`: TensorBoard's own
+    reader, which tbparse reads through, gets this in place of its Python version
+    (:func:`finetune_lab.runs.tblogs.read_with_c_crc`)."""
+    return _masked(_crc32c()(bytes(data)))
+
+
 def strict_events(path: Path | str) -> Iterator[Any]:
     """Every ``Event`` of a TensorBoard event file, each record checked as
     :func:`read_event_file_strict` says: TFRecord framing (an 8-byte length, its masked CRC-32C,

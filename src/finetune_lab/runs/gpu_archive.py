@@ -194,8 +194,13 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
         stage = Path(tmp) / "stage"
         try:
             with tarfile.open(whole) as tar:
+                # pack() writes files and folders only: a link (a hard one to a name the archive
+                # lacks was a KeyError traceback, trial 24's G-i1) is refused before extracting
+                linked = [m.name for m in tar.getmembers() if m.islnk() or m.issym()]
+                if linked:
+                    raise tarfile.TarError(f"{linked[0]!r} is a link, which pack never writes")
                 tar.extractall(stage, filter="data")
-        except tarfile.TarError as exc:
+        except (tarfile.TarError, KeyError) as exc:
             raise UserError(f"the archive of {meta_path} cannot be unpacked safely ({exc}): "
                             "refused, nothing was unpacked") from None
         named = [check_product_path(p, meta_path) for p in meta["products"]]

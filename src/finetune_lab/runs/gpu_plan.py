@@ -38,6 +38,10 @@ PRETRAIN_TAIL_S = 120.0
 """Seconds a pretraining job spends outside its time budget (which covers the calibration run):
 fairseq's start, the last validation and saving, an exit that hangs (``recording.EXIT_GRACE_S``),
 packaging the weights. 100 s, with the calibration outside the budget, lost a run."""
+TEST_FILE_ROOT = "data/work/books-test-file"
+"""Where a call carries Webis-CLS-10's books test file, as a data root holding that one file:
+the device has no data root, and each run there compares its split with that file
+(``cls_books.check_split``) as it would here (trial 24's D-i2)."""
 GPU_CORPUS = "pretrain-gpu-bin"
 """The corpus slice a pretraining call carries (under the work dir, here and there), followed
 by the run's name (:attr:`Plan.corpus`): each run names its own slice, so the next call's slice

@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import parse_json
-from finetune_lab.config import PROJECT_ROOT, paths
+from finetune_lab.config import DATA_ROOT_ENV, PROJECT_ROOT, paths
 from finetune_lab.errors import UserError
 from finetune_lab.runs import jobs
 from finetune_lab.runs.gpu_archive import pack
 from finetune_lab.runs.gpu_plan import (
     PLAN_FILE,
+    TEST_FILE_ROOT,
     Plan,
     lab_jobs,
     pretrain_budget,
@@ -192,7 +193,8 @@ def remote(bundle_dir: Path, out: Path, *, parallel: int | None = None) -> dict[
     with tarfile.open(bundle_dir / "data.tar.xz") as tar:
         tar.extractall(PROJECT_ROOT, filter="data")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(site), str(src), str(PROJECT_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        [str(site), str(src), str(PROJECT_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+        DATA_ROOT_ENV: str(PROJECT_ROOT / TEST_FILE_ROOT)}  # what the split checks read
     logs = work / "logs"
     monitor = gpu_monitor(logs / "nvidia-smi.csv")
     cli = [sys.executable, "-m", "finetune_lab.cli"]

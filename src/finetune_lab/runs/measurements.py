@@ -2,7 +2,9 @@
 M-d: a peak memory tripled or a time cut by 15 % in one manifest moved the book's tables).
 
 The timed part of a run (``extra.time_s``) spans its event files: a Transformers or LoRA run
-logs its first event as training starts and its last as the last evaluation ends. The peak GPU
+logs its first event as training starts and its last as the last evaluation ends. A fairseq
+run's wall time and each launch's start and end lie where its ``train.log``, which fairseq stamps
+line by line, says it ran (trial 23's M-g, check 23b's M-h). The peak GPU
 memory (``torch.cuda.max_memory_allocated``) of one recipe on one GPU model is the same for
 every seed: 553,377,792 bytes in each of the 24 committed Transformers GPU runs.
 """
@@ -58,16 +60,55 @@ def _seconds(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def launch_problems(man: dict[str, Any]) -> list[str]:
+    """A run's launches (``segments``) as one timeline (trial 24's M-i: a launch placed inside
+    another, or one whose end was deleted, made a run longer). Only a long pretraining run is
+    launched in parts; the first launch starts with the run and the last ends with it; each
+    starts after the one before ended (a launch killed outright recorded neither its end nor
+    its wall time) and goes on from the update where it stopped."""
+    segments = man.get("segments")
+    if segments is None:
+        return []
+    if "budget_tokens" not in (man.get("hyperparameters") or {}):
+        return ["segments: only a long pretraining run (pretrain --tokens) is launched in parts"]
+    problems: list[str] = []
+    segs = [s if isinstance(s, dict) else {} for s in segments]
+    floor, reached = _naive_utc(man.get("start_time")), None
+    for i, seg in enumerate(segs):
+        start, end = _naive_utc(seg.get("start_time")), _naive_utc(seg.get("end_time"))
+        after = "the run started" if i == 0 else "the launch before it ended"
+        if start is None or floor is None or not 0 <= (start - floor).total_seconds() <= \
+                (1 if i == 0 else float("inf")):
+            problems.append(f"segments[{i}] starts at {seg.get('start_time')}, not "
+                            f"{'as' if i == 0 else 'after'} {after}")
+        last_running = i == len(segs) - 1 and man.get("status") == "running"
+        if end is None and not last_running and (seg.get("ended") != "interrupted"
+                                                 or seg.get("wall_time_s") is not None):
+            problems.append(f"segments[{i}] records no end_time, which only a launch killed "
+                            "outright (ended \"interrupted\", no wall time) lacks")
+        if start is not None and end is not None and end < start:
+            problems.append(f"segments[{i}] ends before it starts")
+        if i and seg.get("updates_from") != reached:
+            problems.append(f"segments[{i}] starts at update {seg.get('updates_from')}, not "
+                            f"where the launch before it stopped ({reached})")
+        floor, reached = end or start, seg.get("updates_to")
+    run_end = _naive_utc(man.get("end_time"))
+    if segs and run_end and floor and abs((run_end - floor).total_seconds()) > 1:
+        problems.append(f"its last launch ends at {segs[-1].get('end_time')}, not with the run "
+                        f"({man.get('end_time')})")
+    return problems
+
+
 def log_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
     """A fairseq run's times against its ``train.log``, whose lines fairseq stamps with the
     machine's local time: a one-launch run's ``wall_time_s`` against the seconds between its
     first and last lines; each launch's wall time against its own start and end, and the lines
     it logged within them (the log's time zone from the first launch; 23b's M-h: a run given a
     ``segments`` list went unchecked, and a launch's time was tied to nothing)."""
+    problems, times = launch_problems(man), []
     if man.get("framework") != "fairseq":
-        return []
+        return problems
     segments = [s for s in man.get("segments") or [] if isinstance(s, dict)]
-    problems, times = [], []
     for i, seg in enumerate(segments):
         start, end, wall = _naive_utc(seg.get("start_time")), _naive_utc(seg.get("end_time")), \
             seg.get("wall_time_s")
@@ -76,10 +117,16 @@ def log_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
             problems.append(f"segments[{i}].wall_time_s {wall:g} s is not the "
                             f"{(end - start).total_seconds():.0f} s from its start to its end")
     try:
-        stamps = [datetime.fromisoformat(s.decode())
-                  for s in LOG_TIME.findall(regular_bytes(path / "train.log"))]
-    except (OSError, ValueError):
-        stamps = []  # the log's own checks name it
+        found = LOG_TIME.findall(regular_bytes(path / "train.log"))
+    except OSError:
+        found = []  # the log's own checks name it
+    stamps = []
+    for stamp in found:  # one line stamped with no time must not turn the check off (M-i10)
+        try:
+            stamps.append(datetime.fromisoformat(stamp.decode()))
+        except ValueError:
+            return [*problems, f"its train.log has a line stamped {stamp.decode()!r}, which is "
+                    "no time: fairseq did not write it"]
     wall, late = man.get("wall_time_s"), pretraining(man)
     if not stamps:
         return problems

@@ -25,6 +25,7 @@ from finetune_lab.argtypes import (
 )
 from finetune_lab.config import paths
 from finetune_lab.data import binarize
+from finetune_lab.data.binarized import MMAP_INDEX_MAGIC, check_binarized
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
 from finetune_lab.models.checkpoints import package_manifest
@@ -84,8 +85,6 @@ def require_cls_bin(bin_dir: Path) -> Path:
     return bin_dir
 
 
-MMAP_INDEX_MAGIC = b"MMIDIDX\x00\x00"
-"""The first bytes of a fairseq ``mmap`` index (``fairseq-preprocess``'s default format)."""
 
 
 def train_size(bin_dir: Path) -> int:
@@ -194,6 +193,7 @@ def finetune_grid(
     import torch
 
     bin_dir = require_cls_bin(Path(bin_dir) if bin_dir else binarize.default_output())
+    check_binarized(bin_dir)  # what fairseq trains on holds no test review
     n_train = train_size(bin_dir)
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir else checkpoints.packaged_dir()
     model_pt = ckpt_dir / checkpoints.MODEL_FILE

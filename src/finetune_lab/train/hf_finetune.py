@@ -32,7 +32,7 @@ from typing import Any
 
 from finetune_lab._files import sha256_file
 from finetune_lab.argtypes import folder, positive_int, seed_arg
-from finetune_lab.data.cls_books import SPLITS, check_split, read_split
+from finetune_lab.data.cls_books import read_checked_splits
 from finetune_lab.data.cls_books import default_output as default_cls
 from finetune_lab.data.tokenizer import default_output as default_tok
 from finetune_lab.errors import UserError
@@ -86,9 +86,8 @@ def collate(features: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def load_splits(cls_dir: Path, tok) -> dict[str, ReviewDataset]:
     """The three CLS-Books splits, tokenized exactly as fairseq sees them; none trains on the
-    test reviews (:func:`~finetune_lab.data.cls_books.check_split`)."""
-    splits = {split: read_split(Path(cls_dir), split) for split in SPLITS}
-    check_split(Path(cls_dir), {split: reviews for split, (reviews, _) in splits.items()})
+    test reviews (:func:`~finetune_lab.data.cls_books.read_checked_splits`)."""
+    splits = read_checked_splits(Path(cls_dir))
     return {split: ReviewDataset(tok(reviews), labels)
             for split, (reviews, labels) in splits.items()}
 

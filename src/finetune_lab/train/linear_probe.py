@@ -20,7 +20,7 @@ from finetune_lab.argtypes import folder, record_name, seed_arg
 from finetune_lab._files import sha256_file, utc_now, write_json_atomic
 from finetune_lab.config import check_new_record, paths
 from finetune_lab.data.cls_books import default_output as default_cls_dir
-from finetune_lab.data.cls_books import read_split
+from finetune_lab.data.cls_books import read_checked_splits
 from finetune_lab.models.checkpoints import load_hub_model, packaged_dir
 from finetune_lab.runs.manifest import (
     device_info,
@@ -117,7 +117,7 @@ def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: i
         check_record_name(name, checkpoint, out)
     else:
         check_random_name(name, out)
-    splits = {split: read_split(cls_dir, split) for split in ("train", "valid", "test")}
+    splits = read_checked_splits(cls_dir)  # fitted on no test review
     start = time.monotonic()
     hub = load_hub_model(checkpoint)
     if random_init:

@@ -43,6 +43,7 @@ from finetune_lab.train.pretrain_fairseq import (
     require_corpus,
 )
 from finetune_lab.train.pretrain_init import write_random_init
+from finetune_lab.runs.runlock import run_lock
 from finetune_lab.train.pretrain_resume import (LAST, check_own_state, keep_resume_state,  # noqa: F401
                                                 note_save, resume_point)
 from finetune_lab.train.pretrain_lineage import checkpoint_metadata, continuation_source
@@ -135,7 +136,16 @@ def progress_line(line: str, tokens_per_update: int, total_updates: int) -> str 
             f"{(total - done) / 1e6:.2f} M left, ETA {eta_s / 3600:.1f} h")
 
 
-def pretrain_long(
+def pretrain_long(*, run: str, **launch: Any) -> Path:
+    """One launch of the long run ``run`` (:func:`_launch`), holding the lock of its save folder
+    in the work folder throughout (trial 24's W-i: two run stores sharing one work folder
+    launched a run of the same name side by side, into one save folder, and each recorded the
+    other's state as its own)."""
+    with run_lock(state_dir(run)):
+        return _launch(run=run, **launch)
+
+
+def _launch(
     *,
     run: str,
     tokens: int,

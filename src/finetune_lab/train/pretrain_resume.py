@@ -154,6 +154,13 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
                         f"{made.get('save_dir')}{differs}), not by {run_dir} (seed "
                         f"{man.get('seed')}, lr {lr}, dropout {hyper.get('dropout')}): "
                         "move that folder away, or put the run's own state back")
+    launches = [s.get("launch") for s in man.get("segments") or [] if isinstance(s, dict)]
+    if made is not None and isinstance(made.get("launch"), str) and made["launch"] not in launches:
+        # a state that names its launch names one of this run's (trial 24's W-i2: the sha256 a
+        # run recorded was of a state another store's launch of its name saved there)
+        raise UserError(f"{last} is not the state {run_dir} last recorded of its own: launch "
+                        f"{made['launch']}, none of the run's, saved it; move that folder away, or "
+                        "put the run's own state back")
     recorded = man.get("resume_state")
     # every launch records its state's sha256 as it saves and as it stops (paused, failed,
     # interrupted); a launch killed before its first record (status "running") may have saved
@@ -181,7 +188,6 @@ def check_own_state(run_dir: Path, last: Path, updates: int,
         # before fairseq starts, and into every state (trial 22's W2-e2, 22b's W2-f1: another
         # run's, at a score two runs that barely moved both printed, in a run store at the
         # same path; a state saved before launches were named is not resumed this way)
-        launches = [s.get("launch") for s in man.get("segments") or [] if isinstance(s, dict)]
         same = same and isinstance(made.get("launch"), str) and made["launch"] in launches
     if not same or updates < at:
         raise UserError(f"{last} is not the state {run_dir} last recorded (update {at}; its "
