@@ -165,6 +165,18 @@ def _leaky_split(folder, n: int = 40):
     return folder
 
 
+def _swapped(folder):
+    """23b's D-h1 folder: the book's split with train and test swapped (train = the 2000 test
+    reviews)."""
+    from data_fixtures import cls_dir
+
+    folder.mkdir()
+    for kind in ("review", "label"):
+        for part, source in (("train", "test"), ("valid", "valid"), ("test", "train")):
+            (folder / f"{part}.{kind}").write_bytes((cls_dir() / f"{source}.{kind}").read_bytes())
+    return folder
+
+
 @needs_data_root
 def test_a_split_is_checked_whatever_its_own_manifest_says(tmp_path):
     """Trial 24's D-i1: check_split skipped every comparison for a folder whose files matched
@@ -192,24 +204,20 @@ def test_a_split_needs_the_published_test_file_and_finds_it_re_saved(tmp_path, m
     """Trial 24's D-i2, D-i2b: with no books test file in the data root, or a copy of it with
     CRLF line ends (another sha256), a split was compared with its own test split only, and
     23b's swapped folder (train = the 2000 test reviews) was binarized."""
-    from data_fixtures import cls_dir, tiny_tokenizer
+    from data_fixtures import tiny_tokenizer
 
     from finetune_lab.config import DATA_ROOT_ENV, default_data_root
     from finetune_lab.data.binarize import binarize_cls
     from finetune_lab.data.cls_books import BOOKS_DIR
 
-    swapped = tmp_path / "cls.books"
-    swapped.mkdir()
-    for kind in ("review", "label"):
-        for part, source in (("train", "test"), ("valid", "valid"), ("test", "train")):
-            (swapped / f"{part}.{kind}").write_bytes((cls_dir() / f"{source}.{kind}").read_bytes())
+    swapped = _swapped(tmp_path / "cls.books")
     data_root = tmp_path / "root"
     (data_root / BOOKS_DIR).mkdir(parents=True)
     if root == "crlf":
         published = (default_data_root() / BOOKS_DIR / "test.review").read_bytes()
         (data_root / BOOKS_DIR / "test.review").write_bytes(published.replace(b"\n", b"\r\n"))
     monkeypatch.setenv(DATA_ROOT_ENV, str(data_root))
-    message = (r"is not the split prepare-cls writes, .* which is not here" if root == "empty"
+    message = (r"is not the book's split, .* which is not here" if root == "empty"
                else r"train\.review shares 2000 of its 2000 reviews with .*books/test\.review")
     with pytest.raises(UserError, match=message):
         binarize_cls(swapped, tiny_tokenizer(), tmp_path / "bin")
@@ -232,12 +240,24 @@ def test_the_probe_is_fitted_on_no_test_review(tmp_path):
     assert not (tmp_path / "probes" / "random-x7.json").exists()
 
 
+def _test_files_as(folder, name: str):
+    """A copy of the binarized book split whose test files are also its ``name`` files."""
+    import shutil
+
+    from data_fixtures import cls_bin
+
+    shutil.copytree(cls_bin(), folder)
+    for part in ("input0", "label"):
+        for ext in ("bin", "idx"):
+            shutil.copyfile(folder / part / f"test.{ext}", folder / part / f"{name}.{ext}")
+    return folder
+
+
 @needs_data_root
 def test_binarized_test_reviews_copied_over_the_training_files_are_not_fine_tuned(tmp_path):
     """Trial 24's D-i4: `finetune fairseq --data` read the binarized files as they were; with
     the test split's input0 and label files copied over the training split's, a 250-update run
     started on the 2000 test reviews."""
-    import shutil
 
     from data_fixtures import cls_bin, cls_dir
 
@@ -250,11 +270,7 @@ def test_binarized_test_reviews_copied_over_the_training_files_are_not_fine_tune
     decoded = reviews_back(cls_bin(), "valid")
     written = [" ".join(r.split()) for r in read_split(cls_dir(), "valid")[0]]
     assert sum(a == b for a, b in zip(decoded, written)) == 198 and len(decoded) == 200
-    mine = tmp_path / "bin"
-    shutil.copytree(cls_bin(), mine)
-    for part in ("input0", "label"):
-        for ext in ("bin", "idx"):
-            shutil.copyfile(mine / part / f"test.{ext}", mine / part / f"train.{ext}")
+    mine = _test_files_as(tmp_path / "bin", "train")
     with pytest.raises(UserError, match=r"input0/train\.bin shares 2000 of its 2000 reviews"):
         finetune_grid(("random",), (99,), bin_dir=mine, runs_root=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
@@ -262,7 +278,9 @@ def test_binarized_test_reviews_copied_over_the_training_files_are_not_fine_tune
 
 def test_an_execution_option_of_quarto_makes_every_chapter_stale(tmp_path, capsys):
     """Trial 24's F-i2: `_quarto.yml`'s HTML `fig-format` changed from svg to png left
-    check-freeze "up to date", and Quarto's own freeze executes nothing again for it."""
+    check-freeze "up to date", and Quarto's own freeze executes nothing again for it; 24b's
+    F-j: so did that option in a folder's `_metadata.yml`, at the top of `_quarto.yml`, in a
+    metadata file or in a profile."""
     from test_freeze_env import _project, _render_all
 
     from finetune_lab.cli import main
@@ -279,7 +297,21 @@ def test_an_execution_option_of_quarto_makes_every_chapter_stale(tmp_path, capsy
     config.write_text(config.read_text().replace("svg", "png"))
     assert main(["check-freeze", "--project", str(root)]) == 1
     err = capsys.readouterr().err
-    assert err.count("option format.html.fig-format (changed)") == 2  # both chapters
+    assert err.count("option _quarto.yml: format.html.fig-format (changed)") == 2  # both
+    _render_all(root)
+    # 24b's F-j: the same option where Quarto also reads it, for the chapters it applies to
+    (root / "chapters" / "_metadata.yml").write_text("format:\n  html:\n    fig-format: svg\n")
+    assert main(["check-freeze", "--project", str(root)]) == 1
+    assert "option chapters/_metadata.yml: format.html.fig-format (new)" in \
+        capsys.readouterr().err
+    _render_all(root)
+    config.write_text(config.read_text() + "fig-dpi: 300\nmetadata-files: [more.yml]\n")
+    (root / "more.yml").write_text("execute:\n  echo: false\n")
+    (root / "_quarto-wide.yml").write_text("fig-width: 12\n")
+    assert main(["check-freeze", "--project", str(root)]) == 1
+    err = capsys.readouterr().err
+    for new in ("_quarto.yml: fig-dpi", "more.yml: execute", "_quarto-wide.yml: fig-width"):
+        assert err.count(f"option {new} (new)") == 2, new
 
 
 def test_a_data_root_error_inside_an_output_folder_keeps_its_message(tmp_path):
@@ -293,3 +325,61 @@ def test_a_data_root_error_inside_an_output_folder_keeps_its_message(tmp_path):
             raise DataRootError("data root /x does not exist. Set FINETUNE_LAB_DATA_ROOT")
     assert str(raised.value) == "data root /x does not exist. Set FINETUNE_LAB_DATA_ROOT"
     assert not (tmp_path / "out").exists()
+
+
+# --- check 24b: new members of trial 24's classes ---
+
+
+@needs_data_root
+def test_a_shard_beside_the_binarized_training_files_is_checked_too(tmp_path):
+    """24b's D-j2: fairseq loads `train1` beside `train` (and trains on both); the test
+    split's files copied there were fine-tuned on, 1,800 + 2,000 reviews."""
+
+
+    from finetune_lab.data.binarized import check_binarized
+
+    mine = _test_files_as(tmp_path / "bin", "train1")
+    with pytest.raises(UserError, match=r"input0/train1\.bin shares 2000 of its 2000 reviews"):
+        check_binarized(mine)
+
+
+@needs_data_root
+def test_the_books_test_file_compared_with_must_be_webis_cls_10s(tmp_path, monkeypatch):
+    """24b's D-j3: with the dvd test file where the books one goes, the split checks compared
+    the training reviews with dvd reviews, and train = the 2000 books test reviews passed."""
+    from data_fixtures import tiny_tokenizer
+
+    from finetune_lab.config import DATA_ROOT_ENV, default_data_root
+    from finetune_lab.data.binarize import binarize_cls
+    from finetune_lab.data.cls_books import BOOKS_DIR
+
+    root = tmp_path / "root"
+    (root / BOOKS_DIR).mkdir(parents=True)
+    dvd = default_data_root() / "webis-cls-10" / "fr" / "dvd" / "test.review"
+    (root / BOOKS_DIR / "test.review").write_bytes(dvd.read_bytes())
+    (root / BOOKS_DIR / "train.review").symlink_to(default_data_root() / BOOKS_DIR / "train.review")
+    monkeypatch.setenv(DATA_ROOT_ENV, str(root))
+    swapped = _swapped(tmp_path / "cls.books")
+    with pytest.raises(UserError, match=r"books/test\.review does not hold Webis-CLS-10's books "
+                                        r"test reviews, though the training file beside it"):
+        binarize_cls(swapped, tiny_tokenizer(), tmp_path / "bin")
+
+
+def test_a_short_pretraining_launch_into_a_save_folder_in_use_is_refused(tmp_path, monkeypatch):
+    """24b's W-j1: two `pretrain --max-update` launches of one run name from two run stores
+    sharing a work folder both ran in its save folder, and the second's weights replaced the
+    first's under the first's record."""
+    from finetune_lab.runs.runlock import run_lock
+    from finetune_lab.train.pretrain import pretrain
+    from finetune_lab.train.pretrain_recipe import state_dir
+
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs-b"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("train.bin", "train.idx", "valid.bin", "valid.idx", "dict.txt"):
+        (corpus / name).write_bytes(b"")
+    with run_lock(state_dir("zS")):  # a launch from another store, running
+        with pytest.raises(UserError, match=r"pretrain-checkpoints/zS is being written by pid"):
+            pretrain(max_update=2, run="zS", data_dir=corpus, package=False)
+    assert not (tmp_path / "work" / "pretrain-checkpoints" / "zS").exists()

@@ -21,7 +21,7 @@ SEEDS = {"lora-qv": (0, 1), "lora-attn": (0, 1), "full": (0, 1)}
 
 def _reviews(n: int) -> list[tuple[str, int]]:
     """Two-class lines, each with its own filler words: no training line is a test line
-    (``cls_books.check_split`` refuses a split that shares them)."""
+    (``split_checks.check_split`` refuses a split that shares them)."""
     rng = random.Random(0)
     good, bad = ["superbe", "magnifique", "passionnant"], ["ennuyeux", "raté", "décevant"]
 

@@ -113,26 +113,50 @@ def chapter_packages(project: Path, chapter: str, patterns: Iterable[str]) -> di
 
 
 OPTION = "option "
-"""The record's key for one of ``_quarto.yml``'s execution options."""
+"""The record's key for one of Quarto's execution options (``option _quarto.yml: NAME``)."""
 EXECUTION_KEYS = frozenset({"echo", "eval", "error", "warning", "output", "include", "execute",
                             "jupyter", "engine", "keep-ipynb", "df-print"})
 """Options that change what a chapter's execution yields, besides every ``fig-`` option."""
 
 
-def execution_options(project: Path) -> dict[str, str]:
-    """``{"option NAME": value}`` for ``_quarto.yml``'s options that change what a chapter
-    executes to (top-level ``execute`` and ``jupyter``; each format's ``fig-*``, ``echo``...):
-    Quarto's own freeze executes nothing again for them (trial 24's F-i2: the HTML figures'
-    ``fig-format`` changed from svg to png, and the book kept its SVG figures)."""
-    path = project / "_quarto.yml"
-    config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
-    config = config if isinstance(config, dict) else {}
-    found = {name: config.get(name) for name in ("execute", "jupyter", "engine")}
-    formats = config.get("format") if isinstance(config.get("format"), dict) else {}
-    for fmt, options in formats.items():
-        for name, value in (options.items() if isinstance(options, dict) else ()):
-            if name.startswith("fig-") or name in EXECUTION_KEYS:
-                found[f"format.{fmt}.{name}"] = value
+def _yaml(path: Path) -> dict:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def option_files(project: Path, chapter: str) -> list[Path]:
+    """Where Quarto takes a chapter's options from: ``_quarto.yml``, its profiles
+    (``_quarto-NAME.yml``), the files its ``metadata-files`` names, and each ``_metadata.yml``
+    from the project's folder down to the chapter's."""
+    files = [project / "_quarto.yml", *sorted(project.glob("_quarto-*.yml"))]
+    for config in list(files):
+        named = _yaml(config).get("metadata-files")
+        files += [project / str(n) for n in (named if isinstance(named, list) else [])]
+    folder, parts = project, Path(chapter).parent.parts
+    for part in ("", *parts):
+        folder = folder / part if part else folder
+        files.append(folder / "_metadata.yml")
+    return [f for f in dict.fromkeys(files) if f.is_file()]
+
+
+def execution_options(project: Path, chapter: str) -> dict[str, str]:
+    """``{"option FILE: NAME": value}`` for the options in :func:`option_files` that change what
+    a chapter executes to (``execute``, ``jupyter``, ``fig-*``, ``echo``..., at the top or under
+    a format): Quarto's own freeze executes nothing again for them (trial 24's F-i2: the HTML
+    figures' ``fig-format`` changed from svg to png, and the book kept its SVG figures; 24b's
+    F-j: the same option in ``_metadata.yml``, at the top, in a profile or a metadata file)."""
+    found: dict[str, object] = {}
+    for path in option_files(project, chapter):
+        config, rel = _yaml(path), path.relative_to(project).as_posix()
+        formats = config.get("format") if isinstance(config.get("format"), dict) else {}
+        scopes = [("", config), *((f"format.{f}.", o) for f, o in formats.items())]
+        for prefix, options in scopes:
+            for name, value in (options.items() if isinstance(options, dict) else ()):
+                if isinstance(name, str) and (name.startswith("fig-") or name in EXECUTION_KEYS):
+                    found[f"{rel}: {prefix}{name}"] = value
     return {f"{OPTION}{name}": json.dumps(value, sort_keys=True, default=str)
             for name, value in sorted(found.items()) if value is not None}
 
@@ -141,4 +165,4 @@ def record_inputs(project: Path, chapter: str, patterns: list[str]) -> dict[str,
     """What a chapter's freeze record holds: its input files' hashes, its packages' locked
     versions and the project's execution options."""
     return {**hash_inputs(project, patterns), **chapter_packages(project, chapter, patterns),
-            **execution_options(project)}
+            **execution_options(project, chapter)}

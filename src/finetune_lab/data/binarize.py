@@ -26,6 +26,7 @@ from finetune_lab import _files
 from finetune_lab.data.tools import tool_versions
 from finetune_lab.data import cls_books, tokenizer
 from finetune_lab.data.cls_books import SPLITS, check_same_length, count_lines
+from finetune_lab.data.split_checks import read_checked_splits
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 
@@ -139,7 +140,9 @@ def binarize_cls(
         return out, False
 
     started = time.perf_counter()
-    splits = cls_books.read_checked_splits(cls_dir)
+    splits = read_checked_splits(cls_dir, {  # the sha256s just computed
+        name.split("/", 1)[1]: digest for name, digest in inputs.items()
+        if name.startswith("cls.books/")})
     sp = tokenizer.load_processor(tok_dir)
     with _files.atomic_dir(out, COMMAND, force=force) as tmp:
         (tmp / "spm").mkdir()

@@ -4,20 +4,20 @@
 of them (trial 24's D-i4: the test split's files copied over the training split's were
 fine-tuned on). So the training and validation reviews are decoded from those files (fairseq's
 ``mmap`` index, the pieces of ``dict.txt``, sentencepiece's word marks) and compared with the
-test reviews as a split's texts are (:func:`finetune_lab.data.cls_books.check_split`).
+test reviews as a split's texts are (:func:`finetune_lab.data.split_checks.check_split`).
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from pathlib import Path
 
 import numpy as np
 
 from finetune_lab import _files
-from finetune_lab.data.cls_books import BOOKS_DIR, read_reviews
+from finetune_lab.data.split_checks import published_test_texts
 from finetune_lab.data.overlap import Passage, check_overlap
-from finetune_lab.config import require_data_root
 from finetune_lab.errors import UserError
 
 MMAP_INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -71,26 +71,24 @@ def reviews_back(bin_dir: Path, split: str) -> list[str]:
 
 
 def check_binarized(bin_dir: Path) -> None:
-    """Refuse binarized training or validation reviews that are test reviews: compared with
-    the folder's own test split and with Webis-CLS-10's books test file, unless they are the
-    files of the book's split (PREPARED_SHA256)."""
+    """Refuse binarized training or validation reviews that are test reviews: each of
+    ``input0``'s training and validation files fairseq reads (``train``, and ``train1``, ...
+    beside it, which it loads too: 24b's D-j2) compared with the folder's own test split and
+    with Webis-CLS-10's books test file, unless they are the files of the book's split
+    (PREPARED_SHA256) and no other."""
     folder = Path(bin_dir) / "input0"
-    if all(_files.sha256_file(folder / name) == digest
-           for name, digest in PREPARED_SHA256.items()):
+    shards = sorted(p.stem for p in folder.glob("*.bin") if re.fullmatch(r"(train|valid)\d*",
+                                                                         p.stem))
+    if shards == ["train", "valid"] and all(
+            _files.sha256_file(folder / name) == digest
+            for name, digest in PREPARED_SHA256.items()):
         return
-    books = f"{BOOKS_DIR}/test.review"
-    try:
-        published = require_data_root(books) / books
-    except UserError as exc:
-        raise UserError(f"{bin_dir} is not the binarized split of the book, so its training and "
-                        "validation reviews are compared with Webis-CLS-10's books test file, "
-                        f"which is not here: {exc}") from None
-    tests = {folder / "test.bin": reviews_back(bin_dir, "test"),
-             published: [r.text for r in read_reviews(published)]}
-    for split in ("train", "valid"):
-        mine = [Passage(t) for t in reviews_back(bin_dir, split)]
+    published, texts = published_test_texts(bin_dir)
+    tests = {folder / "test.bin": reviews_back(bin_dir, "test"), published: texts}
+    for shard in shards:
+        mine = [Passage(t) for t in reviews_back(bin_dir, shard)]
         for path, test in tests.items():
-            check_overlap({"train": folder / f"{split}.bin", "test": path}, mine,
+            check_overlap({"train": folder / f"{shard}.bin", "test": path}, mine,
                           [Passage(t) for t in test],
                           fix="binarize the prepared split again with `finetune-lab "
                               "binarize-cls`")

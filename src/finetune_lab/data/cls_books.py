@@ -20,7 +20,7 @@ from pathlib import Path
 
 from finetune_lab.argtypes import folder, non_negative_int
 from finetune_lab import _files
-from finetune_lab.data.overlap import Passage, check_overlap
+from finetune_lab.data.overlap import check_overlap
 from finetune_lab.data.tools import tool_versions
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
@@ -184,54 +184,6 @@ def read_split(folder: Path, split: str) -> tuple[list[str], list[int]]:
         if not text.strip():
             raise ClsDataError(f"{review_path}: line {number}: empty review: {regenerate}")
     return reviews, labels
-
-
-PREPARED_SHA256 = {
-    "train.review": "33d4f7bcc95c5ebd206ef93fe409d0bca5a0a601aafa3373482dd77dbcc9025e",
-    "train.label": "f35044737ac71f1668e254ed793bb7668d0d8fb549b45652b0e4a1983144d852",
-    "valid.review": "7b9f1a6af5d9492b14d5b50a37e9acbefdd5fdafbb0cb514ebd073a608690a7a",
-    "valid.label": "5da13ff696b7aae9289d08b022c8f47686f6cd5647e823fcbd5168d6aa3f29e3",
-    "test.review": "5bca5362e9b49154496f275c23d6ba7e6d06f83ac8ee180f0ee499130da6f8ef",
-    "test.label": "28c78495388f7a1fac01120ef7ca73e0dd9a035ac91101ba7fe27fc155289933"}
-"""sha256 of the split ``prepare-cls`` writes from Webis-CLS-10's books files (BOOKS_SHA256) with
-its default seed and validation share, the split every committed run records: checked once,
-when it was written, and never compared again."""
-
-
-def check_split(cls_dir: Path, reviews: dict[str, list[str]]) -> None:
-    """Refuse training or validation reviews (``reviews``: each split's texts) that are test
-    reviews, in a folder that is not the book's split (PREPARED_SHA256): compared with the
-    folder's test split and with the data root's books test file, which must be there (trial
-    23's D-g: the test reviews written as the training split were fine-tuned on; 23b's D-h:
-    train and test swapped; trial 24's D-i: a folder whose own manifest vouched for it, and a
-    data root without that file, or with a copy re-saved, passed unchecked)."""
-    if all(_files.sha256_file(cls_dir / name) == digest
-           for name, digest in PREPARED_SHA256.items()):
-        return
-    try:
-        published = require_data_root(f"{BOOKS_DIR}/test.review") / BOOKS_DIR / "test.review"
-    except UserError as exc:
-        raise UserError(f"{cls_dir} is not the split prepare-cls writes, so its training and "
-                        "validation reviews are compared with Webis-CLS-10's books test file, "
-                        f"which is not here: {exc}") from None
-    tests = {cls_dir / "test.review": reviews["test"],
-             published: [r.text for r in read_reviews(published)]}
-    for split in ("train", "valid"):
-        for path, test in tests.items():
-            check_overlap({"train": cls_dir / f"{split}.review", "test": path},
-                          [Passage(t) for t in reviews[split]], [Passage(t) for t in test],
-                          fix="prepare the splits again with `finetune-lab prepare-cls`")
-
-
-def read_checked_splits(cls_dir: Path) -> dict[str, tuple[list[str], list[int]]]:
-    """The three splits of a folder (reviews, labels), read and checked as :func:`check_split`
-    says: what every reader that trains or fits on a split reads them through (binarize-cls,
-    the Transformers and LoRA runs, the probe: trial 24's D-i3, a probe fitted on test
-    reviews)."""
-    cls_dir = Path(cls_dir)
-    splits = {split: read_split(cls_dir, split) for split in SPLITS}
-    check_split(cls_dir, {split: reviews for split, (reviews, _) in splits.items()})
-    return splits
 
 
 def check_same_length(a: Path, n_a: int, b: Path, n_b: int) -> None:

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import atomic_dir, check_replaceable, not_there, tree_entries
-from finetune_lab.config import PROJECT_ROOT, paths, require_data_root
+from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.data import cls_books, pretrain_corpus, tokenizer
+from finetune_lab.data.split_checks import published_test_texts
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
 from finetune_lab.runs.gpu_plan import BUNDLE_DIR, GPU_CORPUS, PLAN_FILE, TEST_FILE_ROOT, Plan
@@ -272,10 +273,10 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
             else:
                 shutil.copytree(cls_dir, data / cls_dir.name)
             shutil.copytree(tok_dir, data / tok_dir.name)
-            books = f"{cls_books.BOOKS_DIR}/test.review"
-            test_file = Path(stage) / TEST_FILE_ROOT / books
+            published, _ = published_test_texts(cls_dir)  # Webis-CLS-10's, checked
+            test_file = Path(stage) / TEST_FILE_ROOT / cls_books.BOOKS_DIR / published.name
             test_file.parent.mkdir(parents=True)
-            shutil.copyfile(require_data_root(books) / books, test_file)
+            shutil.copyfile(published, test_file)
             if "pretrain" in plan.steps:
                 # Kept here too, so that the pretraining run's data hashes check here later.
                 src = Path(corpus) if corpus else _default_corpus()

@@ -41,7 +41,7 @@ packaging the weights. 100 s, with the calibration outside the budget, lost a ru
 TEST_FILE_ROOT = "data/work/books-test-file"
 """Where a call carries Webis-CLS-10's books test file, as a data root holding that one file:
 the device has no data root, and each run there compares its split with that file
-(``cls_books.check_split``) as it would here (trial 24's D-i2)."""
+(``split_checks.check_split``) as it would here (trial 24's D-i2)."""
 GPU_CORPUS = "pretrain-gpu-bin"
 """The corpus slice a pretraining call carries (under the work dir, here and there), followed
 by the run's name (:attr:`Plan.corpus`): each run names its own slice, so the next call's slice

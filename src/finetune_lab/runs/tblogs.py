@@ -41,6 +41,12 @@ def read_with_c_crc() -> None:
     stub.masked_crc32c = masked_crc32c
 
 
+_READ: dict[tuple[int, int, int, int], pd.DataFrame] = {}
+"""Each event file's scalars as tbparse read them, by file (inode), size and modification time:
+a chapter, and a test of the book on a copy of the run cache (its event files hard-linked), asks
+for the same runs again."""
+
+
 @per_render
 def _read_scalars(run_dir: Path) -> pd.DataFrame:
     from tbparse import SummaryReader
@@ -54,7 +60,11 @@ def _read_scalars(run_dir: Path) -> pd.DataFrame:
         # folder read whole would take in any file with "tfevents" in its name, and follow links
         frames = []
         for path in event_files(run_dir):
-            one = SummaryReader(str(path), extra_columns={"wall_time"}).scalars
+            st = path.stat()  # read once per process for a given file, as eventfiles checks it
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if key not in _READ:
+                _READ[key] = SummaryReader(str(path), extra_columns={"wall_time"}).scalars
+            one = _READ[key].copy()
             folder = path.parent.relative_to(run_dir).as_posix()
             frames.append(one.assign(dir_name="" if folder == "." else folder))
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

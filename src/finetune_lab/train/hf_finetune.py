@@ -32,7 +32,7 @@ from typing import Any
 
 from finetune_lab._files import sha256_file
 from finetune_lab.argtypes import folder, positive_int, seed_arg
-from finetune_lab.data.cls_books import read_checked_splits
+from finetune_lab.data.split_checks import read_checked_splits
 from finetune_lab.data.cls_books import default_output as default_cls
 from finetune_lab.data.tokenizer import default_output as default_tok
 from finetune_lab.errors import UserError
@@ -86,7 +86,7 @@ def collate(features: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def load_splits(cls_dir: Path, tok) -> dict[str, ReviewDataset]:
     """The three CLS-Books splits, tokenized exactly as fairseq sees them; none trains on the
-    test reviews (:func:`~finetune_lab.data.cls_books.read_checked_splits`)."""
+    test reviews (:func:`~finetune_lab.data.split_checks.read_checked_splits`)."""
     splits = read_checked_splits(Path(cls_dir))
     return {split: ReviewDataset(tok(reviews), labels)
             for split, (reviews, labels) in splits.items()}

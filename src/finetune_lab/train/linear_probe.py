@@ -20,7 +20,7 @@ from finetune_lab.argtypes import folder, record_name, seed_arg
 from finetune_lab._files import sha256_file, utc_now, write_json_atomic
 from finetune_lab.config import check_new_record, paths
 from finetune_lab.data.cls_books import default_output as default_cls_dir
-from finetune_lab.data.cls_books import read_checked_splits
+from finetune_lab.data.split_checks import read_checked_splits
 from finetune_lab.models.checkpoints import load_hub_model, packaged_dir
 from finetune_lab.runs.manifest import (
     device_info,

@@ -47,6 +47,7 @@ from finetune_lab.train.pretrain_lineage import (
     continued_run_name,
     runs_built_on,
 )
+from finetune_lab.runs.runlock import run_lock
 from finetune_lab.train.pretrain_recipe import (
     EXPERIMENT,
     Launch,
@@ -58,6 +59,7 @@ from finetune_lab.train.pretrain_recipe import (
     fresh_state_dir,
     refuse_start_in_state,
     spread,
+    state_dir,
 )
 from finetune_lab.train.pretrain_throughput import throughput_record
 
@@ -116,65 +118,66 @@ def pretrain(
     if package:  # before pin_config, which may write experiment.json (trial 7's P6)
         checkpoints.check_package_dest(package_to)
     pin_config(root / experiment, experiment_config(recipe), recipe.hyperparameters())
-    save_dir = fresh_state_dir(state_name)
+    with run_lock(state_dir(state_name)):  # one launch per save folder (24b's W-j1)
+        save_dir = fresh_state_dir(state_name)
 
-    calibration = None
-    if minutes is None and max_update is None:
-        minutes = defaults["minutes"]
-    budget = minutes  # None: no time limit, only --max-update
-    if max_update is None:
-        # long enough on a GPU that start-up transients do not set the rate (40 updates there
-        # measured 7.7 updates/s; the run then went at 10.2 and ended 30 % early)
-        started = time.monotonic()
-        calibration = calibrate(bin_dir, recipe, device=device, precision=precision,
-                                scratch=save_dir / "calibration",
-                                updates=defaults["calibration_updates"])
-        # the budget covers the calibration too (a minute on the H100 with ten loaders)
-        spent = (time.monotonic() - started) / 60
-        budget = max(budget / 2, budget - spent)
-        # 0.85: validations and saves every validate_every updates take their share (on the
-        # H100, 20.5 updates/s calibrated, 16.8 over the run)
-        max_update = max(10, int(0.85 * budget * 60 * calibration["updates_per_s"]))
-        calibration.update(budget_minutes=budget, seconds=round(spent * 60, 1))
-    recipe = replace(recipe, max_update=max_update,
-                     validate_every=min(recipe.validate_every, max(1, max_update // 4)))
+        calibration = None
+        if minutes is None and max_update is None:
+            minutes = defaults["minutes"]
+        budget = minutes  # None: no time limit, only --max-update
+        if max_update is None:
+            # long enough on a GPU that start-up transients do not set the rate (40 updates there
+            # measured 7.7 updates/s; the run then went at 10.2 and ended 30 % early)
+            started = time.monotonic()
+            calibration = calibrate(bin_dir, recipe, device=device, precision=precision,
+                                    scratch=save_dir / "calibration",
+                                    updates=defaults["calibration_updates"])
+            # the budget covers the calibration too (a minute on the H100 with ten loaders)
+            spent = (time.monotonic() - started) / 60
+            budget = max(budget / 2, budget - spent)
+            # 0.85: validations and saves every validate_every updates take their share (on the
+            # H100, 20.5 updates/s calibrated, 16.8 over the run)
+            max_update = max(10, int(0.85 * budget * 60 * calibration["updates_per_s"]))
+            calibration.update(budget_minutes=budget, seconds=round(spent * 60, 1))
+        recipe = replace(recipe, max_update=max_update,
+                         validate_every=min(recipe.validate_every, max(1, max_update // 4)))
 
-    # a copy in the run's scratch folder: the packaged file is replaced when this run ends
-    init_copy = save_dir / "init_model.pt" if parent is not None else None
-    if init_copy is not None:
-        shutil.copyfile(parent["path"], init_copy)
-    per_process = spread(recipe, launch.world_size)
-    args = fairseq_args(bin_dir, save_dir, per_process, seed=seed, device=device,
-                        precision=precision, stop_minutes=budget,
-                        init_from=init_copy) + launch.fairseq_flags(device)
-    hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget,
-             **launch.hyperparameters(per_process)}
-    env = {trust.TRUSTED_DIRS_ENV: str(save_dir)}
-    extra: dict[str, Any] = {"calibration": calibration, "corpora": [corpus_entry(bin_dir)]}
-    if parent is not None:
-        extra["continued_from"] = {k: parent[k] for k in ("sha256", "run", "lineage")}
-    with record_run(experiment, run, framework="fairseq",
-                    init="random" if parent is None else "continued", seed=seed,
-                    hyperparameters=hyper, data=[bin_dir], runs_root=runs_root,
-                    overwrite=overwrite, extra=extra) as handle:
-        with echoing(handle.run_dir / "train.log", None if quiet else fairseq_progress):
-            run_fairseq_train(handle, args, env=env, launcher=launch.launcher())
-        best = save_dir / "checkpoint_best.pt"
-        if not best.is_file():
-            raise UserError(f"fairseq finished without writing {best}; see {handle.log_path}")
-        # Checkpoints live outside the (committed) run folder; their hashes make them trusted.
-        handle.manifest["saved_checkpoints"] = {
-            "checkpoint_best.pt": {"path": portable_path(best), "sha256": sha256_file(best)}}
-        log_text = (handle.run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
-        handle.manifest["throughput"] = throughput_record(log_text, recipe, device_info())
-        handle.manifest["updates_done"] = last_update(log_text)
-        run_dir = handle.run_dir
-    if package:
-        manifests = [run_dir / "manifest.json"]
-        metadata = checkpoint_metadata(best, manifests)
-        checkpoints.package_checkpoint(best, spm_model, spm_dict, package_to, manifests=manifests,
-                                       metadata=metadata)
-    return run_dir
+        # a copy in the run's scratch folder: the packaged file is replaced when this run ends
+        init_copy = save_dir / "init_model.pt" if parent is not None else None
+        if init_copy is not None:
+            shutil.copyfile(parent["path"], init_copy)
+        per_process = spread(recipe, launch.world_size)
+        args = fairseq_args(bin_dir, save_dir, per_process, seed=seed, device=device,
+                            precision=precision, stop_minutes=budget,
+                            init_from=init_copy) + launch.fairseq_flags(device)
+        hyper = {**recipe.hyperparameters(), "precision": precision, "budget_minutes": budget,
+                 **launch.hyperparameters(per_process)}
+        env = {trust.TRUSTED_DIRS_ENV: str(save_dir)}
+        extra: dict[str, Any] = {"calibration": calibration, "corpora": [corpus_entry(bin_dir)]}
+        if parent is not None:
+            extra["continued_from"] = {k: parent[k] for k in ("sha256", "run", "lineage")}
+        with record_run(experiment, run, framework="fairseq",
+                        init="random" if parent is None else "continued", seed=seed,
+                        hyperparameters=hyper, data=[bin_dir], runs_root=runs_root,
+                        overwrite=overwrite, extra=extra) as handle:
+            with echoing(handle.run_dir / "train.log", None if quiet else fairseq_progress):
+                run_fairseq_train(handle, args, env=env, launcher=launch.launcher())
+            best = save_dir / "checkpoint_best.pt"
+            if not best.is_file():
+                raise UserError(f"fairseq finished without writing {best}; see {handle.log_path}")
+            # Checkpoints live outside the (committed) run folder; their hashes make them trusted.
+            handle.manifest["saved_checkpoints"] = {
+                "checkpoint_best.pt": {"path": portable_path(best), "sha256": sha256_file(best)}}
+            log_text = (handle.run_dir / "train.log").read_text(encoding="utf-8", errors="replace")
+            handle.manifest["throughput"] = throughput_record(log_text, recipe, device_info())
+            handle.manifest["updates_done"] = last_update(log_text)
+            run_dir = handle.run_dir
+        if package:
+            manifests = [run_dir / "manifest.json"]
+            metadata = checkpoint_metadata(best, manifests)
+            checkpoints.package_checkpoint(best, spm_model, spm_dict, package_to,
+                                           manifests=manifests, metadata=metadata)
+        return run_dir
 
 
 def refuse_built_on(run_dir: Path, runs_root: Path) -> None:
