@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from finetune_lab import _files
-from finetune_lab.data.split_checks import published_test_texts
-from finetune_lab.data.overlap import Passage, check_overlap
+from finetune_lab.data.split_checks import refuse_test_reviews
 from finetune_lab.errors import UserError
 
 MMAP_INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -61,7 +60,7 @@ def reviews_back(bin_dir: Path, split: str) -> list[str]:
     folder = Path(bin_dir) / "input0"
     pieces = [line.split(" ", 1)[0] for line in
               _files.regular_text(folder / "dict.txt").splitlines()]
-    symbols = np.array(["", "", "", ""] + pieces, dtype=object)
+    symbols = np.array([""] * SPECIALS + pieces, dtype=object)
     try:
         return ["".join(symbols[ids]).replace("\u2581", " ").strip()
                 for ids in _sequences(folder / split)]
@@ -83,12 +82,6 @@ def check_binarized(bin_dir: Path) -> None:
             _files.sha256_file(folder / name) == digest
             for name, digest in PREPARED_SHA256.items()):
         return
-    published, texts = published_test_texts(bin_dir)
-    tests = {folder / "test.bin": reviews_back(bin_dir, "test"), published: texts}
-    for shard in shards:
-        mine = [Passage(t) for t in reviews_back(bin_dir, shard)]
-        for path, test in tests.items():
-            check_overlap({"train": folder / f"{shard}.bin", "test": path}, mine,
-                          [Passage(t) for t in test],
-                          fix="binarize the prepared split again with `finetune-lab "
-                              "binarize-cls`")
+    refuse_test_reviews({folder / f"{shard}.bin": reviews_back(bin_dir, shard) for shard in shards},
+                        folder / "test.bin", reviews_back(bin_dir, "test"), bin_dir,
+                        fix="binarize the prepared split again with `finetune-lab binarize-cls`")

@@ -71,13 +71,21 @@ def check_split(cls_dir: Path, reviews: dict[str, list[str]],
     if all((digests.get(name) or _files.sha256_file(cls_dir / name)) == digest
            for name, digest in PREPARED_SHA256.items()):
         return
-    published, texts = published_test_texts(cls_dir)
-    tests = {cls_dir / "test.review": reviews["test"], published: texts}
-    for split in ("train", "valid"):
-        for path, test in tests.items():
-            check_overlap({"train": cls_dir / f"{split}.review", "test": path},
-                          [Passage(t) for t in reviews[split]], [Passage(t) for t in test],
-                          fix="prepare the splits again with `finetune-lab prepare-cls`")
+    refuse_test_reviews(
+        {cls_dir / f"{split}.review": reviews[split] for split in ("train", "valid")},
+        cls_dir / "test.review", reviews["test"], cls_dir,
+        fix="prepare the splits again with `finetune-lab prepare-cls`")
+
+
+def refuse_test_reviews(trained: dict[Path, list[str]], own_test: Path, own_texts: list[str],
+                        needed_by: Path, fix: str) -> None:
+    """Refuse any file of ``trained`` (its texts) that holds test reviews: those of the folder's
+    own test split (``own_test``) or of Webis-CLS-10's books test file (``fix``: what to do)."""
+    published, texts = published_test_texts(needed_by)
+    for path, mine in trained.items():
+        for test_path, test in ((own_test, own_texts), (published, texts)):
+            check_overlap({"train": path, "test": test_path}, [Passage(t) for t in mine],
+                          [Passage(t) for t in test], fix=fix)
 
 
 def read_checked_splits(cls_dir: Path, digests: dict[str, str] | None = None
