@@ -50,7 +50,7 @@ def _end_dropped(missing):
     ("pretrain/cpu-docbow1", _second_launch_inside,
      r"segments\[1\] starts at .*, not after the launch before it ended"),
     ("pretrain/cpu-clean-general1", _end_dropped(True),
-     r"segments\[1\] records no end_time, which only a launch killed outright"),
+     r"segments\[1\] records no end_time \(a launch that was killed ends at its"),
     ("pretrain/cpu-clean-general1", _end_dropped(False), r"segments\[1\] records no end_time"),
     # a launch's wall time dropped instead: the run's total is still the sum of what is known
     ("pretrain/cpu-clean-general1", lambda m: (m["segments"][1].update(
@@ -375,6 +375,8 @@ def test_a_short_pretraining_launch_into_a_save_folder_in_use_is_refused(tmp_pat
 
     monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs-b"))
+    # the lock is what is tested: the corpus's files are empty, so its decoding is left out
+    monkeypatch.setattr("finetune_lab.train.pretrain_fairseq.check_corpus", lambda folder: None)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for name in ("train.bin", "train.idx", "valid.bin", "valid.idx", "dict.txt"):
@@ -383,3 +385,108 @@ def test_a_short_pretraining_launch_into_a_save_folder_in_use_is_refused(tmp_pat
         with pytest.raises(UserError, match=r"pretrain-checkpoints/zS is being written by pid"):
             pretrain(max_update=2, run="zS", data_dir=corpus, package=False)
     assert not (tmp_path / "work" / "pretrain-checkpoints" / "zS").exists()
+
+
+def _killed_end_moved(i: int, seconds: int):
+    """24b's M-j3: a killed launch's end, the last train.log line of its time, moved."""
+    def edit(m: dict) -> None:
+        seg = m["segments"][i]
+        seg["end_time"] = _moved(seg["end_time"], seconds)
+        seg["wall_time_s"] += seconds
+        m["wall_time_s"] += seconds
+    return edit
+
+
+def _old_killed(m: dict) -> None:
+    """24b's M-j3: the killed launches recorded no end and no time, and the run's time left
+    them out (the committed cpu-long showed 51.1 min for 76)."""
+    for seg in m["segments"][:2]:
+        seg.update(end_time=None, wall_time_s=None, ended="interrupted")
+    m["wall_time_s"] = m["segments"][2]["wall_time_s"]
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (_old_killed, r"segments\[0\] records no end_time"),
+    (_killed_end_moved(1, 300), r"segments\[1\] ran from .* do not begin and end with it"),
+    (_killed_end_moved(0, -120), r"train.log has \d+ lines, stamped .* outside every launch"),
+])
+def test_a_killed_launchs_time_is_its_logs_and_counts_in_the_runs(cache, edit, reason):
+    """Check 24b's M-j3: a launch that was killed recorded no end, so its minutes were left out
+    of the run's; its end is now its train.log's last line (recorded by the next launch), and
+    no line of the log lies outside every launch."""
+    rejected(cache, "pretrain/cpu-long", edit, reason)
+
+
+def _binarized(prefix, texts, tok) -> None:
+    """``texts`` as ``fairseq-preprocess`` binarizes them: the tokenizer's pieces, their ids in
+    its ``dict.txt`` (unknown ones ``<unk>``), an end of sentence each."""
+    import numpy as np
+    import sentencepiece
+    import torch
+    from fairseq.data import indexed_dataset
+
+    from finetune_lab.data.tokenizer import encode_pieces
+
+    ids = {line.split(" ", 1)[0]: i + 4 for i, line in
+           enumerate((tok / "dict.txt").read_text(encoding="utf-8").splitlines())}
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(tok / "spm.model"))
+    builder = indexed_dataset.MMapIndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for pieces in encode_pieces(sp, texts):
+        builder.add_item(torch.IntTensor([ids.get(p, 3) for p in pieces] + [2]))
+    builder.finalize(f"{prefix}.idx")
+
+
+@needs_data_root
+@pytest.mark.parametrize("shard", ["train", "train1"])
+def test_a_pretraining_corpus_that_holds_the_test_reviews_is_not_pretrained_on(
+        tiny_pipeline, tmp_path, monkeypatch, shard):
+    """24b's D-j5, D-j6: a corpus's train.bin replaced by the binarized books test reviews was
+    pretrained on, and the run listed valid: only the corpus's inputs had been compared with
+    them. The files fairseq loads are decoded now (a shard beside train.bin too). With the
+    tiny tokenizer's 400 pieces, a third of the test reviews hold a character it cannot spell,
+    and their pieces no longer read as they do; the packaged checkpoint's finds 1,913 of the
+    1,914 it looks for."""
+    import shutil
+
+    from finetune_lab.config import default_data_root
+    from finetune_lab.data.binarized import check_corpus
+    from finetune_lab.data.cls_books import BOOKS_DIR, read_reviews
+    from finetune_lab.train.pretrain import pretrain
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_pipeline["corpus"] / "bin", corpus)
+    check_corpus(corpus)  # novels only: no test review
+    test = [r.text for r in read_reviews(default_data_root() / BOOKS_DIR / "test.review")]
+    _binarized(corpus / shard, test, tiny_pipeline["tok"])
+    monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
+    with pytest.raises(UserError, match=rf"{shard}\.bin holds 1\d\d\d of Webis-CLS-10's "
+                                        r"books test reviews .*prepare-pretrain --force"):
+        pretrain(max_update=2, run="leak", data_dir=corpus, package=False)
+    assert not (tmp_path / "runs").exists()
+
+
+@needs_data_root
+def test_the_training_texts_a_corpus_shares_with_the_test_file_are_allowed(tiny_pipeline,
+                                                                          tmp_path):
+    """The books training file shares 51 reviews with the test file (word for word, as the
+    corpus check compares them): a task-adaptive corpus holds them and is pretrained on."""
+    import shutil
+
+    from finetune_lab.config import default_data_root
+    from finetune_lab.data.binarized import _texts, check_corpus
+    from finetune_lab.data.split_checks import text_keys
+    from finetune_lab.data.cls_books import BOOKS_DIR, read_reviews
+
+    books = default_data_root() / BOOKS_DIR
+    test = {k for r in read_reviews(books / "test.review") for k in text_keys(r.text)}
+    shared = [r.text for r in read_reviews(books / "train.review")
+              if set(text_keys(r.text)) & test]
+    assert len({k for text in shared for k in text_keys(text)}) == 51  # 55 reviews, a few twice
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_pipeline["corpus"] / "bin", corpus)
+    _binarized(corpus / "train", shared, tiny_pipeline["tok"])
+    decoded = {k for text in _texts(corpus / "train", corpus / "dict.txt", "")
+               for k in text_keys(text)}
+    assert len(decoded & test) >= 30  # found as test reviews (the tiny tokenizer spells 34)
+    check_corpus(corpus)

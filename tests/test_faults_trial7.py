@@ -422,6 +422,7 @@ def test_a_refused_pretraining_leaves_no_experiment_json_and_a_long_run_refuses_
     monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(tmp_path / "work"))  # as in a fresh clone
     data = tmp_path / "corpus"  # checked for its files before the run: never read
+    monkeypatch.setattr("finetune_lab.train.pretrain_fairseq.check_corpus", lambda folder: None)
     data.mkdir()
     for name in ("dict.txt", "train.bin", "train.idx", "valid.bin", "valid.idx"):
         (data / name).write_text("")

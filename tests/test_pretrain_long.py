@@ -13,6 +13,7 @@ from conftest import TINY_ARCH, needs_data_root, use_tiny_work_dir
 from finetune_lab._files import sha256_file
 from finetune_lab.errors import UserError
 from finetune_lab.models.trust import fairseq_safe_globals
+from finetune_lab.runs.measurements import log_time_problems
 from finetune_lab.runs.manifest import read_manifest
 from finetune_lab.train import pretrain_long
 from finetune_lab.train.pretrain_fairseq import echoing
@@ -117,7 +118,13 @@ def test_an_interrupted_long_run_equals_an_uninterrupted_one(
     m = read_manifest(run_dir)
     assert m["status"] == "complete" and m["updates_done"] == TOTAL
     assert [(s.get("updates_from"), s.get("updates_to"), s["ended"]) for s in m["segments"]] == [
-        (0, 8, "interrupted"), (8, TOTAL, "complete")]
+        (0, 8, "killed"), (8, TOTAL, "complete")]
+    # the killed launch's end is its log's last line: its time counts in the run's (M-j3)
+    killed = m["segments"][0]
+    assert killed["start_time"] < killed["end_time"] <= m["segments"][1]["start_time"]
+    assert killed["wall_time_s"] > 0
+    assert m["wall_time_s"] == pytest.approx(sum(s["wall_time_s"] for s in m["segments"]))
+    assert not log_time_problems(run_dir, m)
     assert m["segments"][-1]["launch"] != launch
     assert m["hyperparameters"]["warmup_updates"] == 1  # 6 % of the whole budget, once
     # the task-adaptive phase started once, from its corpus's beginning

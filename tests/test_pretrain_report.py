@@ -216,7 +216,12 @@ def test_the_committed_long_run_is_one_curve_over_its_launches():
     assert rec.valid, rec.reason
     launches = pcu.segments_table(rec)
     assert len(launches) >= 2 and launches["ended"].iloc[-1] == "complete"
-    assert "interrupted" in launches["ended"].tolist()
+    assert "killed" in launches["ended"].tolist()
+    # the killed launches' minutes count in the run's (check 24b's M-j3: 51.1 min without them)
+    walls = [s["wall_time_s"] for s in rec.manifest["segments"]]
+    assert all(walls) and sum(walls) == pytest.approx(rec.manifest["wall_time_s"])
+    speed = pcu.throughput_table(runs).set_index("run")
+    assert float(speed.loc["cpu-long", "wall time (min)"]) == pytest.approx(sum(walls) / 60, abs=0.05)
     curves = pcu.curves(runs)
     lr = curves[(curves["run"] == rec.name) & (curves["tag"] == "lr")].sort_values("step")
     every = rec.manifest["hyperparameters"]["log_interval"]

@@ -27,7 +27,7 @@ from finetune_lab.models import params
 from finetune_lab.runs import seedstats
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs.crosscheck import disowned_calls
-from finetune_lab.runs.gpu_archive import CALL_RECORDS, call_record_problem
+from finetune_lab.runs.gpu_archive import CALL_RECORDS, PREP_JOBS, call_record_problem
 from finetune_lab.runs.gpu_calls import call_devices, call_start, gpu_samples
 from finetune_lab.runs.gpu_plan import GPU_SUFFIX
 from finetune_lab.runs.registry import discover_runs, valid_runs
@@ -284,7 +284,7 @@ def latest_call(root: Path = PROJECT_ROOT) -> CallRecord | None:
         return None
     path, meta = records[-1]
     timings = meta.get("timings_s") or {}
-    lab = [j for j in meta["jobs"] if j["job"] not in ("binarize-cls", "convert-hf")]
+    lab = [j for j in meta["jobs"] if j["job"] not in PREP_JOBS]
     busy, mem = gpu_use(path.with_name(path.stem + "-nvidia-smi.csv"), call_start(path.stem),
                         float(meta["wall_s"]))
     dev = meta.get("device") or {}
@@ -349,7 +349,6 @@ def seed_range(seeds: tuple[int, ...]) -> str:
 
 
 PART_NAMES = {"fairseq": "fairseq", "transformers": "Transformers", "lora": "LoRA"}
-PREP_JOBS = ("binarize-cls", "convert-hf")
 
 
 def seed_calls_sentence(calls: list[SeedCall], lab_seeds: tuple[int, ...]) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import sys
 from collections.abc import Iterable
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from finetune_lab._files import sha256_file
 from finetune_lab.book.chapter_inputs import hash_inputs
 from finetune_lab.book.qmd import code_cells
 
@@ -161,8 +163,32 @@ def execution_options(project: Path, chapter: str) -> dict[str, str]:
             for name, value in sorted(found.items()) if value is not None}
 
 
+MATPLOTLIBRC = "matplotlibrc "
+"""The record's key for the matplotlibrc a chapter's figures are drawn with."""
+
+
+def matplotlibrc(project: Path, chapter: str) -> dict[str, str]:
+    """``{"matplotlibrc WHERE": sha256}`` of the file matplotlib reads its settings from when a
+    chapter executes in its folder, as ``matplotlib.matplotlib_fname`` finds it: ``matplotlibrc``
+    in that folder, ``$MATPLOTLIBRC`` (a file, or a folder holding one), then the user's
+    configuration folder; its own default is the locked matplotlib's (trial 25's F-k: red axes
+    and 30-point text set in ``chapters/matplotlibrc`` left the freeze up to date)."""
+    home = os.environ.get("MPLCONFIGDIR") or os.path.join(
+        os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "matplotlib")
+    given = os.environ.get("MATPLOTLIBRC")
+    candidates = [(project / chapter).parent / "matplotlibrc",
+                  *([Path(given), Path(given) / "matplotlibrc"] if given else []),
+                  Path(home) / "matplotlibrc"]
+    for path in candidates:
+        if path.is_file():
+            where = path.relative_to(project).as_posix() if path.is_relative_to(project) \
+                else "(outside the project)"
+            return {f"{MATPLOTLIBRC}{where}": sha256_file(path)}
+    return {}
+
+
 def record_inputs(project: Path, chapter: str, patterns: list[str]) -> dict[str, str]:
     """What a chapter's freeze record holds: its input files' hashes, its packages' locked
-    versions and the project's execution options."""
+    versions, the project's execution options and the matplotlibrc its figures read."""
     return {**hash_inputs(project, patterns), **chapter_packages(project, chapter, patterns),
-            **execution_options(project, chapter)}
+            **execution_options(project, chapter), **matplotlibrc(project, chapter)}

@@ -9,14 +9,19 @@ test reviews as a split's texts are (:func:`finetune_lab.data.split_checks.check
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from finetune_lab import _files
-from finetune_lab.data.split_checks import refuse_test_reviews
+from finetune_lab.data.cls_books import read_reviews
+from finetune_lab.data.split_checks import (file_identity, published_test_texts, refuse_test_reviews,
+                                            text_keys)
 from finetune_lab.errors import UserError
 
 MMAP_INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -37,36 +42,60 @@ the book's split with the packaged checkpoint's tokenizer: what every committed 
 read, checked when its split was, and not decoded again."""
 
 
-def _sequences(prefix: Path) -> list[np.ndarray]:
-    """Each item of a fairseq ``mmap`` dataset (``prefix.idx`` and ``prefix.bin``)."""
+def mmap_header(index: Path, head: bytes, fix: str) -> tuple[np.dtype, int]:
+    """The dtype and item count of a fairseq ``mmap`` index from its first 26 bytes (magic,
+    version 1, dtype code, count), as ``MMapIndexedDataset.Index`` reads them."""
+    if len(head) < 26 or head[:9] != MMAP_INDEX_MAGIC or struct.unpack_from("<Q", head, 9) != (1,) \
+            or head[17] not in DTYPES:
+        raise UserError(f"{index} is no fairseq mmap index (a damaged or foreign file): {fix}")
+    return np.dtype(DTYPES[head[17]]), struct.unpack_from("<Q", head, 18)[0]
+
+
+def _items(prefix: Path, fix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A fairseq ``mmap`` dataset (``prefix.idx`` and ``prefix.bin``): its ids, and where each
+    item starts in them and how long it is (sizes int32, then pointers int64, in bytes)."""
     index = prefix.with_suffix(".idx")
     try:
         head = _files.regular_bytes(index)
-        if head[:9] != MMAP_INDEX_MAGIC or struct.unpack_from("<Q", head, 9) != (1,):
-            raise ValueError("no fairseq mmap index")
-        dtype = np.dtype(DTYPES[head[17]])
-        (count,) = struct.unpack_from("<Q", head, 18)  # then sizes (int32), pointers (int64)
-        sizes = np.frombuffer(head, np.int32, count, 26)
-        pointers = np.frombuffer(head, np.int64, count, 26 + 4 * count)
+        dtype, count = mmap_header(index, head, fix)
+        sizes = np.frombuffer(head, np.int32, count, 26).astype(np.int64)
+        starts = np.frombuffer(head, np.int64, count, 26 + 4 * count) // dtype.itemsize
         data = np.frombuffer(_files.regular_bytes(prefix.with_suffix(".bin")), dtype)
-        return [data[p // dtype.itemsize:p // dtype.itemsize + n] for p, n in zip(pointers, sizes)]
-    except (OSError, ValueError, KeyError, struct.error) as exc:
-        raise UserError(f"{index} cannot be read as fairseq binarized data ({exc}): run "
-                        "`finetune-lab binarize-cls` again") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{index} cannot be read as fairseq binarized data ({exc}): {fix}") \
+            from None
+    if count and (sizes.min() < 0 or starts.min() < 0 or (starts + sizes).max() > len(data)):
+        raise UserError(f"{index} points past the end of {prefix.with_suffix('.bin')}: {fix}")
+    return data, starts, sizes
+
+
+def _texts(prefix: Path, dictionary: Path, fix: str, group: int = 50_000) -> Iterator[str]:
+    """Each item of a fairseq ``mmap`` dataset decoded, a group of items at a time: each id's
+    piece of ``dictionary`` (the four special symbols empty), joined, ``▁`` kept; one string
+    per group, an item per line."""
+    pieces = [line.split(" ", 1)[0] for line in _files.regular_text(dictionary).splitlines()]
+    symbols = np.array([""] * SPECIALS + pieces + ["\n"], dtype=object)
+    data, starts, sizes = _items(prefix, fix)
+    for at in range(0, len(sizes), group):
+        n, first = sizes[at:at + group] + 1, starts[at:at + group]  # each item and a line end
+        ends = np.cumsum(n)
+        where = np.arange(ends[-1]) - np.repeat(ends - n, n) + np.repeat(first, n)
+        line_end = np.zeros(ends[-1], bool)
+        line_end[ends - 1] = True
+        ids = np.full(ends[-1], -1, np.int64)  # the last symbol: a line end
+        ids[~line_end] = data[where[~line_end]]
+        if ids.max() >= len(symbols) - 1:
+            raise UserError(f"{prefix.with_suffix('.bin')} holds ids past {dictionary}: {fix}")
+        yield "".join(symbols[ids])
 
 
 def reviews_back(bin_dir: Path, split: str) -> list[str]:
     """The texts of ``input0/{split}``, decoded: each id's piece, and a space for each ``▁``."""
     folder = Path(bin_dir) / "input0"
-    pieces = [line.split(" ", 1)[0] for line in
-              _files.regular_text(folder / "dict.txt").splitlines()]
-    symbols = np.array([""] * SPECIALS + pieces, dtype=object)
-    try:
-        return ["".join(symbols[ids]).replace("\u2581", " ").strip()
-                for ids in _sequences(folder / split)]
-    except IndexError:
-        raise UserError(f"{folder / split}.bin holds ids past {folder / 'dict.txt'}: run "
-                        "`finetune-lab binarize-cls` again") from None
+    fix = "run `finetune-lab binarize-cls` again"
+    return [line.replace("\u2581", " ").strip()
+            for text in _texts(folder / split, folder / "dict.txt", fix)
+            for line in text.split("\n")[:-1]]
 
 
 def check_binarized(bin_dir: Path) -> None:
@@ -85,3 +114,41 @@ def check_binarized(bin_dir: Path) -> None:
     refuse_test_reviews({folder / f"{shard}.bin": reviews_back(bin_dir, shard) for shard in shards},
                         folder / "test.bin", reviews_back(bin_dir, "test"), bin_dir,
                         fix="binarize the prepared split again with `finetune-lab binarize-cls`")
+
+
+MIN_KEY = 20
+"""The shortest test review (in letters and digits) a pretraining corpus is searched for: a
+shorter one ("Nul !", "Un chef-d'oeuvre.") may be a line of a novel."""
+@functools.lru_cache(maxsize=4)
+def _wanted(texts: tuple[str, ...], sources: tuple[Path, ...], _stamps: tuple[Any, ...]
+            ) -> dict[str, str]:
+    """The test reviews a corpus is searched for, by key: those of :data:`MIN_KEY` or more that
+    none of the corpus's ``sources`` holds (read once per process and files)."""
+    allowed = {key for path in sources if path.is_file()
+               for r in read_reviews(path) for key in text_keys(r.text)}
+    return {key: text for text in texts for key in text_keys(text)
+            if len(key) >= MIN_KEY and key not in allowed}
+
+
+def check_corpus(bin_dir: Path) -> None:
+    """Refuse a pretraining corpus whose binarized files hold Webis-CLS-10's books test reviews
+    (24b's D-j5, D-j6: a corpus's ``train.bin`` replaced by the test reviews was pretrained on,
+    and the run was valid; only the corpus's inputs had been compared with them). Each training
+    and validation file fairseq loads is decoded; a test review that is also a text of the
+    corpus's sources (the books training file shares 51 so compared) is allowed."""
+    published, texts = published_test_texts(bin_dir)
+    fr = published.parent.parent
+    sources = (published.with_name("train.review"),
+               *(fr / d / f for d in ("dvd", "music") for f in ("train.review", "test.review")))
+    wanted = _wanted(tuple(texts), sources, tuple(file_identity(p) for p in sources))
+    fix = "prepare the corpus again (`finetune-lab prepare-pretrain --force`)"
+    folder = Path(bin_dir)
+    for shard in sorted(p.stem for p in folder.glob("*.bin")
+                        if re.fullmatch(r"(train|valid)\d*", p.stem)):
+        found = {key for text in _texts(folder / shard, folder / "dict.txt", fix)
+                 for key in set(text_keys(text)) & wanted.keys()}
+        if found:
+            first = wanted[min(found)]
+            raise UserError(f"{folder / shard}.bin holds {len(found)} of Webis-CLS-10's books "
+                            f"test reviews (\"{first[:50]}…\", in {published}), which a "
+                            f"pretraining corpus never holds: {fix}")

@@ -25,8 +25,8 @@ from finetune_lab.runs.evaluations import (accuracy_problems, log_problems, subs
 from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
-from finetune_lab.runs.measurements import (log_time_problems, measurement_problems,
-                                            peak_problems, pretraining)
+from finetune_lab.runs.measurements import (log_clock_problems, log_time_problems,
+                                            measurement_problems, peak_problems, pretraining)
 from finetune_lab.runs.run_inputs import cached_sha256
 
 CLOCK_SLACK_S = 2.0
@@ -83,7 +83,7 @@ def time_problems(man: dict[str, Any]) -> list[str]:
                 "its end_time"]
     segments = man.get("segments") or []
     walls = [_number(s.get("wall_time_s")) or 0.0 for s in segments if isinstance(s, dict)]
-    if segments:  # a launch killed outright has no wall time (measurements.launch_problems)
+    if segments:  # each launch records its end (measurements.launch_problems)
         if abs(sum(walls) - wall) > CLOCK_SLACK_S:
             return [f"wall_time_s {wall:g} s is not the sum of its launches' wall times "
                     f"({sum(walls):g} s)"]
@@ -335,7 +335,7 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
             + accuracy_problems(path, man, events, _valid_subset(man))
             + log_problems(path, man, events)
             + trainer_loss_problems(path, man, events) + measurement_problems(man, events)
-            + log_time_problems(path, man))
+            + log_time_problems(path, man) + log_clock_problems(path, man, events))
 
 
 def _valid_subset(man: dict[str, Any]) -> str | None:

@@ -112,6 +112,9 @@ class Scanned(NamedTuple):
     """Each accuracy tag with the updates it was logged at."""
     logged: tuple[tuple[str, int, float], ...] = ()
     """The values of :data:`LOGGED_TAGS`, each with its tag and update."""
+    loss_times: tuple[tuple[int, float], ...] = ()
+    """When each loss was written (its update and wall-clock time): fairseq prints the line of
+    that update in its train.log as it writes it."""
 
 
 _CHECKED: dict[tuple[int, int, int, int], Scanned] = {}
@@ -123,10 +126,10 @@ def _accuracy_tag(tag: str) -> bool:
     return tag.rsplit("/", 1)[-1] in ("accuracy", "best_accuracy")
 
 
-LOGGED_TAGS = frozenset({"loss", "accuracy", "train/loss", "train/epoch_loss",
-                         "train/train_loss", "train/epoch"})
+LOGGED_TAGS = frozenset({"loss", "accuracy", "ups", "wps", "wpb", "wall", "train/loss",
+                         "train/epoch_loss", "train/train_loss", "train/epoch"})
 """The values :class:`Scanned` keeps (its ``logged``): fairseq's, which its text log prints
-too, the Trainer's training losses, which its epoch and run means are means of, and its
+too (its rates and its wall meter as well: trial 25's M-k5, M-k7, rates scaled in the log), the Trainer's training losses, which its epoch and run means are means of, and its
 fractional epoch, which its updates give."""
 
 
@@ -168,6 +171,7 @@ def _scan(path: Path) -> Scanned:
     last, peak, walls = 0, None, []
     accuracy: dict[str, set[int]] = {}
     logged: list[tuple[str, int, float]] = []
+    loss_times: list[tuple[int, float]] = []
     seen: set[tuple[str, int]] = set()
     for index, event in enumerate(strict_events(path)):
         _check_kind(path, index, event, last)
@@ -193,6 +197,8 @@ def _scan(path: Path) -> Scanned:
                 seen.add((value.tag, event.step))
             if value.tag in LOGGED_TAGS and (number := _scalar(value)) is not None:
                 logged.append((value.tag, event.step, number))
+                if value.tag == "loss":
+                    loss_times.append((event.step, event.wall_time))
             if value.tag in LR_TAGS:
                 lr = _scalar(value)
                 if lr is not None and (peak is None or lr > peak[1]):
@@ -208,7 +214,7 @@ def _scan(path: Path) -> Scanned:
         raise EventFileError(f"event file {path} records no wall-clock time")
     return Scanned(last, peak, min(walls, default=None), max(walls, default=None),
                    tuple(sorted((tag, frozenset(steps)) for tag, steps in accuracy.items())),
-                   tuple(logged))
+                   tuple(logged), tuple(loss_times))
 
 
 def _scalar(value: Any) -> float | None:
@@ -272,6 +278,12 @@ def logged_values(path: Path) -> tuple[tuple[str, int, float], ...]:
     """:class:`Scanned`'s ``logged`` of a sound event file (empty for a damaged one)."""
     found = _sound([path])
     return found[0].logged if found else ()
+
+
+def loss_times(path: Path) -> tuple[tuple[int, float], ...]:
+    """:class:`Scanned`'s ``loss_times`` of a sound event file (empty for a damaged one)."""
+    found = _sound([path])
+    return found[0].loss_times if found else ()
 
 
 def wall_span(paths: Iterable[Path]) -> tuple[float, float] | None:

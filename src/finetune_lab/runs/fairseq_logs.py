@@ -20,8 +20,10 @@ log format, although every run recorded under ``data/runs`` has ``wps`` and ``up
 
 from __future__ import annotations
 
+import decimal
 import re
 import statistics
+from collections.abc import Iterator
 
 # fairseq's "simple" log writes "wps=123.4, ups=5.6" to files and "| wps 123.4 | ups 5.6" to ttys.
 _NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"  # fairseq writes 1.34e+06 past a million
@@ -72,8 +74,11 @@ def last_update(log_text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-_SUBSET_LINE = re.compile(r"\| INFO \| (?P<subset>\w+) \| (?P<rest>.*)$")
-_PRINTED = {name: re.compile(rf"\b{name}[=\s]+(-?[0-9.]+)") for name in ("loss", "accuracy")}
+_SUBSET_LINE = re.compile(r"^(?P<stamp>.*?) ?\| INFO \| (?P<subset>\w+) \| (?P<rest>.*)$")
+_PRINTED = {name: re.compile(rf"\b{name}[=\s]+(-?[0-9.]+(?:e[+-]?[0-9]+)?)")
+            for name in ("loss", "accuracy", "ups", "wps", "wpb", "wall")}
+"""The values of a subset's line that its event files log too (``wall``: fairseq's wall meter,
+the seconds since training started)."""
 
 
 def printed_metrics(log_text: str) -> dict[tuple[str, int], dict[str, list[tuple[float, int]]]]:
@@ -81,14 +86,30 @@ def printed_metrics(log_text: str) -> dict[tuple[str, int], dict[str, list[tuple
     ``valid``, ``test``, ...) and update: the value and its decimals (printed rounded). A long
     run's later launches append to the log, so an update may be printed more than once."""
     found: dict[tuple[str, int], dict[str, list[tuple[float, int]]]] = {}
-    for line in log_text.splitlines():
-        if (match := _SUBSET_LINE.search(line)) is None \
-                or (updates := _UPDATES_RE.search(match["rest"])) is None:
-            continue
-        at = found.setdefault((match["subset"], int(updates.group(1))), {})
+    for _stamp, subset, update, rest in _subset_lines(log_text):
+        at = found.setdefault((subset, update), {})
         for name, pattern in _PRINTED.items():
-            if (value := pattern.search(match["rest"])) is not None:
-                text = value.group(1)
-                decimals = len(text.partition(".")[2])
-                at.setdefault(name, []).append((float(text), decimals))
+            if (value := pattern.search(rest)) is not None:
+                try:  # its decimals, negative for 1.34e+06 (rounded to ten thousands)
+                    decimals = -int(decimal.Decimal(value.group(1)).as_tuple().exponent)
+                except (decimal.InvalidOperation, ValueError):
+                    continue
+                at.setdefault(name, []).append((float(value.group(1)), decimals))
+    return found
+
+
+def _subset_lines(log_text: str) -> Iterator[tuple[str, str, int, str]]:
+    """``(stamp, subset, update, rest)`` of each line fairseq logs for a subset at an update."""
+    for line in log_text.splitlines():
+        if (match := _SUBSET_LINE.search(line)) is not None \
+                and (updates := _UPDATES_RE.search(match["rest"])) is not None:
+            yield match["stamp"], match["subset"], int(updates.group(1)), match["rest"]
+
+
+def printed_times(log_text: str) -> dict[tuple[str, int], list[str]]:
+    """The stamps of the lines fairseq logged for a subset at an update (by subset and update;
+    a long run's later launches log an update again)."""
+    found: dict[tuple[str, int], list[str]] = {}
+    for stamp, subset, update, _rest in _subset_lines(log_text):
+        found.setdefault((subset, update), []).append(stamp)
     return found

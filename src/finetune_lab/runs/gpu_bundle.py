@@ -276,7 +276,9 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
             published, _ = published_test_texts(cls_dir)  # Webis-CLS-10's, checked
             test_file = Path(stage) / TEST_FILE_ROOT / cls_books.BOOKS_DIR / published.name
             test_file.parent.mkdir(parents=True)
-            shutil.copyfile(published, test_file)
+            for name in (published.name, "train.review"):  # the corpus check allows what
+                if published.with_name(name).is_file():    # the two share
+                    shutil.copyfile(published.with_name(name), test_file.with_name(name))
             if "pretrain" in plan.steps:
                 # Kept here too, so that the pretraining run's data hashes check here later.
                 src = Path(corpus) if corpus else _default_corpus()

@@ -39,9 +39,10 @@ PRETRAIN_TAIL_S = 120.0
 fairseq's start, the last validation and saving, an exit that hangs (``recording.EXIT_GRACE_S``),
 packaging the weights. 100 s, with the calibration outside the budget, lost a run."""
 TEST_FILE_ROOT = "data/work/books-test-file"
-"""Where a call carries Webis-CLS-10's books test file, as a data root holding that one file:
-the device has no data root, and each run there compares its split with that file
-(``split_checks.check_split``) as it would here (trial 24's D-i2)."""
+"""Where a call carries Webis-CLS-10's books test and training files, as a data root holding
+those two: the device has no data root, and each run there compares its split or its corpus with
+the test file (``split_checks.check_split``, ``binarized.check_corpus``) as it would here (trial
+24's D-i2), the 51 reviews the training file shares with it allowed in a corpus."""
 GPU_CORPUS = "pretrain-gpu-bin"
 """The corpus slice a pretraining call carries (under the work dir, here and there), followed
 by the run's name (:attr:`Plan.corpus`): each run names its own slice, so the next call's slice

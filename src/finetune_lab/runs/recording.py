@@ -33,6 +33,7 @@ from finetune_lab._files import utc_now
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.runs import manifest as mf
+from finetune_lab.runs.measurements import killed_end, seconds_between
 from finetune_lab.runs.portable import portable_command
 from finetune_lab.runs.run_inputs import refuse_inside_output
 from finetune_lab.runs.runlock import run_lock
@@ -231,7 +232,7 @@ def record_run(
             manifest["extra"] = dict(extra)
         earlier_wall = 0.0
         if resume:
-            manifest, earlier_wall = _with_new_segment(manifest, previous)
+            manifest, earlier_wall = _with_new_segment(manifest, previous, run_dir)
         mf.write_manifest(run_dir, manifest)
         handle = RunHandle(run_dir=run_dir, manifest=manifest)
 
@@ -271,13 +272,13 @@ def record_run(
         _finish(done if code == 0 else mf.STATUS_FAILED, code)
 
 
-def _with_new_segment(fresh: dict[str, Any], previous: dict[str, Any] | None,
+def _with_new_segment(fresh: dict[str, Any], previous: dict[str, Any] | None, run_dir: Path,
                       ) -> tuple[dict[str, Any], float]:
     """A resumable run's manifest for a new launch, and the wall time of the earlier ones.
 
     A continued run keeps its first launch's start, inputs, command and extra; environment and
     device are this launch's. A launch that never recorded its end was killed: it is marked
-    ``interrupted``.
+    ``killed``, and its end is its ``train.log``'s last line (:func:`measurements.killed_end`).
     """
     segments: list[dict[str, Any]] = []
     manifest = fresh
@@ -285,9 +286,13 @@ def _with_new_segment(fresh: dict[str, Any], previous: dict[str, Any] | None,
         manifest = {**previous, "status": mf.STATUS_RUNNING,
                     "environment": fresh["environment"], "device": fresh["device"]}
         segments = [dict(s) for s in previous.get("segments") or []]
-        for s in segments:
-            s.setdefault("end_time", None)
-            s.setdefault("ended", "interrupted")
+        for i, s in enumerate(segments):
+            if s.get("end_time") is None:  # killed: it ended at its train.log's last line
+                later = segments[i + 1]["start_time"] if i + 1 < len(segments) \
+                    else fresh["start_time"]
+                s["end_time"] = killed_end(run_dir, segments, i, later)
+                s["wall_time_s"] = seconds_between(s["start_time"], s["end_time"])
+                s["ended"] = "killed"
     manifest["segments"] = [*segments, {"start_time": fresh["start_time"],
                                         "device": fresh["device"]}]
     return manifest, sum(float(s.get("wall_time_s") or 0) for s in segments)

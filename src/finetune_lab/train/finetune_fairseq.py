@@ -10,7 +10,6 @@ is picked from the logs afterwards; no checkpoint file is kept (``--no-save``).
 from __future__ import annotations
 
 import argparse
-import struct
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +24,7 @@ from finetune_lab.argtypes import (
 )
 from finetune_lab.config import paths
 from finetune_lab.data import binarize
-from finetune_lab.data.binarized import MMAP_INDEX_MAGIC, check_binarized
+from finetune_lab.data.binarized import check_binarized, mmap_header
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints, trust
 from finetune_lab.models.checkpoints import package_manifest
@@ -99,11 +98,7 @@ def train_size(bin_dir: Path) -> int:
     except OSError as exc:
         raise UserError(f"{index} cannot be read ({exc.strerror or exc}): run "
                         "`finetune-lab binarize-cls` again") from None
-    if len(header) < 26 or header[:9] != MMAP_INDEX_MAGIC \
-            or struct.unpack("<Q", header[9:17]) != (1,):
-        raise UserError(f"{index} is no fairseq mmap index (a damaged or foreign file): run "
-                        "`finetune-lab binarize-cls` again")
-    return struct.unpack("<Q", header[18:26])[0]
+    return mmap_header(index, header, "run `finetune-lab binarize-cls` again")[1]
 
 
 def check_same_dictionary(bin_dir: Path, checkpoint_dir: Path) -> None:
@@ -127,6 +122,9 @@ def fairseq_args(bin_dir: Path, recipe: FinetuneRecipe, n_train: int, *, seed: i
                  "--reset-meters", "--reset-lr-scheduler"]
     args += [
         "--task", "sentence_prediction", "--num-classes", str(recipe.num_classes),
+        # the binarized files only: left to infer it, fairseq reads a text file named `train`
+        # beside train.bin instead (trial 25's D-k1: the test reviews so trained on)
+        "--dataset-impl", "mmap",
         "--init-token", "0", "--separator-token", "2",
         "--max-positions", str(recipe.max_positions), "--shorten-method", "truncate",
         "--arch", "roberta_small", "--criterion", "sentence_prediction",

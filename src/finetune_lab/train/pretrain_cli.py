@@ -146,6 +146,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.tokens is not None and args.experiment != EXPERIMENT:  # trial 7's P5: ignored
         raise UserError(f"--experiment {args.experiment}: a long run (--tokens N) always goes "
                         f"to {EXPERIMENT}/, whose other runs it continues; drop --experiment")
+    if args.continue_from is not None and not Path(args.continue_from).is_dir():  # 25's E-k14
+        raise UserError(f"--continue-from {args.continue_from} does not exist: give a folder "
+                        "of packaged weights (package-checkpoint makes one)")
     if not args.no_package:  # before any work, as package-checkpoint refuses without --force
         refuse_cited_dest(args.package_to or checkpoints.packaged_dir(),
                           "pass --package-to another folder (`package-checkpoint --force` can "

@@ -18,6 +18,7 @@ from typing import Any
 
 from finetune_lab.config import paths
 from finetune_lab.data import pretrain_corpus
+from finetune_lab.data.binarized import check_corpus
 from finetune_lab.errors import UserError
 from finetune_lab.runs.fairseq_logs import log_rates
 from finetune_lab.runs.manifest import portable_path
@@ -25,7 +26,8 @@ from finetune_lab.train.pretrain_recipe import PretrainRecipe
 
 
 def require_corpus(data_dir: Path) -> Path:
-    """The binarized corpus folder (``bin/`` of ``prepare-pretrain``), checked."""
+    """The binarized corpus folder (``bin/`` of ``prepare-pretrain``), checked: its files are
+    there and hold no books test review (:func:`~finetune_lab.data.binarized.check_corpus`)."""
     bin_dir = data_dir / "bin" if (data_dir / "bin").is_dir() else data_dir
     needed = ["dict.txt", "train.bin", "train.idx", "valid.bin", "valid.idx"]
     missing = [n for n in needed if not (bin_dir / n).is_file()]
@@ -34,6 +36,7 @@ def require_corpus(data_dir: Path) -> Path:
             f"{bin_dir} lacks {', '.join(missing)}: run `finetune-lab prepare-pretrain` first "
             "(it reads the tokenizer `adopt-tokenizer` gives), or pass --data"
         )
+    check_corpus(bin_dir)
     return bin_dir
 
 
@@ -67,6 +70,7 @@ def fairseq_args(bin_dir: Path, save_dir: Path, recipe: PretrainRecipe, *, seed:
     args = [
         str(bin_dir), "--user-dir", str(paths().user_dir),
         "--task", "masked_lm_docs" if whole_lines else "masked_lm",
+        "--dataset-impl", "mmap",  # the binarized files, never a text file beside them (D-k1)
         "--criterion", "masked_lm_bow" if recipe.bow_weight > 0 else "masked_lm",
         "--arch", "roberta_small",
         "--sample-break-mode", recipe.sample_break_mode,

@@ -219,7 +219,9 @@ def _launch(
     run_manifest = root / EXPERIMENT / run / "manifest.json"
     if point is not None and not run_manifest.is_file():
         raise UserError(f"{save_dir} holds the state of a run that {run_manifest.parent} does "
-                        "not record: delete that folder, or recover the run folder")
+                        "not record: a run of that name in another run store sharing this work "
+                        "folder (resume it there), or a run folder that was lost (recover it); "
+                        "or give this run another --run name")  # never "delete" (25's W-k2)
     if point is None and run_manifest.is_file():
         if read_manifest(run_manifest.parent).get("status") != "complete":
             start_over_unsaved(run_manifest.parent, save_dir, recipe.validate_every)
