@@ -106,7 +106,8 @@ def test_a_first_line_forged_earlier_is_bounded_by_fairseqs_wall_meter(cache):
     _relogged(cache, run, earlier)
     rejected(cache, run, lambda m: m.update(start_time=_moved(m["start_time"], -590),
                                             wall_time_s=m["wall_time_s"] + 590),
-             r"its train.log's first line is stamped .*, 59\d s before fairseq's wall meter")
+             r"its train.log's first line is stamped .*, but fairseq's wall meter started "
+             r"\+59\d s from it")
 
 
 def test_fairseq_reads_the_binarized_files_not_a_text_file_beside_them(tiny_pipeline, tmp_path):
@@ -243,3 +244,22 @@ def test_a_missing_continue_from_folder_is_named_before_the_corpus(tmp_path, mon
     err = capsys.readouterr().err
     assert "--continue-from" in err and "nonexist does not exist" in err \
         and "pretrain-bin" not in err
+
+
+def test_only_a_first_launch_starts_fairseqs_wall_meter(tmp_path):
+    """A later launch goes on with the meters its state saved (fairseq restores them), so its
+    first training line less its `wall` is no start: only the first launch is held to it."""
+    from finetune_lab.runs.measurements import log_clock_problems
+
+    (tmp_path / "train.log").write_text(
+        "2026-11-26 01:00:05 | INFO | fairseq_cli.train | loading\n"  # killed before training
+        "2026-11-26 02:00:04 | INFO | fairseq_cli.train | loading\n"
+        "2026-11-26 02:01:00 | INFO | train_inner | epoch 001:     10 / 99 loss=9.1, "
+        "num_updates=260, train_wall=50, wall=5000\n", encoding="utf-8")
+    man = {"framework": "fairseq", "segments": [
+        {"start_time": "2026-11-26T01:00:00+00:00", "end_time": "2026-11-26T01:00:05+00:00"},
+        {"start_time": "2026-11-26T02:00:00+00:00", "end_time": "2026-11-26T02:01:03+00:00"}]}
+    assert log_clock_problems(tmp_path, man, []) == []
+    (one,) = log_clock_problems(tmp_path, {**man, "segments": man["segments"][:1]}, [])
+    assert "first line is stamped 2026-11-26 01:00:05, but fairseq's wall meter started " \
+        "-1345 s from it" in one

@@ -20,10 +20,9 @@ log format, although every run recorded under ``data/runs`` has ``wps`` and ``up
 
 from __future__ import annotations
 
-import decimal
+import functools
 import re
 import statistics
-from collections.abc import Iterator
 
 # fairseq's "simple" log writes "wps=123.4, ups=5.6" to files and "| wps 123.4 | ups 5.6" to ttys.
 _NUMBER = r"([0-9.]+(?:e[+-]?[0-9]+)?)"  # fairseq writes 1.34e+06 past a million
@@ -75,10 +74,15 @@ def last_update(log_text: str) -> int | None:
 
 
 _SUBSET_LINE = re.compile(r"^(?P<stamp>.*?) ?\| INFO \| (?P<subset>\w+) \| (?P<rest>.*)$")
-_PRINTED = {name: re.compile(rf"\b{name}[=\s]+(-?[0-9.]+(?:e[+-]?[0-9]+)?)")
-            for name in ("loss", "accuracy", "ups", "wps", "wpb", "wall")}
+_PRINTED = re.compile(r"\b(loss|accuracy|ups|wps|wpb|wall)[=\s]+(-?[0-9.]+(?:e[+-]?[0-9]+)?)")
 """The values of a subset's line that its event files log too (``wall``: fairseq's wall meter,
 the seconds since training started)."""
+
+
+def _decimals(text: str) -> int:
+    """The decimals a printed number is rounded to: negative for 1.34e+06 (ten thousands)."""
+    mantissa, _, exponent = text.partition("e")
+    return len(mantissa.partition(".")[2]) - (int(exponent) if exponent else 0)
 
 
 def printed_metrics(log_text: str) -> dict[tuple[str, int], dict[str, list[tuple[float, int]]]]:
@@ -87,23 +91,28 @@ def printed_metrics(log_text: str) -> dict[tuple[str, int], dict[str, list[tuple
     run's later launches append to the log, so an update may be printed more than once."""
     found: dict[tuple[str, int], dict[str, list[tuple[float, int]]]] = {}
     for _stamp, subset, update, rest in _subset_lines(log_text):
-        at = found.setdefault((subset, update), {})
-        for name, pattern in _PRINTED.items():
-            if (value := pattern.search(rest)) is not None:
-                try:  # its decimals, negative for 1.34e+06 (rounded to ten thousands)
-                    decimals = -int(decimal.Decimal(value.group(1)).as_tuple().exponent)
-                except (decimal.InvalidOperation, ValueError):
-                    continue
-                at.setdefault(name, []).append((float(value.group(1)), decimals))
+        at, seen = found.setdefault((subset, update), {}), set()
+        for name, text in _PRINTED.findall(rest):
+            if name in seen:  # the first of each name in a line, as fairseq prints one
+                continue
+            seen.add(name)
+            try:
+                at.setdefault(name, []).append((float(text), _decimals(text)))
+            except ValueError:  # "1.2.3": printed by no fairseq
+                continue
     return found
 
 
-def _subset_lines(log_text: str) -> Iterator[tuple[str, str, int, str]]:
-    """``(stamp, subset, update, rest)`` of each line fairseq logs for a subset at an update."""
+@functools.lru_cache(maxsize=4)
+def _subset_lines(log_text: str) -> tuple[tuple[str, str, int, str], ...]:
+    """``(stamp, subset, update, rest)`` of each line fairseq logs for a subset at an update
+    (parsed once for the registry's several checks of one log)."""
+    found = []
     for line in log_text.splitlines():
         if (match := _SUBSET_LINE.search(line)) is not None \
                 and (updates := _UPDATES_RE.search(match["rest"])) is not None:
-            yield match["stamp"], match["subset"], int(updates.group(1)), match["rest"]
+            found.append((match["stamp"], match["subset"], int(updates.group(1)), match["rest"]))
+    return tuple(found)
 
 
 def printed_times(log_text: str) -> dict[tuple[str, int], list[str]]:

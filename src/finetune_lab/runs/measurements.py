@@ -294,13 +294,24 @@ def log_clock_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) 
     if first_line and meter:
         started = _stamp(text[text.rfind("\n", 0, meter.start()) + 1:][:19])
         first = _stamp(first_line.group(1).decode())
-        if started is not None and first is not None:
+        if started is not None and first is not None and _in_first_launch(man, first, started):
             gap = (started - timedelta(seconds=int(meter.group(1))) - first).total_seconds()
             if not WALL_METER_S[0] <= gap <= WALL_METER_S[1]:
-                return [f"its train.log's first line is stamped {first}, {gap:.0f} s before "
-                        "fairseq's wall meter started (its first training line less the "
-                        "meter's seconds), which it precedes by seconds"]
+                return [f"its train.log's first line is stamped {first}, but fairseq's wall "
+                        f"meter started {gap:+.0f} s from it (its first training line less the "
+                        "meter's seconds), where 0 to 15 s after it is what fairseq does"]
     return []
+
+
+def _in_first_launch(man: dict[str, Any], first: datetime, line: datetime) -> bool:
+    """Whether a log line (local time) is of a run's first launch: a later launch goes on with
+    the meters its state saved, so only the first starts fairseq's wall meter at zero."""
+    segments = [s for s in man.get("segments") or [] if isinstance(s, dict)]
+    if len(segments) <= 1:
+        return True
+    start, end = _naive_utc(segments[0].get("start_time")), _naive_utc(segments[0].get("end_time"))
+    return start is not None and end is not None and \
+        line <= end + log_zone([first], start) + timedelta(seconds=2)
 
 
 CPU_SPREAD = 1.2
