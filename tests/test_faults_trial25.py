@@ -263,3 +263,28 @@ def test_only_a_first_launch_starts_fairseqs_wall_meter(tmp_path):
     (one,) = log_clock_problems(tmp_path, {**man, "segments": man["segments"][:1]}, [])
     assert "first line is stamped 2026-11-26 01:00:05, but fairseq's wall meter started " \
         "-1345 s from it" in one
+
+
+def test_rates_on_lines_fairseq_did_not_log_at_info_are_not_read(cache):
+    """Check 25b's M-l6: a WARNING copy of each training line with its wps tripled (the log's
+    hash rewritten, the throughput set to the median then read): cpu-long's 3,572 tokens/s
+    became 5,185 in the throughput table. Rates are read from fairseq's INFO lines, as the
+    values held against the event files are."""
+    import statistics
+
+    def copied(lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            out.append(line)
+            if "| INFO | train_inner |" in line:
+                out.append(re.sub(r"(\bwps=)([0-9.]+)", lambda m: f"{m[1]}{float(m[2]) * 3:.1f}",
+                                  line.replace("| INFO |", "| WARNING |")))
+        return out
+    _relogged(cache, "pretrain/cpu-long", copied)
+    text = (cache / "pretrain" / "cpu-long" / "train.log").read_text(encoding="utf-8")
+    forged = statistics.median([float(v) for line in text.splitlines()
+                                if "| train_inner |" in line
+                                for v in re.findall(r"\bwps=([0-9.]+)", line)][1:])
+    rejected(cache, "pretrain/cpu-long",
+             lambda m: m["throughput"].update(tokens_per_s=forged),
+             r"throughput.tokens_per_s [0-9.]+ disagrees with its train.log")

@@ -171,7 +171,7 @@ def test_log_rates_read_the_exponent_fairseq_writes_past_a_million():
 
 def test_mfu_uses_the_gpu_peak():
     recipe = PretrainRecipe()
-    log = "\n".join("| train_inner | wps 1000000 | ups 10" for _ in range(3))
+    log = "\n".join("x | INFO | train_inner | wps 1000000 | ups 10" for _ in range(3))
     rec = throughput_record(log, recipe, {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1})
     assert rec["peak_bf16_flops"] == 989e12
     assert rec["mfu"] == pytest.approx(rec["achieved_flops"] / 989e12)
