@@ -154,13 +154,20 @@ def test_call_timings_that_cannot_be_are_set_aside(change, says):
     assert says in gpu_archive.call_record_problem(meta)
 
 
+def _record_with_samples(folder) -> None:
+    """The lab call's record and its nvidia-smi samples, which hold its clock, in ``folder``."""
+    (folder / LAB_CALL.name).write_text(LAB_CALL.read_text())
+    samples = LAB_CALL.with_name(f"{LAB_CALL.stem}-nvidia-smi.csv")
+    (folder / samples.name).write_text(samples.read_text())
+
+
 def test_a_copy_of_a_call_record_under_a_later_name_is_set_aside(tmp_path):
     """S12: the copy became the latest call and two sentences of the chapter went."""
     from finetune_lab.book import devices
 
     folder = tmp_path / gpu_archive.CALL_RECORDS
     folder.mkdir(parents=True)
-    (folder / LAB_CALL.name).write_text(LAB_CALL.read_text())
+    _record_with_samples(folder)
     (folder / "20261127T000000Z.json").write_text(LAB_CALL.read_text())
     assert devices.latest_call(tmp_path).name == LAB_CALL.stem
     assert "is the record of call 20261126T041935Z" in devices.call_records_set_aside(tmp_path)
@@ -448,7 +455,7 @@ def test_a_users_copy_of_a_call_record_under_another_name_is_set_aside_not_a_tra
 
     folder = tmp_path / gpu_archive.CALL_RECORDS
     folder.mkdir(parents=True)
-    (folder / LAB_CALL.name).write_text(LAB_CALL.read_text())
+    _record_with_samples(folder)
     (folder / f"old-{LAB_CALL.name}").write_text(LAB_CALL.read_text())
     assert devices.latest_call(tmp_path).name == LAB_CALL.stem
     assert "`old-20261126T041935Z.json` is kept as" in devices.call_records_set_aside(tmp_path)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from finetune_lab.errors import UserError
 from finetune_lab.train.recipe import LAB_RECIPE, FinetuneRecipe
 
 
@@ -17,7 +18,9 @@ def test_last_partial_batch_counts_as_an_update():
 
 
 def test_empty_training_set_is_refused():
-    with pytest.raises(ValueError, match="empty"):
+    """Trial 26's E-m1: a ValueError (a traceback) where the split held no review."""
+    with pytest.raises(UserError, match=r"the training split holds 0 reviews: prepare the "
+                                        r"split again"):
         LAB_RECIPE.total_updates(0)
 
 

@@ -104,6 +104,18 @@ WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 
+LISTS = ("seeds", "init", "inits", "methods", "lab_parts", "steps", "names")
+"""List options whose values name runs or parts of a grid: each once (trial 26's E-m3)."""
+
+
+def _refuse_repeats(args: argparse.Namespace) -> None:
+    for name in LISTS:
+        values = getattr(args, name, None)
+        if isinstance(values, list) and len(set(values)) < len(values):
+            twice = next(v for v in values if values.count(v) > 1)
+            raise UserError(f"--{name.replace('_', '-')} lists {twice} twice: give each once")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     # SIGTERM and SIGHUP (a closed terminal; trial 20's X-z6) as an exception, like Ctrl-C:
@@ -118,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser([light] if light else COMMAND_MODULES)
         args = parser.parse_args(argv)
         command = args.command
+        _refuse_repeats(args)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try, so that a closed pipe is handled below
         return code

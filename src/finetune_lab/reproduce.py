@@ -19,6 +19,7 @@ from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
 from finetune_lab.train.lora_cls import DEFAULT_METHODS as LORA_METHODS
+from finetune_lab.train.pretrain_cli import refuse_cited_dest
 
 
 def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path, *,
@@ -78,6 +79,12 @@ def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = No
               dry_run: bool = False, jobs: int = 1, other_corpus: bool = False) -> int:
     import torch
 
+    if from_scratch:  # trial 26's P-m1: refused at its pretraining step, after data was rebuilt
+        refuse_cited_dest(checkpoints.packaged_dir(), (
+            "`reproduce --from-scratch` cannot pretrain in its place, and ran nothing; pretrain "
+            "weights of your own beside it (`finetune-lab pretrain --run NAME --package-to "
+            "data/work/candidates/NAME`) and fine-tune them (`finetune-lab finetune fairseq "
+            "--checkpoint data/work/candidates/NAME --experiment fairseq-candidate-N`)"))
     steps = plan(from_scratch=from_scratch, gpu=torch.cuda.is_available(),
                  have_checkpoint=(checkpoints.packaged_dir() / checkpoints.MODEL_FILE).is_file(),
                  pretrain_minutes=pretrain_minutes, jobs=jobs, other_corpus=other_corpus)
@@ -115,7 +122,8 @@ def add_parser(sub) -> None:
     a.set_defaults(func=_cmd_adopt)
     p = sub.add_parser("reproduce", help="run every experiment of the book in order (resumable)")
     p.add_argument("--from-scratch", action="store_true",
-                   help="retrain the tokenizer and pretrain again instead of using the checkpoint")
+                   help="retrain the tokenizer and pretrain again, in a project without the "
+                        "packaged checkpoint (never over it)")
     p.add_argument("--pretrain-minutes", type=positive_float,
                    help="pretraining budget (default: 8 on a GPU, 120 on a CPU)")
     p.add_argument("--dry-run", action="store_true", help="print the steps only")

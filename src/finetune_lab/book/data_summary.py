@@ -11,8 +11,11 @@ no review or novel text). The chapter's tables and figure come from the summary 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -237,9 +240,15 @@ def tokenizer_training(tok_manifest: dict[str, Any]) -> dict[str, Any]:
 def write_summary(summary: dict[str, Any], dest: Path | None = None, *,
                   force: bool = False) -> Path:
     """Write the committed aggregate summary (``data/summaries/data.json``). A file there that
-    is not a data summary (a user's ``--out``) is replaced only with ``force``."""
+    is not a data summary (a user's ``--out``) is replaced only with ``force``, and kept beside
+    it, named for the time it was replaced."""
     dest = check_summary_dest(dest, force=force)
     _files.check_writable(dest.parent)
+    if dest.is_file() and not dest.is_symlink() and not _is_summary(dest):  # trial 26's L-m2
+        kept = dest.with_name(f"{dest.name}.replaced-"
+                              f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
+        os.replace(dest, kept)
+        print(f"{dest} was replaced; what it held is kept in {kept}", file=sys.stderr)
     _files.write_json_atomic(dest, summary)
     return dest
 

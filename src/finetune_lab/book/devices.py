@@ -27,8 +27,8 @@ from finetune_lab.models import params
 from finetune_lab.runs import seedstats
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs.crosscheck import disowned_calls
-from finetune_lab.runs.gpu_archive import CALL_RECORDS, PREP_JOBS, call_record_problem
-from finetune_lab.runs.gpu_calls import call_devices, call_start, gpu_samples
+from finetune_lab.runs.gpu_archive import CALL_RECORDS, PREP_JOBS
+from finetune_lab.runs.gpu_calls import call_devices, call_problem, call_start, gpu_samples
 from finetune_lab.runs.gpu_plan import GPU_SUFFIX
 from finetune_lab.runs.registry import discover_runs, valid_runs
 from finetune_lab.runs.runspeed import device_name
@@ -223,7 +223,7 @@ def _read_call_records(root: Path) -> tuple[list[tuple[Path, dict]], list[str]]:
     good, bad = read_json_files(root / CALL_RECORDS, lambda meta: None, "*Z.json")
     named, disowned = [], _disowned(root)
     for path, meta in good:  # whole, kept under its own call's name, naming its runs' GPU
-        why, start = call_record_problem(meta, path.stem), call_start(path.stem)
+        why, start = call_problem(path, meta), call_start(path.stem)
         if start is None:  # a user's copy ("old-2026...Z.json"): no call's name
             why = why or "is not named as a call's record (YYYYMMDDTHHMMSSZ.json)"
         if why is None and start in disowned:

@@ -187,8 +187,52 @@ def matplotlibrc(project: Path, chapter: str) -> dict[str, str]:
     return {}
 
 
+KERNEL = "kernel "
+"""The record's key for a file the chapters' Jupyter kernel runs or reads before a first cell."""
+IPYTHON_CONFIGS = ("ipython_config.py", "ipython_config.json", "ipython_kernel_config.py",
+                   "ipython_kernel_config.json")
+
+
+def _jupyter_data_dirs() -> list[Path]:
+    """Where Jupyter looks for a kernelspec before the environment's own (``jupyter_core``'s
+    ``jupyter_path``: ``$JUPYTER_PATH``, then the user's data folder)."""
+    given = [Path(p) for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    user = os.environ.get("JUPYTER_DATA_DIR") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"), "jupyter")
+    return given + ([] if os.environ.get("JUPYTER_PREFER_ENV_PATH") else [Path(user)])
+
+
+def kernel_startup(project: Path) -> dict[str, str]:
+    """``{"kernel WHAT": sha256}`` of what the chapters' kernel runs before their first cell:
+    the IPython profile's startup files and configuration (``$IPYTHONDIR`` or ``~/.ipython``),
+    IPython's configuration in the environment and the system, and a kernelspec of the
+    chapters' kernel that shadows the environment's own (check 25b's F-l1, F-l2: a startup file
+    setting red axes, 30-point text and one-decimal tables changed every chapter's output, and
+    check-freeze said up to date). None of them exists on a machine set up as the README says."""
+    ipython = Path(os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython"))
+    profile = ipython / "profile_default"
+    found = {f"IPython profile: {p.relative_to(profile).as_posix()}": p
+             for p in [*(profile / n for n in IPYTHON_CONFIGS),
+                       *sorted((profile / "startup").glob("*.py")),
+                       *sorted((profile / "startup").glob("*.ipy"))]}
+    for where, folder in (("environment", Path(sys.prefix) / "etc" / "ipython"),
+                          ("system", Path("/usr/local/etc/ipython")),
+                          ("system", Path("/etc/ipython"))):
+        found.update({f"IPython {where}: {n}": folder / n for n in IPYTHON_CONFIGS})
+    name = _yaml(project / "_quarto.yml").get("jupyter")
+    name = name if isinstance(name, str) else "python3"
+    spec = next((d / "kernels" / name / "kernel.json" for d in _jupyter_data_dirs()
+                 if (d / "kernels" / name / "kernel.json").is_file()), None)
+    if spec is not None:  # one the environment's ipykernel did not install
+        found[f"kernelspec {name} (outside the environment)"] = spec
+    return {f"{KERNEL}{what}": sha256_file(path) for what, path in found.items()
+            if path.is_file()}
+
+
 def record_inputs(project: Path, chapter: str, patterns: list[str]) -> dict[str, str]:
     """What a chapter's freeze record holds: its input files' hashes, its packages' locked
-    versions, the project's execution options and the matplotlibrc its figures read."""
+    versions, the project's execution options, the matplotlibrc its figures read and what its
+    kernel runs first."""
     return {**hash_inputs(project, patterns), **chapter_packages(project, chapter, patterns),
-            **execution_options(project, chapter), **matplotlibrc(project, chapter)}
+            **execution_options(project, chapter), **matplotlibrc(project, chapter),
+            **kernel_startup(project)}

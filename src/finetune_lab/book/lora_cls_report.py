@@ -89,8 +89,8 @@ def results_table(loaded: LoadedRuns) -> pd.DataFrame:
                                 zip(s["valid_mean"], s["valid_std"], s["n"])],
         "test acc. at best valid epoch (%)": [fmt_mean_std(m, sd, n) for m, sd, n in
                                               zip(s["test_mean"], s["test_std"], s["n"])],
-        "time per run (min)": [f"{t / 60:.1f}" for t in s["time_s"]],
-        "peak memory (MiB)": [f"{b / 2**20:,.0f} ({d})" for b, d in
+        "time per run (min)": [f"{t / 60:.1f}" if t == t else "–" for t in s["time_s"]],
+        "peak memory (MiB)": [f"{b / 2**20:,.0f} ({d})" if b == b else "–" for b, d in
                               zip(s["peak_bytes"], s["peak_device"])],
     })
 

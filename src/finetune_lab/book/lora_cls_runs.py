@@ -152,7 +152,8 @@ def per_run_table(loaded: LoadedRuns) -> pd.DataFrame:
 
 def summary(loaded: LoadedRuns, runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per method (numbers): n, mean/std of best-valid and test-at-best-epoch accuracy,
-    trainable and total parameters, mean time per run and mean peak memory. ``runs``: the
+    trainable and total parameters, and, over the runs on the device most of them ran on
+    (``peak_device``), mean time per run and mean peak memory. ``runs``: the
     :func:`per_run_table` of ``loaded`` when the caller has it already."""
     runs = per_run_table(loaded) if runs is None else runs
     # seedstats groups by (experiment, framework, init); every run here is "pretrained", and
@@ -160,9 +161,13 @@ def summary(loaded: LoadedRuns, runs: pd.DataFrame | None = None) -> pd.DataFram
     stats = seed_summary(runs.assign(init=runs["method"])).rename(columns={"init": "method"})
     agg = runs.groupby("method").agg(
         trainable_min=("trainable", "min"), trainable_max=("trainable", "max"),
-        total=("total", "max"), lr=("lr", "first"), time_s=("time_s", "mean"),
-        peak_bytes=("peak_bytes", "mean"),
-        peak_device=("peak_device", lambda v: "/".join(sorted(set(v))))).reset_index()
+        total=("total", "max"), lr=("lr", "first")).reset_index()
+    # time and memory only of the device most runs share (trial 26's R-m3: a GPU run filed
+    # among the CPU runs made the full row's memory the mean of CPU and CUDA peaks)
+    device = runs["peak_device"].mode().iloc[0] if len(runs) else ""
+    cost = runs[runs["peak_device"] == device].groupby("method").agg(
+        time_s=("time_s", "mean"), peak_bytes=("peak_bytes", "mean")).reset_index()
+    agg = agg.merge(cost, on="method", how="left").assign(peak_device=device)
     out = stats.drop(columns=["experiment", "framework"]).merge(agg, on="method")
     order = {name: i for i, name in enumerate(METHODS)}
     return out.sort_values("method", key=lambda s: s.map(order)).reset_index(drop=True)

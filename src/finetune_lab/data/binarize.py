@@ -128,6 +128,7 @@ def binarize_cls(
         raise UserError(f"{cls_dir} {_files.not_there(cls_dir, 'folder')}: run `finetune-lab "
                         "prepare-cls` first, or pass the folder it wrote")
     model_path, dict_path = tokenizer.require_tokenizer(tok_dir)
+    tokenizer.check_dictionary(model_path, dict_path)
     for split in SPLITS:  # cheap structural check before hashing or encoding anything
         check_same_length(cls_dir / f"{split}.review", count_lines(cls_dir / f"{split}.review"),
                           cls_dir / f"{split}.label", count_lines(cls_dir / f"{split}.label"))

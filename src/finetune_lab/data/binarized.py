@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from finetune_lab import _files
 from finetune_lab.data.cls_books import read_reviews
+from finetune_lab.data.eltec import REVIEW_DOMAINS, REVIEW_FILES
 from finetune_lab.data.split_checks import (file_identity, published_test_texts, refuse_test_reviews,
                                             text_keys)
 from finetune_lab.errors import UserError
@@ -120,34 +121,80 @@ MIN_KEY = 20
 """The shortest test review (in letters and digits) a pretraining corpus is searched for: a
 shorter one ("Nul !", "Un chef-d'oeuvre.") may be a line of a novel. One that a source of the
 corpus also holds (:func:`check_corpus`) is allowed."""
+_BASE = np.uint64(1_000_003)
+_TABLE_BITS = 24
+
+
+def _codes(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le"), np.uint32).astype(np.uint64)
+
+
+def _head_hashes(codes: np.ndarray) -> np.ndarray:
+    """A hash of each :data:`MIN_KEY`-letter window of ``codes`` (by position)."""
+    n = len(codes) - MIN_KEY + 1
+    hashes = np.zeros(max(n, 0), np.uint64)
+    for j in range(MIN_KEY if n > 0 else 0):
+        np.multiply(hashes, _BASE, out=hashes)
+        np.add(hashes, codes[j:j + n], out=hashes)
+    return hashes
+
+
+def find_in_stream(parts: Iterable[str], keys: Iterable[str]) -> set[str]:
+    """The ``keys`` (each :data:`MIN_KEY` letters or more) that occur anywhere in the
+    concatenation of ``parts``, across the parts' boundaries too: each window of the stream
+    whose hash is a key's first window's is compared with the keys that start so."""
+    by_head: dict[str, list[str]] = {}
+    for key in keys:
+        by_head.setdefault(key[:MIN_KEY], []).append(key)
+    if not by_head:
+        return set()
+    heads = np.unique(np.concatenate([_head_hashes(_codes(h)) for h in by_head]))
+    table = np.zeros(1 << _TABLE_BITS, bool)
+    table[heads & np.uint64((1 << _TABLE_BITS) - 1)] = True
+    keep = max(map(len, (k for ks in by_head.values() for k in ks))) - 1
+    found: set[str] = set()
+    carry = ""
+    for part in parts:
+        text = carry + part
+        hashes = _head_hashes(_codes(text))
+        at = np.flatnonzero(table[hashes & np.uint64((1 << _TABLE_BITS) - 1)])
+        at = at[np.isin(hashes[at], heads)]
+        for p in at.tolist():
+            found.update(k for k in by_head.get(text[p:p + MIN_KEY], ())
+                         if text.startswith(k, p))
+        carry = text[max(0, len(text) - keep):] if keep else ""  # a key that starts there, whole
+    return found
 
 
 @functools.lru_cache(maxsize=8)
-def _source_keys(path: Path, _identity: Any) -> frozenset[str]:
-    """The keys of a review file's texts (read once per process and file)."""
-    return frozenset(key for r in read_reviews(path) for key in text_keys(r.text))
+def _source_stream(path: Path, _identity: Any) -> str:
+    """A review file's texts as one stream of keys (read once per process and file)."""
+    return "".join(key for r in read_reviews(path) for key in text_keys(r.text))
 
 
 def check_corpus(bin_dir: Path) -> None:
     """Refuse a pretraining corpus whose binarized files hold Webis-CLS-10's books test reviews
-    (24b's D-j5, D-j6: a corpus's ``train.bin`` replaced by the test reviews was pretrained on,
-    and the run was valid; only the corpus's inputs had been compared with them). Each training
-    and validation file fairseq loads is decoded; a test review that is also a text of the
-    corpus's sources (the books training file shares 51 so compared) is allowed."""
+    (24b's D-j5, D-j6: a corpus's ``train.bin`` replaced by the binarized test reviews was
+    pretrained on). Each training and validation file fairseq loads is decoded, and its items'
+    keys joined into the one stream that fairseq trains on (check 25b's D-l1 to D-l4: reviews
+    split into halves or sentences, joined in pairs or prefixed were each searched for as a
+    whole item, and passed); a test review that the corpus's sources also hold (the books
+    training file shares 51) is allowed."""
     published, texts = published_test_texts(bin_dir)
     wanted = {key: text for text in texts for key in text_keys(text) if len(key) >= MIN_KEY}
     fr = published.parent.parent
     sources = (published.with_name("train.review"),
-               *(fr / d / f for d in ("dvd", "music") for f in ("train.review", "test.review")))
+               *(fr / d / f for d in REVIEW_DOMAINS for f in REVIEW_FILES))
     fix = "prepare the corpus again (`finetune-lab prepare-pretrain --force`)"
     folder = Path(bin_dir)
     for shard in sorted(p.stem for p in folder.glob("*.bin")
                         if re.fullmatch(r"(train|valid)\d*", p.stem)):
-        found = {key for text in _texts(folder / shard, folder / "dict.txt", fix)
-                 for key in set(text_keys(text)) & wanted.keys()}
+        found = find_in_stream(("".join(text_keys(text)) for text in
+                                _texts(folder / shard, folder / "dict.txt", fix)), wanted)
         for source in sources:  # read only for a corpus that holds some test text
             if found and source.is_file():
-                found -= _source_keys(source, file_identity(source))
+                stream = _source_stream(source, file_identity(source))
+                found = {key for key in found if key not in stream}
         if found:
             first = wanted[min(found)]
             raise UserError(f"{folder / shard}.bin holds {len(found)} of Webis-CLS-10's books "

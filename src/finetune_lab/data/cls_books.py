@@ -150,6 +150,11 @@ def stratified_split(
     for label in sorted({r.label for r in reviews}):
         members = [i for i, r in enumerate(reviews) if r.label == label]
         n_valid = round(valid_fraction * len(members))
+        if not 0 < n_valid < len(members):  # trial 26's E-m1: "train 0", then a traceback
+            part = "validation" if n_valid == 0 else "training"
+            raise UserError(f"--valid-fraction {valid_fraction} leaves the {len(members)} "
+                            f"reviews of class {label} no {part} review: choose a fraction "
+                            f"that holds out at least one of each class and keeps one")
         held_out.update(rng.sample(members, n_valid))
     train = [r for i, r in enumerate(reviews) if i not in held_out]
     valid = [r for i, r in enumerate(reviews) if i in held_out]

@@ -88,6 +88,7 @@ def prepare_pretrain(
     root = require_data_root(*ELTEC_DIRS, root=data_root)
     tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else tokenizer.default_output()
     model_path, dict_path = tokenizer.require_tokenizer(tok_dir)
+    tokenizer.check_dictionary(model_path, dict_path)
     out = Path(out) if out is not None else default_output()
     docs = corpus_documents(root, seed, valid_fraction, False, max_novels)
     if not train_novels:

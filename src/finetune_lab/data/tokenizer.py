@@ -146,9 +146,12 @@ def train_spm(
 
 def load_processor(tokenizer_dir: Path):
     """The trained ``SentencePieceProcessor`` of a tokenizer folder."""
+    return _processor(require_tokenizer(tokenizer_dir)[0])
+
+
+def _processor(model_path: Path):
     import sentencepiece as spm
 
-    model_path, _ = require_tokenizer(tokenizer_dir)
     try:
         return spm.SentencePieceProcessor(model_file=str(model_path))
     except (RuntimeError, OSError) as exc:  # a damaged model is sentencepiece's RuntimeError
@@ -164,6 +167,18 @@ def require_tokenizer(tokenizer_dir: Path) -> tuple[Path, Path]:
         if not p.is_file():
             raise UserError(f"{p} is missing. Run {MAKE_TOKENIZER} first.")
     return model_path, dict_path
+
+
+def check_dictionary(model_path: Path, dict_path: Path) -> None:
+    """``dict.txt`` must list the model's pieces in its order, as what binarizes with them
+    reads it (trial 26's E-m13: one cut short at a line end binarized the split with 56 % of
+    its tokens unknown)."""
+    listed = [line.split(" ", 1)[0] for line in _files.regular_text(dict_path).splitlines()]
+    pieces = [line.split(" ", 1)[0] for line in fairseq_dict_lines(_processor(model_path))]
+    if listed != pieces:
+        raise UserError(f"{dict_path} does not list the {len(pieces)} pieces of {model_path} in "
+                        f"its order ({len(listed)} lines): a copy cut short or edited; restore "
+                        "the tokenizer (`finetune-lab adopt-tokenizer --force`) or train it again")
 
 
 def encode_pieces(sp, lines: Sequence[str], num_threads: int = 2) -> list[list[str]]:

@@ -386,9 +386,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     ckpt = args.checkpoint or packaged_dir() / MODEL_FILE
-    if ckpt.is_dir():
-        raise UserError(f"{ckpt} is a folder: pass the checkpoint file in it "
-                        f"({ckpt / MODEL_FILE})")
+    if ckpt.is_dir():  # the file in it, where there is one (trial 26's E-m11)
+        raise UserError(f"{ckpt} is a folder: pass the checkpoint file in it ({ckpt / MODEL_FILE})"
+                        if (ckpt / MODEL_FILE).is_file() else f"{ckpt} is a folder that holds no "
+                        f"{MODEL_FILE}: pass a checkpoint file (a packaged checkpoint's "
+                        f"{MODEL_FILE})")
     if not ckpt.is_file():  # gone, or a pipe or device (trial 13's X9)
         raise UserError(f"{ckpt} {not_there(ckpt)}: pass a checkpoint file, or pretrain and "
                         "package the model first (README)")

@@ -8,6 +8,7 @@ sha256 agreed with everything in its own manifest and changed a chapter.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]
     weights_time_problems(valid, runs_base)
     lineage_time_problems(valid, records)
     source_problems(valid)
+    experiment_weights_problems(valid)
     call_device_problems(valid, call_devices())
     return [r for r in valid if not r.valid]
 
@@ -253,3 +255,36 @@ def source_problems(records: Sequence[Judged]) -> None:
             rec.problems.append(f"extra.checkpoint_source.run {run} but the lineage recorded "
                                 f"beside it ends at {last}")
 
+
+
+def _weights(man: dict[str, Any]) -> str | None:
+    """The fairseq weights a pretrained run fine-tuned, by their sha256: a Transformers or LoRA
+    run's conversion names the checkpoint it came from (``extra.converted_from``)."""
+    source = (man.get("extra") or {}).get("converted_from") or \
+        (man.get("inputs") or {}).get("checkpoint")
+    digest = source.get("sha256") if isinstance(source, dict) else None
+    return None if digest is None else json.dumps(digest, sort_keys=True)
+
+
+def experiment_weights_problems(records: Sequence[Judged]) -> None:
+    """The pretrained runs of one experiment fine-tune one set of weights (trial 26's R-m2: a
+    candidate's run filed as seed 5 of the lab's grid made its headline 76.5 %, not 78.1 %):
+    a run whose weights most of the others do not share is rejected, and all of them where no
+    weights are most runs'."""
+    groups: dict[str, list[tuple[Judged, str]]] = {}
+    for rec in records:
+        man = rec.manifest or {}
+        if man.get("init") == "pretrained" and (weights := _weights(man)) is not None:
+            groups.setdefault(rec.experiment, []).append((rec, weights))
+    for experiment, group in groups.items():
+        counts = Counter(w for _r, w in group)
+        if len(counts) < 2:
+            continue
+        top, n = counts.most_common(1)[0]
+        for rec, weights in group:
+            if weights != top or n * 2 <= len(group):
+                rec.problems.append(
+                    f"fine-tunes other weights than {'the other' if n * 2 > len(group) else 'some'}"
+                    f" pretrained runs of experiment '{experiment}' ({len(counts)} sets of "
+                    "weights among its runs): one experiment fine-tunes one checkpoint; give "
+                    "other weights an experiment of their own (--experiment)")

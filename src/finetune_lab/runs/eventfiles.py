@@ -126,11 +126,12 @@ def _accuracy_tag(tag: str) -> bool:
     return tag.rsplit("/", 1)[-1] in ("accuracy", "best_accuracy")
 
 
-LOGGED_TAGS = frozenset({"loss", "accuracy", "ups", "wps", "wpb", "wall", "train/loss",
-                         "train/epoch_loss", "train/train_loss", "train/epoch"})
+LOGGED_TAGS = frozenset({"loss", "accuracy", "ups", "wps", "wpb", "wall", "train_wall",
+                         "train/loss", "train/epoch_loss", "train/train_loss", "train/epoch"})
 """The values :class:`Scanned` keeps (its ``logged``): fairseq's, which its text log prints
-too (its rates and its wall meter as well: trial 25's M-k5, M-k7, rates scaled in the log), the Trainer's training losses, which its epoch and run means are means of, and its
-fractional epoch, which its updates give."""
+too (its rates and its wall meters as well: trial 25's M-k5, M-k7, rates scaled in the log;
+check 25b's M-l7, a launch's start-up restamped), the Trainer's training losses, which its
+epoch and run means are means of, and its fractional epoch, which its updates give."""
 
 
 def _metric_tag(tag: str) -> bool:

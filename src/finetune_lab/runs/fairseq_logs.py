@@ -76,9 +76,10 @@ def last_update(log_text: str) -> int | None:
 
 
 _SUBSET_LINE = re.compile(r"^(?P<stamp>.*?) ?\| INFO \| (?P<subset>\w+) \| (?P<rest>.*)$")
-_PRINTED = re.compile(r"\b(loss|accuracy|ups|wps|wpb|wall)[=\s]+(-?[0-9.]+(?:e[+-]?[0-9]+)?)")
+_PRINTED = re.compile(r"\b(loss|accuracy|ups|wps|wpb|train_wall|wall)[=\s]+"
+                      r"(-?[0-9.]+(?:e[+-]?[0-9]+)?)")
 """The values of a subset's line that its event files log too (``wall``: fairseq's wall meter,
-the seconds since training started)."""
+the seconds since training started; ``train_wall``: the seconds the interval trained)."""
 
 
 def _decimals(text: str) -> int:
@@ -115,6 +116,13 @@ def _subset_lines(log_text: str) -> tuple[tuple[str, str, int, str], ...]:
                 and (updates := _UPDATES_RE.search(match["rest"])) is not None:
             found.append((match["stamp"], match["subset"], int(updates.group(1)), match["rest"]))
     return tuple(found)
+
+
+def held_line(line: str) -> bool:
+    """Whether a line is one fairseq logs for a subset at an update (its values and stamp held
+    to the event files)."""
+    match = _SUBSET_LINE.search(line)
+    return match is not None and _UPDATES_RE.search(match["rest"]) is not None
 
 
 def printed_times(log_text: str) -> dict[tuple[str, int], list[str]]:

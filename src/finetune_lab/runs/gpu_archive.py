@@ -40,6 +40,8 @@ ARCHIVE = "gpu-lab.tar"
 PIECE_BYTES = 15 * 2**20
 """Under the 16 MiB a file from ``$OUT`` may have."""
 MAX_FILES_BACK = 8
+UNPACKED_BYTES = 2 * 2**30
+"""What a call's archive may unpack to (its pieces are 120 MiB at most, compressed)."""
 
 
 def pack(paths_in: Sequence[Path], out: Path, *, root: Path = PROJECT_ROOT,
@@ -199,6 +201,9 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                 linked = [m.name for m in tar.getmembers() if m.islnk() or m.issym()]
                 if linked:
                     raise tarfile.TarError(f"{linked[0]!r} is a link, which pack never writes")
+                if (size := sum(m.size for m in tar.getmembers())) > UNPACKED_BYTES:  # G-k1
+                    raise tarfile.TarError(f"its files would take {size / 2**20:,.0f} MiB, far "
+                                           "more than a call's runs and weights")
                 tar.extractall(stage, filter="data")
         except (tarfile.TarError, KeyError) as exc:
             raise UserError(f"the archive of {meta_path} cannot be unpacked safely ({exc}): "

@@ -14,11 +14,73 @@ from typing import NamedTuple
 
 from finetune_lab._files import parse_json, regular_text
 from finetune_lab.config import PROJECT_ROOT
-from finetune_lab.runs.gpu_archive import CALL_RECORDS, call_record_problem
+from finetune_lab.runs.gpu_archive import (CALL_RECORDS, PREP_JOBS, SEQUENTIAL,
+                                             call_record_problem)
 
 
 SAMPLES_SLACK_S = 60.0
 """nvidia-smi starts a few seconds after the call's clock and stops with it."""
+LAST_SAMPLE_S = (-5.0, 2.0)
+"""The last sample, from the call's end (its name's second plus ``wall_s``): the sampler stops
+with the runs (-0.5 to +0.3 s in the committed calls; the name drops the start's fraction)."""
+FIRST_SAMPLE_S = (-1.0, 6.0)
+"""The first sample, from the end of the install phase: the sampler starts once the call's data
+is unpacked (+0.2 to +3.9 s in the committed calls)."""
+DATA_SLACK_S = 15.0
+"""The data phase beyond its jobs' seconds: unpacking the data (3 to 7 s measured)."""
+
+
+def _samples(smi: Path):
+    """A call's ``nvidia-smi`` samples (stamps, utilisation, memory used), or None for a file
+    that is missing or no such table."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(io.StringIO(regular_text(smi)), skipinitialspace=True)  # no pipe
+        stamps = pd.to_datetime(df.iloc[:, 0], format="%Y/%m/%d %H:%M:%S.%f", utc=True)
+        util = pd.to_numeric(df.iloc[:, 1].astype(str).str.rstrip(" %"), errors="coerce")
+        used = pd.to_numeric(df.iloc[:, 2].astype(str).str.rstrip(" MiB"), errors="coerce")
+    except (OSError, ValueError, IndexError, pd.errors.ParserError):
+        return None
+    return (stamps, util, used) if len(df) else None
+
+
+def call_problem(path: Path, meta: object) -> str | None:
+    """What sets a call's record aside: :func:`call_record_problem`, or (check 25b's G-l1,
+    G-l2, G-l4) times its own clock contradicts. The phases one after another make the call,
+    and a GPU call's ``nvidia-smi`` samples, which began after its install phase and stopped
+    with it, hold its ``wall_s`` and install time; its data phase is its data jobs' seconds and
+    the unpacking (a call whose wall time grew by ten minutes, with its install phase or with
+    its jobs' seconds shrunk, was read as the lab's call)."""
+    why = call_record_problem(meta, path.stem)
+    if why is not None:
+        return why
+    assert isinstance(meta, dict)
+    wall, timings = float(meta["wall_s"]), meta["timings_s"]
+    phases = sum(timings.get(k, 0.0) for k in SEQUENTIAL)
+    if "runs" in timings and abs(phases - wall) > 1.0:  # a finished call: the phases are all
+        return (f"has wall_s = {wall:g} but its phases one after another "
+                f"({', '.join(SEQUENTIAL)}) took {phases:g} s")
+    prep = sum(j.get("seconds") or 0.0 for j in meta["jobs"] if j["job"] in PREP_JOBS)
+    if timings.get("data", 0.0) > prep + DATA_SLACK_S:
+        return (f"says its data phase took {timings['data']:g} s, though its data jobs took "
+                f"{prep:g} s")
+    start = call_start(path.stem)
+    if meta["device"].get("type") != "cuda" or start is None:
+        return None
+    smi = path.with_name(f"{path.stem}-nvidia-smi.csv")
+    read = _samples(smi)
+    if read is None:
+        return f"has no nvidia-smi samples that can be read beside it ({smi.name})"
+    first, last = ((t - start).total_seconds() for t in (read[0].min(), read[0].max()))
+    if not LAST_SAMPLE_S[0] <= last - wall <= LAST_SAMPLE_S[1]:
+        return (f"says the call took {wall:g} s, but its nvidia-smi samples ({smi.name}) end "
+                f"{last:.0f} s after its start")
+    install = timings.get("install", 0.0)
+    if not FIRST_SAMPLE_S[0] <= first - install <= FIRST_SAMPLE_S[1]:
+        return (f"says its install phase took {install:g} s, but its nvidia-smi samples "
+                f"({smi.name}) begin {first:.0f} s after its start")
+    return None
 
 
 def gpu_samples(smi: Path, start: datetime, wall_s: float) -> tuple[float | None, float | None]:
@@ -28,13 +90,10 @@ def gpu_samples(smi: Path, start: datetime, wall_s: float) -> tuple[float | None
     time (another call's samples under its name), a file that is no such table."""
     import pandas as pd
 
-    try:
-        df = pd.read_csv(io.StringIO(regular_text(smi)), skipinitialspace=True)  # no pipe
-        stamps = pd.to_datetime(df.iloc[:, 0], format="%Y/%m/%d %H:%M:%S.%f", utc=True)
-        util = pd.to_numeric(df.iloc[:, 1].astype(str).str.rstrip(" %"), errors="coerce")
-        used = pd.to_numeric(df.iloc[:, 2].astype(str).str.rstrip(" MiB"), errors="coerce")
-    except (OSError, ValueError, IndexError, pd.errors.ParserError):
+    read = _samples(smi)
+    if read is None:
         return None, None
+    stamps, util, used = read
     slack = timedelta(seconds=SAMPLES_SLACK_S)
     inside = stamps.between(pd.Timestamp(start - slack),
                             pd.Timestamp(start + timedelta(seconds=wall_s) + slack))
@@ -82,7 +141,7 @@ def call_devices(root: Path = PROJECT_ROOT) -> list[CallDevice]:
             continue  # the chapter that reads the records sets a damaged one aside by name
         if start is None:
             continue
-        if call_record_problem(meta, path.stem) is None \
+        if call_problem(path, meta) is None \
                 and isinstance(meta["device"].get("name"), str):
             count = meta["device"].get("count")
             smi = path.with_name(f"{path.stem}-nvidia-smi.csv")

@@ -21,6 +21,7 @@ from typing import Any
 from finetune_lab._files import regular_bytes
 from finetune_lab.runs.eventfiles import loss_times, wall_span
 from finetune_lab.runs.fairseq_logs import printed_times
+from finetune_lab.runs.log_timeline import timeline_problems
 
 SPAN_SLACK = 0.03
 """How far from the span of its event files a run's timed part may be: 0 to 1.3 % shorter in
@@ -197,16 +198,20 @@ def log_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
     wall, late = man.get("wall_time_s"), _kind(man)
     if not stamps:
         return problems
+    text = regular_bytes(path / "train.log").decode("utf-8", errors="replace")
     if len(segments) <= 1:
         logged = (stamps[-1] - stamps[0]).total_seconds()
         if _seconds(wall) and not -2.0 <= wall - logged <= LOG_SPAN_SLACK_S[late]:
             problems.append(f"wall_time_s {wall:g} s is not the {logged:.0f} s between its "
                             "train.log's first and last lines (and the start and end of a run "
                             "around them)")
-        return problems
+        return problems + timeline_problems(text, man, [])
     if times[0][0] is None:
         return problems
-    return problems + _launch_line_problems(segments, times, stamps, late)
+    zone = log_zone(stamps, times[0][0])
+    local = [(a + zone if a else None, b + zone if b else None) for a, b in times]
+    return problems + _launch_line_problems(segments, times, stamps, late) + \
+        timeline_problems(text, man, local)
 
 
 def _launch_line_problems(segments: Sequence[dict[str, Any]],

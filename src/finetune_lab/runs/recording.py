@@ -16,6 +16,7 @@ process itself (dying with its launcher, ended when it hangs after saving) is ha
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -146,6 +147,12 @@ class RunHandle:
                 f"logged {done_marker!r} but had not exited {exit_grace_s:g} s later: killed")
             returncode = 0
         self.exit_code = returncode
+        if check and returncode != 0 and "No space left on device" in log_tail(self.log_path):
+            save = Path(command[command.index("--save-dir") + 1]) if "--save-dir" in command \
+                else self.log_path.parent  # trial 25's E-k10: a traceback, a partial file left
+            for partial in save.glob("*.pt.tmp"):
+                partial.unlink(missing_ok=True)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(save))
         if check and returncode != 0:
             raise TrainingFailedError(
                 f"training exited with code {returncode}; see {self.log_path} "
@@ -153,8 +160,6 @@ class RunHandle:
                 f"{log_tail(self.log_path)}"
             )
         return returncode
-
-
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from finetune_lab.models import trust
 from finetune_lab.render_cache import per_render
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.consistency import count_problems, manifest_contradictions
+from finetune_lab.runs.copies import copy_problems
 from finetune_lab.runs.crosscheck import outside_problems
 from finetune_lab.runs.eventfiles import checked_events
 from finetune_lab.runs.experiments import EXPERIMENT_CONFIG as EXPERIMENT_CONFIG
@@ -301,33 +302,11 @@ def _linked(path: Path, experiment: str, name: str) -> RunRecord:
 
 
 def _reject_copies(records: list[RunRecord]) -> None:
-    """A run whose event file is byte-identical to another run's is a copy, not a run of its
-    own (an event file holds the times it was written): an unfinished one (which counts as
-    having shared the machine, :func:`sound_runs`) is rejected beside any run; two valid runs
-    are both rejected, since nothing tells the original from a copy edited everywhere. (A copy
-    that contradicts its folder, hashes or command is rejected already, its original kept.)"""
+    """:func:`~finetune_lab.runs.copies.copy_problems` among the valid and unfinished runs,
+    then each sealed again."""
     suspects = [r for r in records if r.unfinished or r.valid]
-    valid = {id(r) for r in records if r.valid}
-    if not suspects:
-        return
-    by_size: dict[int, list[tuple[RunRecord, Path]]] = {}
-    try:
-        for r in records:
-            if r.path.is_symlink():  # listed, never read (:func:`_linked`)
-                continue
-            for f in mf.event_files(r.path):
-                by_size.setdefault(f.stat().st_size, []).append((r, f))
-        for r in suspects:
-            for f in mf.event_files(r.path):
-                twin = next(((o, g) for o, g in by_size.get(f.stat().st_size, [])
-                             if o is not r and (r.unfinished or id(o) in valid)
-                             and cached_sha256(g) == cached_sha256(f)), None)
-                if twin is not None:
-                    r.problems.append(f"event file {f} is byte-identical to {twin[1]} of run "
-                                      f"{twin[0].key}: a copy, not a run of its own")
-                    break
-    except OSError:  # a file gone since it was judged: the run was judged on what was there
-        pass
+    if suspects:
+        copy_problems(records, suspects, {id(r) for r in records if r.valid})
     for r in suspects:
         seal(r)
 

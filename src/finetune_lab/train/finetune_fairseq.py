@@ -84,8 +84,6 @@ def require_cls_bin(bin_dir: Path) -> Path:
     return bin_dir
 
 
-
-
 def train_size(bin_dir: Path) -> int:
     """Number of training reviews in the binarized data (what the schedule is derived from),
     read from the header of the labels' ``train.idx`` (magic, version 1, dtype code, count) as
@@ -207,8 +205,15 @@ def finetune_grid(
                              "arch_overrides": dict(arch or {}), "precision": "fp32"}
     done: list[Path] = []
     if inits and seeds:  # an experiment.json that rejects these runs: refused before any work
-        refuse_other_recipe(run_dir_for(experiment, run_name(inits[0], seeds[0]),
-                                        runs_root).parent, hyper)
+        grid = run_dir_for(experiment, run_name(inits[0], seeds[0]), runs_root).parent
+        refuse_other_recipe(grid, hyper)
+        other = next((d for d in sorted(grid.glob("pretrained-seed*")) if "pretrained" in inits
+                      and is_done(d) and not same_checkpoint(d, model_pt)), None)
+        if other is not None:  # trial 26's R-m2: one experiment fine-tunes one checkpoint
+            raise UserError(
+                f"{other} holds a complete run from another checkpoint than {model_pt}: an "
+                "experiment's pretrained runs fine-tune one checkpoint; pass another "
+                f"--experiment (e.g. {next_candidate_experiment(runs_root)})")
     for init in inits:
         if init not in INITS:
             raise UserError(f"--init must be one of {', '.join(INITS)}, not {init!r}")
@@ -216,11 +221,6 @@ def finetune_grid(
             name = run_name(init, seed)
             target = run_dir_for(experiment, name, runs_root)
             if is_done(target):
-                if init == "pretrained" and not same_checkpoint(target, model_pt):
-                    raise UserError(
-                        f"{target} holds a complete run from another checkpoint than {model_pt}: "
-                        f"pass another --experiment (e.g. {experiment}-2) to keep both, or "
-                        "delete that run folder to redo it")
                 if log:
                     print(f"finetune fairseq: {experiment}/{name} is complete; skipped")
                 done.append(target)

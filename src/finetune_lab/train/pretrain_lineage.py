@@ -6,6 +6,7 @@ records of its origin."""
 from __future__ import annotations
 
 import re
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from finetune_lab.config import paths
 from finetune_lab.data.pretrain_corpus import TAPT_OUTPUT_NAME
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
-from finetune_lab.models.trust import check_trusted, load_trusted
+from finetune_lab.models.trust import check_trusted, load_trusted, unreadable
 from finetune_lab.runs.manifest import (
     MANIFEST_NAME,
     portable_path,
@@ -41,6 +42,13 @@ def continuation_source(folder: Path, bin_dir: Path) -> dict[str, Any]:
                             "(model.pt, dict.txt, manifest.json), as `finetune-lab pretrain` "
                             "writes to data/checkpoints/roberta-small-fr")
     check_trusted(model, [manifest])
+    try:  # whole (trial 25's E-k15: one cut short, its manifest vouching, reached fairseq)
+        with zipfile.ZipFile(model) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise unreadable(model, exc) from None
+    if damaged is not None:
+        raise unreadable(model, ValueError(f"{damaged} in it fails its checksum"))
     if sha256_file(folder / checkpoints.DICT_FILE) != sha256_file(bin_dir / "dict.txt"):
         raise UserError(f"{bin_dir / 'dict.txt'} is not the dictionary of {folder}: binarize the "
                         "corpus with the checkpoint's tokenizer (`finetune-lab reproduce` adopts "

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from finetune_lab.errors import UserError
+
 
 @dataclass(frozen=True)
 class FinetuneRecipe:
@@ -33,8 +35,9 @@ class FinetuneRecipe:
 
     def updates_per_epoch(self, n_train: int) -> int:
         """fairseq and the Trainer both keep the last, smaller batch of an epoch."""
-        if n_train <= 0:
-            raise ValueError(f"training set is empty (n_train={n_train})")
+        if n_train <= 0:  # trial 26's E-m1: a ValueError's traceback
+            raise UserError(f"the training split holds {n_train} reviews: prepare the split "
+                            "again (`finetune-lab prepare-cls`, then `binarize-cls`)")
         return math.ceil(n_train / self.batch_size)
 
     def total_updates(self, n_train: int) -> int:
