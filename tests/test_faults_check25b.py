@@ -50,7 +50,7 @@ def test_what_the_kernel_runs_before_a_chapter_is_a_freeze_input(tmp_path, capsy
                                          "{connection_file}"], "env": {"MPLBACKEND": "svg"},
                                 "language": "python"}))
     assert main(["check-freeze", "--project", str(root)]) == 1
-    assert "kernel kernelspec python3 (outside the environment) (new)" in capsys.readouterr().err
+    assert "kernel kernelspec python3 (changed)" in capsys.readouterr().err
     monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "1")  # the environment's is found first
     assert main(["check-freeze", "--project", str(root)]) == 0
 
@@ -95,12 +95,17 @@ def test_a_corpus_holding_the_test_reviews_in_pieces_is_refused(tiny_pipeline, t
     assert counts == dict.fromkeys(counts, counts["whole"])
 
 
-def test_a_key_is_found_across_the_parts_of_a_stream_and_only_whole():
+def test_a_key_is_found_across_the_parts_of_a_stream_by_most_of_its_windows():
+    """Check 26b's D-n1 to D-n5: accents dropped, halves swapped, a letter changed."""
     from finetune_lab.data.binarized import find_in_stream
 
-    key = "cestunlivrequejaiadoreetrelu"
+    key = "cestunlivrequejaiadoreetreluavecplaisirdutoutdebutjusqualafin"
     assert find_in_stream(["zz", key[:1], key[1:5], key[5:] + "x"], [key]) == {key}
-    assert find_in_stream(["éé" + key[:-1], "œ"], [key]) == set()
+    assert find_in_stream([key[30:], "unautretexte", key[:30]], [key]) == {key}
+    assert find_in_stream([key.replace("e", "a", 1)], [key]) == {key}
+    assert find_in_stream(["cestunlivrequejaiadoréetrelu"], ["cestunlivrequejaiadoreetrelu"])
+    assert find_in_stream(["".join(c if i % 4 else "z" for i, c in enumerate(key))], [key]) \
+        == set()  # a letter in four changed: no window whole
     assert find_in_stream(["x" * 19, "x"], ["x" * 20, key]) == {"x" * 20}
 
 
@@ -295,23 +300,24 @@ def test_a_deleted_launch_leaves_the_next_loading_another_update(cache):
 
 def test_a_launchs_start_up_restamped_earlier_is_held_to_its_first_training_line(cache):
     """M-l7: the last launch's start and every line before its `Start iterating` 300 s earlier
-    (76.0 to 81.0 min): its first training line says when training began."""
+    (76.0 to 81.0 min): its first training line says when training began (100 s earlier here:
+    300 s is past the 180 s a process takes to its first training line, check 26b's M-n5)."""
     from test_faults_trial23 import _moved
 
     def earlier(lines: list[str]) -> list[str]:
         first = _starts(lines)[2]
         until = next(k for k in range(first, len(lines)) if "| train_inner |" in lines[k])
-        return [*lines[:first], *(_restamped(line, -300) if line[:4].isdigit() else line
+        return [*lines[:first], *(_restamped(line, -100) if line[:4].isdigit() else line
                                   for line in lines[first:until]), *lines[until:]]
     _relogged(cache, LONG, earlier)
 
     def moved(m: dict) -> None:
         seg = m["segments"][2]
-        seg["start_time"] = _moved(seg["start_time"], -300)
-        seg["wall_time_s"] = round(seg["wall_time_s"] + 300, 3)
-        m["wall_time_s"] = round(m["wall_time_s"] + 300, 3)
+        seg["start_time"] = _moved(seg["start_time"], -100)
+        seg["wall_time_s"] = round(seg["wall_time_s"] + 100, 3)
+        m["wall_time_s"] = round(m["wall_time_s"] + 100, 3)
     rejected(cache, LONG, moved, r"its train.log says training began at .*, but its first "
-                                 r"training line .* says \+30\d s from that")
+                                 r"training line .* says \+10\d s from that")
 
 
 def test_checkpoint_lines_restamped_do_not_lengthen_a_killed_launch(cache):
@@ -607,3 +613,141 @@ def test_a_missing_split_is_said_before_the_checkpoint_is_converted(tmp_path, mo
     monkeypatch.setattr(hf_finetune, "ensure_converted", converted)
     with pytest.raises(UserError, match=r"train.review"):
         hf_finetune.finetune_transformers("pretrained", 0, cls_dir=tmp_path / "no-split")
+
+
+def test_a_file_edited_in_a_commands_folder_is_kept_when_it_is_replaced(tmp_path, capsys):
+    """Trial 25's L-k3: a file the user edited inside a folder a command made was replaced
+    without a copy (the marker named the folder's files, not what they held)."""
+    from finetune_lab.cli import main
+
+    out = tmp_path / "tok"
+    assert main(["adopt-tokenizer", "--out", str(out)]) == 0
+    with open(out / "dict.txt", "a", encoding="utf-8") as fh:
+        fh.write("monmot 1\n")  # the user's own piece
+    capsys.readouterr()
+    assert main(["adopt-tokenizer", "--out", str(out)]) == 2
+    assert "holds dict.txt, which `finetune-lab train-tokenizer` did not write (or changed since " \
+           "it wrote it)" in capsys.readouterr().err
+    assert main(["adopt-tokenizer", "--out", str(out), "--force"]) == 0
+    (kept,) = tmp_path.glob("tok.replaced-*")
+    assert (kept / "dict.txt").read_text(encoding="utf-8").endswith("monmot 1\n")
+    assert not (out / "dict.txt").read_text(encoding="utf-8").endswith("monmot 1\n")
+
+
+# --- check 26b ---------------------------------------------------------------------------------
+
+
+def _call_root(tmp_path):
+    """The lab call's record and samples, and the runs it made, under a root of their own."""
+    import shutil
+
+    from finetune_lab.config import PROJECT_ROOT
+    from finetune_lab.runs.gpu_archive import CALL_RECORDS
+
+    folder = tmp_path / CALL_RECORDS
+    folder.mkdir(parents=True)
+    for name in (f"{LAB_CALL}.json", f"{LAB_CALL}-nvidia-smi.csv"):
+        shutil.copyfile(PROJECT_ROOT / CALL_RECORDS / name, folder / name)
+    for experiment in ("fairseq-gpu", "transformers-gpu", "lora-gpu"):
+        shutil.copytree(PROJECT_ROOT / "data" / "runs" / experiment,
+                        tmp_path / "data" / "runs" / experiment)
+    return folder
+
+
+@pytest.mark.parametrize("seconds, phase, says", [
+    (600, "runs", "says the call took 849.6 s, but the last run it made ended 24\\d s after"),
+    (300, "install", "says its setup took 339.9 s, but the first run it made started 4\\d s "
+                     "after its start"),
+], ids=["runs-and-samples-extended", "install-and-samples-shifted"])
+def test_a_call_record_is_held_to_the_runs_it_made(tmp_path, seconds, phase, says):
+    """Check 26b's G-n1 to G-n3: ten minutes added to the lab call's runs phase (its samples
+    extended to match: "the whole command took 14.2 min"), or five to its install phase (its
+    samples shifted): the runs it made record their own start and end."""
+    from datetime import datetime, timedelta
+
+    from finetune_lab.book import devices
+
+    folder = _call_root(tmp_path)
+    assert devices.latest_call(tmp_path).wall_s == pytest.approx(249.6)
+    record, samples = folder / f"{LAB_CALL}.json", folder / f"{LAB_CALL}-nvidia-smi.csv"
+    meta = json.loads(record.read_text())
+    meta["wall_s"] = round(meta["wall_s"] + seconds, 1)
+    meta["timings_s"][phase] = round(meta["timings_s"][phase] + seconds, 1)
+    record.write_text(json.dumps(meta))
+    head, *rows = samples.read_text().splitlines()
+
+    def moved(row: str, by: float) -> str:
+        at = datetime.strptime(row.split(",")[0], "%Y/%m/%d %H:%M:%S.%f") + timedelta(seconds=by)
+        return at.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3] + row[row.index(","):]
+    if phase == "runs":  # idle samples after the last one, to the new end
+        rows += [moved(rows[-1], k).replace(rows[-1].split(", ", 1)[1], "0 %, 4 MiB, 80.00 W")
+                 for k in range(1, seconds + 1)]
+    else:
+        rows = [moved(row, seconds) for row in rows]
+    samples.write_text("\n".join([head, *rows]) + "\n")
+    assert devices.latest_call(tmp_path) is None
+    assert re.search(says, devices.call_records_set_aside(tmp_path))
+
+
+def test_a_cpu_run_whose_configuration_lost_its_device_is_no_gpu_run(cache):
+    """Check 26b's M-n4: `'cpu': True` deleted from cpu-long's configuration lines and its
+    launches relabelled as an H100's: the throughput table printed "1× NVIDIA H100"."""
+    _relogged(cache, LONG, lambda lines: [line.replace("'cpu': True, ", "") for line in lines])
+    gpu = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1}
+
+    def relabelled(m: dict) -> None:
+        m["device"] = gpu
+        for seg in m["segments"]:
+            seg["device"] = gpu
+        m["command"] = [c for c in m["command"] if c != "--cpu"]
+    rejected(cache, LONG, relabelled, r"says it ran on the cuda, but its fairseq process of .* "
+                                      r"was configured with cpu=None")
+
+
+def test_a_launchs_start_up_moved_far_from_its_first_training_line_is_refused(cache):
+    """Check 26b's M-n5: a launch's start-up restamped 400 s earlier, with its first training
+    line's train_wall raised alike in the log and its event file (76.0 to 82.7 min): from a
+    process's first line to its first training line takes at most 86 s in the committed
+    runs."""
+    from test_faults_trial23 import _moved
+
+    def earlier(lines: list[str]) -> list[str]:
+        first = _starts(lines)[2]
+        until = next(k for k in range(first, len(lines)) if "| train_inner |" in lines[k])
+        return [*lines[:first], *(_restamped(line, -200) if line[:4].isdigit() else line
+                                  for line in lines[first:until]), *lines[until:]]
+    _relogged(cache, LONG, earlier)
+
+    def moved(m: dict) -> None:
+        seg = m["segments"][2]
+        seg["start_time"] = _moved(seg["start_time"], -200)
+        seg["wall_time_s"] = round(seg["wall_time_s"] + 200, 3)
+        m["wall_time_s"] = round(m["wall_time_s"] + 200, 3)
+    rejected(cache, LONG, moved, r"its fairseq process that started at .* logged its first "
+                                 r"training line at .*: start-up and one logging interval take "
+                                 r"under 180 s")
+
+
+def test_a_copy_whose_values_moved_below_the_logs_precision_is_still_a_copy(monkeypatch):
+    """Check 26b's R-n1: every value of a re-saved copy scaled by 1 + 1e-6 (the log's three
+    decimals still agree) made it another seed's run."""
+    from types import SimpleNamespace
+
+    from finetune_lab.config import PROJECT_ROOT
+    from finetune_lab.runs import copies
+
+    real = copies.logged_values
+
+    def scaled(path):
+        values = real(path)
+        return tuple((t, s, v * (1 + 1e-6)) for t, s, v in values) \
+            if "fairseq/pretrained-seed0" in path.as_posix() else values
+    monkeypatch.setattr(copies, "logged_values", scaled)
+
+    def rec(key: str, seed: int):
+        return SimpleNamespace(path=PROJECT_ROOT / "data" / "runs" / key, key=key, seed=seed,
+                               manifest={}, problems=[], unfinished=False)
+    claimed, candidate = rec("fairseq/pretrained-seed0", 3), rec("fairseq-candidate-10/"
+                                                                  "pretrained-seed0", 0)
+    copies.copy_problems([claimed, candidate], [claimed], {id(claimed), id(candidate)})
+    assert claimed.problems and "whose seed is 0, not 3: a copy" in claimed.problems[0]

@@ -21,6 +21,8 @@ from typing import Any
 from finetune_lab.config import (check_protected_file, hidden, protected,  # noqa: F401
                                  replaces_weights)
 from finetune_lab.errors import DamagedFileError, UserError
+from finetune_lab.errors import check_writable as check_writable
+from finetune_lab.errors import not_there as not_there
 
 CONVERSION_RECORD = "conversion.json"
 """A converted model's record: its source's sha256 and check (:mod:`~.models.hf_convert`)."""
@@ -144,18 +146,6 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"it holds {name}")
 
 
-def check_writable(parent: Path) -> None:
-    """Fail early, with the fix, when ``parent`` cannot receive the output folder."""
-    fix = "Choose a writable location (--out) or fix its permissions."
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create the output folder {parent}: {exc.strerror}. {fix}") \
-            from exc
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"the output folder {parent} is not writable. {fix}")
-
-
 Recognizer = Callable[[Path], bool]
 """Whether an unmarked folder is one a command wrote before markers existed: it looks for the
 command's own record first, so that a large foreign folder is not walked."""
@@ -182,6 +172,24 @@ def _within(entries: set[str], allowed: set[str]) -> list[str]:
     return sorted(e for e in entries if e not in allowed and e not in folders)
 
 
+def _stamps(folder: Path) -> dict[str, list[int]]:
+    """Each file's size and modification time, as the command wrote them."""
+    return {e: _stamps_of(folder / e) for e in sorted(tree_entries(folder))
+            if (folder / e).is_file() and not (folder / e).is_symlink()}
+
+
+def _changed(folder: Path, stamps: Any) -> list[str]:
+    """The files the command wrote that were edited since (trial 25's L-k3: one was replaced
+    without a copy); a marker without stamps (older) names none."""
+    return sorted(e for e, was in (stamps.items() if isinstance(stamps, dict) else ())
+                  if (folder / e).is_file() and _stamps_of(folder / e) != was)
+
+
+def _stamps_of(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
 def data_step_output(*steps: str) -> Recognizer:
     """A folder a data step wrote before markers: its ``manifest.json`` names one of ``steps``
     (any step when none is given) and every file is one its ``outputs`` list (or the manifest,
@@ -200,19 +208,6 @@ def data_step_output(*steps: str) -> Recognizer:
         logs = {e for e in entries if e.rsplit("/", 1)[-1] == "preprocess.log"}
         return not _within(entries, {*manifest["outputs"], "manifest.json", *logs})
     return recognize
-
-
-def not_there(path: Path | str, want: str = "file") -> str:
-    """How ``path`` fails to be the ``want`` (``"file"`` or ``"folder"``) a command needs, for a
-    one-line error: a folder given for a file was once reported as "does not exist"."""
-    p = Path(path)
-    if os.path.islink(p) and not p.exists():
-        return "is a link to nothing"
-    if not p.exists():
-        return "does not exist"
-    if want == "folder":
-        return "is a file, not a folder"
-    return "is a folder, not a file" if p.is_dir() else "is not a regular file"
 
 
 def _refusal(dest: Path, problem: str, force_hint: bool) -> UserError:
@@ -258,7 +253,7 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
         if owner is not None and made_by != owner:
             raise _refusal(dest, f"was made by `finetune-lab {made_by}` (its {OUTPUT_MARKER} "
                            f"says so), not by {who}", can_force)
-        extra = _within(tree_entries(dest), wrote)
+        extra = _within(tree_entries(dest), wrote) + _changed(dest, record.get("stamps"))
     elif _empty(dest):  # nothing to lose
         return
     elif (earlier or data_step_output(*([owner] if owner else [])))(dest):
@@ -268,8 +263,8 @@ def check_replaceable(dest: Path, owner: str | None, *, force: bool = False,
                        f"{OUTPUT_MARKER})", owner is not None and can_force)
     if extra:
         more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
-        raise _refusal(dest, f"holds {extra[0]}{more}, which {who} did not write",
-                       owner is not None and can_force)
+        raise _refusal(dest, f"holds {extra[0]}{more}, which {who} did not write (or changed "
+                       "since it wrote it)", owner is not None and can_force)
 
 
 def replaceable(dest: Path, owner: str | None, earlier: Recognizer | None = None) -> bool:
@@ -333,7 +328,7 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
         if marker:
             write_json_atomic(tmp / OUTPUT_MARKER, {
                 "command": owner or _step_of(tmp) or "finetune-lab",
-                "entries": sorted(tree_entries(tmp))})
+                "entries": sorted(tree_entries(tmp)), "stamps": _stamps(tmp)})
         check_replaceable(dest, owner, force=force, earlier=earlier)  # changed meanwhile?
         # --force keeps what it replaces, as it is now (19b's F8: a file added meanwhile), and
         # other weights are never deleted, whoever made them (trial 20's A-z1: candidates)

@@ -9,6 +9,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -91,3 +92,28 @@ def _disk_full(dest: object) -> bool:
     while not os.path.exists(path):
         path = os.path.dirname(path)
     return shutil.disk_usage(path).free < 2**20
+
+
+def not_there(path: Path | str, want: str = "file") -> str:
+    """How ``path`` fails to be the ``want`` (``"file"`` or ``"folder"``) a command needs, for a
+    one-line error: a folder given for a file was once reported as "does not exist"."""
+    p = Path(path)
+    if os.path.islink(p) and not p.exists():
+        return "is a link to nothing"
+    if not p.exists():
+        return "does not exist"
+    if want == "folder":
+        return "is a file, not a folder"
+    return "is a folder, not a file" if p.is_dir() else "is not a regular file"
+
+
+def check_writable(parent: Path) -> None:
+    """Fail early, with the fix, when ``parent`` cannot receive the output folder."""
+    fix = "Choose a writable location (--out) or fix its permissions."
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the output folder {parent}: {exc.strerror}. {fix}") \
+            from exc
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"the output folder {parent} is not writable. {fix}")

@@ -194,21 +194,28 @@ IPYTHON_CONFIGS = ("ipython_config.py", "ipython_config.json", "ipython_kernel_c
 
 
 def _jupyter_data_dirs() -> list[Path]:
-    """Where Jupyter looks for a kernelspec before the environment's own (``jupyter_core``'s
-    ``jupyter_path``: ``$JUPYTER_PATH``, then the user's data folder)."""
+    """Where Jupyter looks for a kernelspec, in its order (``jupyter_core``'s
+    ``jupyter_path``): ``$JUPYTER_PATH``, the user's data folder, the environment's, the
+    system's (the environment's before the user's with ``$JUPYTER_PREFER_ENV_PATH``)."""
     given = [Path(p) for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
-    user = os.environ.get("JUPYTER_DATA_DIR") or os.path.join(
-        os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"), "jupyter")
-    return given + ([] if os.environ.get("JUPYTER_PREFER_ENV_PATH") else [Path(user)])
+    user = [Path(os.environ.get("JUPYTER_DATA_DIR") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"), "jupyter"))]
+    env = [Path(sys.prefix) / "share" / "jupyter"]
+    system = [Path("/usr/local/share/jupyter"), Path("/usr/share/jupyter")]
+    preferred = env + user if os.environ.get("JUPYTER_PREFER_ENV_PATH") else user + env
+    return given + preferred + system
 
 
 def kernel_startup(project: Path) -> dict[str, str]:
     """``{"kernel WHAT": sha256}`` of what the chapters' kernel runs before their first cell:
     the IPython profile's startup files and configuration (``$IPYTHONDIR`` or ``~/.ipython``),
-    IPython's configuration in the environment and the system, and a kernelspec of the
-    chapters' kernel that shadows the environment's own (check 25b's F-l1, F-l2: a startup file
-    setting red axes, 30-point text and one-decimal tables changed every chapter's output, and
-    check-freeze said up to date). None of them exists on a machine set up as the README says."""
+    IPython's configuration in the environment and the system, and the kernelspec Jupyter
+    starts the chapters' kernel from (check 25b's F-l1, F-l2: a startup file setting red axes,
+    30-point text and one-decimal tables changed every chapter's output, and check-freeze said
+    up to date; 26b's F-n3: the environment's kernelspec given a pandas option). On a machine
+    set up as the README says, only the environment's kernelspec (ipykernel's, locked) is
+    there. (What the environment itself runs, a ``.pth`` file or ``sitecustomize`` in its
+    site-packages, is the locked packages' as installed, like their code.)"""
     ipython = Path(os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython"))
     profile = ipython / "profile_default"
     found = {f"IPython profile: {p.relative_to(profile).as_posix()}": p
@@ -223,8 +230,8 @@ def kernel_startup(project: Path) -> dict[str, str]:
     name = name if isinstance(name, str) else "python3"
     spec = next((d / "kernels" / name / "kernel.json" for d in _jupyter_data_dirs()
                  if (d / "kernels" / name / "kernel.json").is_file()), None)
-    if spec is not None:  # one the environment's ipykernel did not install
-        found[f"kernelspec {name} (outside the environment)"] = spec
+    if spec is not None:  # its argv and env run before the first cell too (check 26b's F-n3)
+        found[f"kernelspec {name}"] = spec
     return {f"{KERNEL}{what}": sha256_file(path) for what, path in found.items()
             if path.is_file()}
 

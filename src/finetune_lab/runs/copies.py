@@ -52,8 +52,11 @@ Trainer's)."""
 
 
 def _series(run: Any) -> str | None:
+    """A key of what a run measured, each value to four significant digits (check 26b's R-n1:
+    every value scaled by 1 + 1e-6, below the log's precision, made a copy another run)."""
     try:
-        values = sorted((f.parent.name, tag, step, value) for f in mf.event_files(run.path)
+        values = sorted((f.parent.name, tag, step, float(f"{value:.4g}"))
+                        for f in mf.event_files(run.path)
                         for tag, step, value in logged_values(f) if tag in SERIES_TAGS)
     except OSError:  # unreadable: the registry names it
         return None

@@ -88,10 +88,12 @@ def _decimals(text: str) -> int:
     return len(mantissa.partition(".")[2]) - (int(exponent) if exponent else 0)
 
 
+@functools.lru_cache(maxsize=256)
 def printed_metrics(log_text: str) -> dict[tuple[str, int], dict[str, list[tuple[float, int]]]]:
     """Each loss and accuracy fairseq printed, by subset (its logger: ``train_inner``, ``train``,
     ``valid``, ``test``, ...) and update: the value and its decimals (printed rounded). A long
-    run's later launches append to the log, so an update may be printed more than once."""
+    run's later launches append to the log, so an update may be printed more than once. Parsed
+    once per process and text (a copied run store's logs are read again): never change it."""
     found: dict[tuple[str, int], dict[str, list[tuple[float, int]]]] = {}
     for _stamp, subset, update, rest in _subset_lines(log_text):
         at, seen = found.setdefault((subset, update), {}), set()
@@ -118,11 +120,11 @@ def _subset_lines(log_text: str) -> tuple[tuple[str, str, int, str], ...]:
     return tuple(found)
 
 
-def held_line(line: str) -> bool:
-    """Whether a line is one fairseq logs for a subset at an update (its values and stamp held
-    to the event files)."""
-    match = _SUBSET_LINE.search(line)
-    return match is not None and _UPDATES_RE.search(match["rest"]) is not None
+def held_line(level: str, logger: str, message: str) -> bool:
+    """Whether a line (its level, logger and message) is one fairseq logs for a subset at an
+    update, as :func:`_subset_lines` reads them: its values and stamp are held to the event
+    files."""
+    return level == "INFO" and logger.isidentifier() and _UPDATES_RE.search(message) is not None
 
 
 def printed_times(log_text: str) -> dict[tuple[str, int], list[str]]:

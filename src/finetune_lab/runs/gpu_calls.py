@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from finetune_lab._files import parse_json, regular_text
-from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.runs.gpu_archive import (CALL_RECORDS, PREP_JOBS, SEQUENTIAL,
                                              call_record_problem)
 
@@ -66,7 +66,11 @@ def call_problem(path: Path, meta: object) -> str | None:
         return (f"says its data phase took {timings['data']:g} s, though its data jobs took "
                 f"{prep:g} s")
     start = call_start(path.stem)
-    if meta["device"].get("type") != "cuda" or start is None:
+    if start is None:
+        return None
+    if (why := _runs_problem(path.parents[len(Path(CALL_RECORDS).parts)], meta, start)):
+        return why
+    if meta["device"].get("type") != "cuda":
         return None
     smi = path.with_name(f"{path.stem}-nvidia-smi.csv")
     read = _samples(smi)
@@ -80,6 +84,48 @@ def call_problem(path: Path, meta: object) -> str | None:
     if not FIRST_SAMPLE_S[0] <= first - install <= FIRST_SAMPLE_S[1]:
         return (f"says its install phase took {install:g} s, but its nvidia-smi samples "
                 f"({smi.name}) begin {first:.0f} s after its start")
+    return None
+
+
+RUNS_AFTER_SETUP_S = (-2.0, 30.0)
+"""The first run a call made starts this long after its setup (install, data and any
+pretraining before its fine-tuning): +4 to +10 s in the committed calls."""
+CALL_AFTER_RUNS_S = (-2.0, 30.0)
+"""A finished call ends this long after the last run it made (its last snapshot): +1 to +8 s."""
+
+
+def _runs_problem(root: Path, meta: dict, start: datetime) -> str | None:
+    """A call's phases against the runs it made, which record their own start and end (check
+    26b's G-n1 to G-n3: ten minutes added to its runs phase, or five to its install or data
+    phase, with its nvidia-smi samples moved or extended to match): each of its jobs' runs
+    that started within the call, in the experiments it brought back."""
+    base = paths().runs if root.resolve() == PROJECT_ROOT.resolve() else root / "data" / "runs"
+    wall, timings = float(meta["wall_s"]), meta["timings_s"]
+    experiments = [str(p).rsplit("/", 1)[-1] for p in meta.get("products") or []
+                   if str(p).startswith("data/runs/")]
+    made = []
+    for job in meta["jobs"]:
+        part, _, run = job["job"].partition("-")
+        for experiment in (e for e in experiments if e.startswith(part)):
+            try:
+                record = parse_json(regular_text(base / experiment / run / "manifest.json"))
+                began, ended = (datetime.fromisoformat(record[k]) for k in ("start_time",
+                                                                            "end_time"))
+            except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError):
+                continue  # none, or damaged: the registry names it
+            if began.tzinfo is not None and start <= began <= start + timedelta(seconds=wall):
+                made.append((began, ended))
+    if not made:
+        return None
+    setup = sum(timings.get(k, 0.0) for k in ("install", "data", "pretraining"))
+    first = (min(b for b, _e in made) - start).total_seconds()
+    if not RUNS_AFTER_SETUP_S[0] <= first - setup <= RUNS_AFTER_SETUP_S[1]:
+        return (f"says its setup took {setup:g} s, but the first run it made started {first:.0f} "
+                "s after its start")
+    last = (max(e for _b, e in made) - start).total_seconds()
+    if "runs" in timings and not CALL_AFTER_RUNS_S[0] <= wall - last <= CALL_AFTER_RUNS_S[1]:
+        return (f"says the call took {wall:g} s, but the last run it made ended {last:.0f} s "
+                "after its start")
     return None
 
 

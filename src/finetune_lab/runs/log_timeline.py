@@ -11,6 +11,7 @@ and every other line is tied to a held one.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ QUIET_S = 60.0
 in the committed runs: validation starting after an epoch), but a process's first line."""
 STARTUP_S = 60.0
 """From a process's first line to its ``Start iterating over samples``: 4 to 27 s measured."""
+FIRST_TRAINING_S = 180.0
+"""From a process's first line to its first training line (start-up and one logging interval):
+at most 86 s in the committed runs (check 26b's M-n5: start-up restamped 400 s earlier, with
+that line's ``train_wall`` raised alike in the log and its event file)."""
 TRAINING_START_S = (-15.0, 30.0)
 """Its first training line's stamp less that line's ``train_wall`` (the seconds the interval
 trained, held to the event files), from ``Start iterating``: -10 to +1 s in the committed runs,
@@ -110,7 +115,8 @@ def _process_problems(lines: Sequence[tuple[datetime, str, str, str]], proc: Pro
         if not held[k] and (at[k] - at[k - 1]).total_seconds() > QUIET_S:
             return [f"its train.log's line \"{lines[k][3][:40]}\" is stamped {at[k]}, "
                     f"{(at[k] - at[k - 1]).total_seconds():.0f} s after the line before it: "
-                    f"no event file holds it, and fairseq writes such a line within {QUIET_S:.0f} s"]
+                    "no event file holds it, and fairseq writes such a line within "
+                    f"{QUIET_S:.0f} s"]
     iterating = next((k for k in range(proc.config, proc.end)
                       if lines[k][3].startswith("Start iterating")), None)
     if iterating is not None and (at[iterating] - first).total_seconds() > STARTUP_S:
@@ -118,6 +124,10 @@ def _process_problems(lines: Sequence[tuple[datetime, str, str, str]], proc: Pro
                 f"{at[iterating]}: fairseq starts in under {STARTUP_S:.0f} s"]
     inner = next((k for k in range(proc.config, proc.end)
                   if held[k] and lines[k][2] == "train_inner"), None)
+    if inner is not None and (at[inner] - first).total_seconds() > FIRST_TRAINING_S:
+        return [f"its fairseq process that started at {first} logged its first training line "
+                f"at {at[inner]}: start-up and one logging interval take under "
+                f"{FIRST_TRAINING_S:.0f} s"]
     if iterating is not None and inner is not None and \
             (wall := _TRAIN_WALL.search(lines[inner][3])) is not None:
         began = at[inner] - timedelta(seconds=int(wall[1]))
@@ -134,6 +144,26 @@ def _process_problems(lines: Sequence[tuple[datetime, str, str, str]], proc: Pro
     return []
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> tuple[list[tuple[datetime, str, str, str]], list[Process],
+                                tuple[str, ...]]:
+    """A log's stamped lines, its processes, and what is wrong with its lines whatever its
+    manifest says (parsed once per process and text: a copied run store's logs are read
+    again; never change them)."""
+    lines = stamped_lines(text)
+    procs = processes(lines)
+    if not lines:
+        return lines, procs, ()
+    if not procs or procs[0].first != 0:
+        return lines, procs, ("its train.log does not begin with a fairseq process starting "
+                              "(its configuration line)",)
+    held = [held_line(level, logger, message) for _at, level, logger, message in lines]
+    for proc in procs:
+        if (why := _process_problems(lines, proc, held)):
+            return lines, procs, tuple(why)
+    return lines, procs, ()
+
+
 def timeline_problems(text: str, man: dict[str, Any],
                       local: Sequence[tuple[datetime | None, datetime | None]]) -> list[str]:
     """A fairseq log's processes (:func:`processes`) against the run's launches (``segments``,
@@ -143,18 +173,9 @@ def timeline_problems(text: str, man: dict[str, Any],
     paused or complete finished its last process (trial 25's R-k7); each process ran on the
     launch's device (R-k8); every line is tied to a line the event files hold
     (:func:`_process_problems`)."""
-    lines = stamped_lines(text)
-    if not lines:
-        return []
-    procs = processes(lines)
-    held = [held_line(f"{at} | {level} | {logger} | {message}")
-            for at, level, logger, message in lines]
-    if not procs or procs[0].first != 0:
-        return ["its train.log does not begin with a fairseq process starting (its "
-                "configuration line)"]
-    for proc in procs:
-        if (why := _process_problems(lines, proc, held)):
-            return why
+    lines, procs, why = _parsed(text)
+    if why:
+        return list(why)
     segments = [s if isinstance(s, dict) else {} for s in man.get("segments") or []]
     slack = timedelta(seconds=2)
     for i, (start, end) in enumerate(local or [(None, None)]):
@@ -181,9 +202,8 @@ def timeline_problems(text: str, man: dict[str, Any],
                     "(done training)"]
         device = (seg.get("device") or man.get("device") or {})
         on_cpu = device.get("type") == "cpu" if isinstance(device, dict) else None
-        wrong = next((p for p in mine if p.cpu is not None and on_cpu is not None
-                      and p.cpu != on_cpu), None)
-        if wrong is not None:
+        wrong = next((p for p in mine if on_cpu is not None and p.cpu != on_cpu), None)
+        if wrong is not None:  # (no `cpu` at all: a configuration edited, check 26b's M-n4)
             return [f"{name} says it ran on the {device.get('type')}, but its fairseq process "
                     f"of {lines[wrong.first][0]} was configured with cpu={wrong.cpu}"]
     return []

@@ -30,13 +30,14 @@ class Findings(Protocol):
     stale_checkpoint: str | None
 
 
-_HASH_CACHE: dict[tuple[str, int, int], str] = {}
+_HASH_CACHE: dict[tuple[int, int, int, int], str] = {}
 
 
 def cached_sha256(path: Path) -> str:
-    """A file's sha256, computed once per process for a given size and modification time."""
+    """A file's sha256, computed once per process for a given file (its inode: a hard link,
+    as a copied run store's event files are, is the same file), size and modification time."""
     st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if key not in _HASH_CACHE:
         _HASH_CACHE[key] = sha256_file(path)
     return _HASH_CACHE[key]
