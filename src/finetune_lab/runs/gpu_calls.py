@@ -113,7 +113,8 @@ def _runs_problem(root: Path, meta: dict, start: datetime) -> str | None:
                                                                             "end_time"))
             except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError):
                 continue  # none, or damaged: the registry names it
-            if began.tzinfo is not None and start <= began <= start + timedelta(seconds=wall):
+            if began.tzinfo is not None and ended.tzinfo is not None \
+                    and start <= began <= start + timedelta(seconds=wall):
                 made.append((began, ended))
     if not made:
         return None

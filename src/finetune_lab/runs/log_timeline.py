@@ -88,7 +88,7 @@ def processes(lines: Sequence[tuple[datetime, str, str, str]]) -> list[Process]:
         own = [msg for _at, _lv, _lg, msg in lines[proc.config:proc.end]]
         proc.loaded = next((int(m[1]) for msg in own if (m := _LOADED.search(msg))), None)
         proc.done = any(msg.startswith("done training") for msg in own)
-        cpu = re.search(r"'cpu': (True|False)\b", own[0])
+        cpu = re.search(r"(?:'cpu': |\bcpu=)(True|False)\b", own[0])  # (a Namespace's too)
         proc.cpu = None if cpu is None else cpu[1] == "True"
     return found
 
