@@ -133,11 +133,12 @@ def seconds_between(start: str, end: str) -> float:
     return round((b - a).total_seconds(), 3) if a is not None and b is not None else 0.0
 
 
-def log_stamps(path: Path) -> list[datetime]:
-    """The times that stamp a fairseq ``train.log``'s lines (the machine's local time); a line
-    stamped with something that is no time raises ``ValueError`` naming it (M-i10)."""
+def log_stamps(path: Path, raw: bytes | None = None) -> list[datetime]:
+    """The times that stamp a fairseq ``train.log``'s lines (the machine's local time; ``raw``:
+    its bytes, where the caller has read them); a line stamped with something that is no time
+    raises ``ValueError`` naming it (M-i10)."""
     stamps = []
-    for stamp in LOG_TIME.findall(regular_bytes(path)):
+    for stamp in LOG_TIME.findall(regular_bytes(path) if raw is None else raw):
         try:
             stamps.append(datetime.fromisoformat(stamp.decode()))
         except ValueError:
@@ -190,7 +191,8 @@ def log_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
             problems.append(f"segments[{i}].wall_time_s {wall:g} s is not the "
                             f"{(end - start).total_seconds():.0f} s from its start to its end")
     try:
-        stamps = log_stamps(path / "train.log")
+        raw = regular_bytes(path / "train.log")  # read once for the stamps and the processes
+        stamps = log_stamps(path / "train.log", raw)
     except OSError:
         stamps = []  # the log's own checks name it
     except ValueError as exc:  # one line stamped with no time must not turn the check off
@@ -198,7 +200,7 @@ def log_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
     wall, late = man.get("wall_time_s"), _kind(man)
     if not stamps:
         return problems
-    text = regular_bytes(path / "train.log").decode("utf-8", errors="replace")
+    text = raw.decode("utf-8", errors="replace")
     if len(segments) <= 1:
         logged = (stamps[-1] - stamps[0]).total_seconds()
         if _seconds(wall) and not -2.0 <= wall - logged <= LOG_SPAN_SLACK_S[late]:
