@@ -14,7 +14,7 @@ site: setup
 	VENV=$(VENV) scripts/render.sh
 
 test: setup
-	$(VENV)/bin/python -m pytest -n auto --dist loadfile --durations=20
+	$(VENV)/bin/python -m pytest -n auto --dist loadfile --no-loadscope-reorder --durations=20
 
 check-freeze: setup
 	$(VENV)/bin/finetune-lab check-freeze

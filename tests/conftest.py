@@ -14,6 +14,38 @@ from pathlib import Path
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
+
+def _one_core_per_worker() -> None:
+    """Pin each xdist worker (and every process it starts) to a core of its own when there are
+    no more workers than cores: two workers whose torch, fairseq and kernels each spread over
+    every core fight over them; pinned, each runs as if alone (issue 36)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if int(count) > 1 and int(count) <= len(cores):
+        per = len(cores) // int(count)
+        index = int(worker.removeprefix("gw"))
+        os.sched_setaffinity(0, cores[index * per:(index + 1) * per])
+
+
+_one_core_per_worker()
+
+SLOWEST_FIRST = ("test_gpu_lab.py", "test_pretrain_long.py", "test_chapters.py",
+                 "test_faults_registry.py", "test_fairseq_report.py", "test_pretrain_corpus.py",
+                 "test_faults_trial24.py", "test_faults.py", "test_faults_trial8_lineage.py",
+                 "test_jobs.py", "test_pretrain.py", "test_binarize.py", "test_freeze.py")
+"""The files that took longest (``--durations``, issue 36), in that order. ``make test`` hands
+the xdist workers one file at a time in collection order (``--no-loadscope-reorder``): the
+longest first, so that the two workers end together instead of one finishing a long file alone
+on its core, and each first builds a fixture of its own (the GPU rehearsal; the tiny pipeline)
+instead of waiting for the other's."""
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")

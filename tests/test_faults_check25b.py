@@ -460,9 +460,9 @@ def test_runs_that_measured_the_same_under_other_seeds_are_one_run():
     assert lab.problems == candidate.problems == []
     claimed = rec("fairseq/pretrained-seed0", 3)
     copy_problems([claimed, candidate], [claimed], {id(claimed), id(candidate)})
-    assert claimed.problems == ["logs the same loss and accuracy at every update as run "
-                                "fairseq-candidate-10/pretrained-seed0, whose seed is 0, not 3: "
-                                "a copy, not a run of its own"]
+    assert claimed.problems == ["logs the same loss and accuracy as run fairseq-candidate-10/"
+                                "pretrained-seed0 at 100% of the points both logged, though that "
+                                "run's seed is 0, not 3: a copy, not a run of its own"]
 
 
 @needs_data_root
@@ -742,4 +742,4 @@ def test_a_copy_whose_values_moved_below_the_logs_precision_is_still_a_copy(monk
     claimed, candidate = rec("fairseq/pretrained-seed0", 3), rec("fairseq-candidate-10/"
                                                                   "pretrained-seed0", 0)
     copies.copy_problems([claimed, candidate], [claimed], {id(claimed), id(candidate)})
-    assert claimed.problems and "whose seed is 0, not 3: a copy" in claimed.problems[0]
+    assert claimed.problems and "seed is 0, not 3: a copy" in claimed.problems[0]

@@ -621,16 +621,29 @@ def _with_seed(command: list[str], seed: int) -> list[str]:
     return [str(seed) if i and command[i - 1] == "--seed" else t for i, t in enumerate(command)]
 
 
+def _relabelled(copy: Path, seed: int, **fields: Any) -> None:
+    """A copied run edited everywhere it names its seed and folder, as a forger would: its
+    manifest, command, and the configuration its train.log printed (the log's hash rewritten:
+    trial 27's M-m6 holds a run to its log)."""
+    import hashlib
+
+    man = json.loads((copy / "manifest.json").read_text())
+    log = copy / "train.log"
+    text = re.sub(rf"('seed': |\bseed=){man['seed']}\b", rf"\g<1>{seed}",
+                  log.read_text(encoding="utf-8"))
+    log.write_text(text.replace(f"/{man['run']}',", f"/{copy.name}',"), encoding="utf-8")
+    man["logs"]["train.log"] = hashlib.sha256(log.read_bytes()).hexdigest()
+    man.update(run=copy.name, seed=seed, command=_with_seed(man["command"], seed), **fields)
+    (copy / "manifest.json").write_text(json.dumps(man))
+
+
 def test_a_copy_marked_failed_is_no_neighbour(cache: Path) -> None:
     """random-seed0 copied as random-seed7 with status `failed`: `runs` listed it BAD, yet the
     machine-layout table counted it as a run beside random-seed0 (Intel 1x1: 3 runs -> 2)."""
     before = fairseq_chapter(cache)
     copy = cache / "fairseq" / "random-seed7"
     shutil.copytree(cache / "fairseq" / "random-seed0", copy, copy_function=link_events)
-    man = json.loads((copy / "manifest.json").read_text())
-    man.update(run="random-seed7", seed=7, status="failed", exit_code=1,
-               command=_with_seed(man["command"], 7))  # only its bytes give it away
-    (copy / "manifest.json").write_text(json.dumps(man))
+    _relabelled(copy, 7, status="failed", exit_code=1)  # only its events' bytes give it away
     rec = {r.key: r for r in discover_runs(cache)}["fairseq/random-seed7"]
     assert not rec.valid and not rec.unfinished and "byte-identical" in rec.reason, rec.reason
     assert fairseq_chapter(cache) == before
@@ -781,9 +794,7 @@ def test_two_self_consistent_runs_with_the_same_events_are_both_rejected(cache: 
     aside, named, rather than one of them counted twice."""
     copy = cache / "fairseq" / "pretrained-seed3"
     shutil.copytree(cache / "fairseq" / "pretrained-seed0", copy)
-    man = json.loads((copy / "manifest.json").read_text())
-    (copy / "manifest.json").write_text(json.dumps({**man, "run": copy.name, "seed": 3,
-                                                    "command": _with_seed(man["command"], 3)}))
+    _relabelled(copy, 3)
     records = {r.key: r for r in discover_runs(cache)}
     for key in ("fairseq/pretrained-seed3", "fairseq/pretrained-seed0"):
         assert not records[key].valid and "byte-identical" in records[key].reason

@@ -43,15 +43,19 @@ def _copy_project(dst: Path) -> None:
     subprocess.run(["git", "init", "-q"], cwd=dst, check=True)
 
 
-def _cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _cli_env(root: Path, env: dict[str, str] | None = None) -> dict[str, str]:
     from finetune_lab.config import DATA_ROOT_ENV, default_data_root
 
     env = {**os.environ, DATA_ROOT_ENV: str(default_data_root()), **(env or {}),
            "PYTHONPATH": str(root / "src")}  # the data root beside this checkout, not the copy
     for name in ("FINETUNE_LAB_WORK_DIR", "FINETUNE_LAB_RUNS_DIR"):
         env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "finetune_lab.cli", *args], cwd=root, env=env,
-                          capture_output=True, text=True, check=False)
+    return env
+
+
+def _cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "finetune_lab.cli", *args], cwd=root,
+                          env=_cli_env(root, env), capture_output=True, text=True, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +112,12 @@ def smoke_call(tmp_path_factory):
            "PYTHONPATH": str(blocked)}
     ran = subprocess.run(["bash", "scripts/gpu-lab.sh", gpu_plan.BUNDLE_DIR], cwd=remote, env=env,
                          capture_output=True, text=True, check=False)
-    # home builds its own inputs, so the runs' data hashes are compared, not skipped
-    assert _cli(home, "binarize-cls").returncode == 0
-    assert _cli(home, "convert-hf").returncode == 0
+    # home builds its own inputs, so the runs' data hashes are compared, not skipped (side by
+    # side, as the call does)
+    built = [subprocess.Popen([sys.executable, "-m", "finetune_lab.cli", step], cwd=home,
+                              env=_cli_env(home), stdout=subprocess.DEVNULL)
+             for step in ("binarize-cls", "convert-hf")]
+    assert [p.wait() for p in built] == [0, 0]
     return {"home": home, "remote": remote, "out": out, "ran": ran}
 
 

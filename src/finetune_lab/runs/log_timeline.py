@@ -61,6 +61,10 @@ class Process:
     """Whether it finished (``done training``)."""
     cpu: bool | None = None
     """Its configuration's ``cpu``: whether it trained on the CPU."""
+    seeds: frozenset[int] = frozenset()
+    """Its configuration's seeds (``common.seed``, and a task's own where it has one)."""
+    logdir: str | None = None
+    """Its configuration's ``tensorboard_logdir``: the run's folder where it was made."""
 
 
 def _config(logger: str, message: str) -> bool:
@@ -90,6 +94,9 @@ def processes(lines: Sequence[tuple[datetime, str, str, str]]) -> list[Process]:
         proc.done = any(msg.startswith("done training") for msg in own)
         cpu = re.search(r"(?:'cpu': |\bcpu=)(True|False)\b", own[0])  # (a Namespace's too)
         proc.cpu = None if cpu is None else cpu[1] == "True"
+        proc.seeds = frozenset(int(m) for m in re.findall(r"(?:'seed': |\bseed=)(\d+)", own[0]))
+        logdir = re.search(r"(?:'tensorboard_logdir': |\btensorboard_logdir=)'([^']*)'", own[0])
+        proc.logdir = None if logdir is None else logdir[1]
     return found
 
 
@@ -176,6 +183,8 @@ def timeline_problems(text: str, man: dict[str, Any],
     lines, procs, why = _parsed(text)
     if why:
         return list(why)
+    if (who := _identity_problem(lines, procs, man)):
+        return [who]
     segments = [s if isinstance(s, dict) else {} for s in man.get("segments") or []]
     slack = timedelta(seconds=2)
     for i, (start, end) in enumerate(local or [(None, None)]):
@@ -207,3 +216,24 @@ def timeline_problems(text: str, man: dict[str, Any],
             return [f"{name} says it ran on the {device.get('type')}, but its fairseq process "
                     f"of {lines[wrong.first][0]} was configured with cpu={wrong.cpu}"]
     return []
+
+
+def _identity_problem(lines: Sequence[tuple[datetime, str, str, str]], procs: Sequence[Process],
+                      man: dict[str, Any]) -> str | None:
+    """Each process's configuration against the run it is filed as: its seed and the folder
+    it logged to (experiment/run, wherever the project was). A run relabelled as another seed,
+    in its manifest, command and folder, still has the log it hashed (trial 27's M-m6)."""
+    seed, experiment, run = man.get("seed"), man.get("experiment"), man.get("run")
+    for proc in procs:
+        at = lines[proc.first][0]
+        if isinstance(seed, int) and proc.seeds and proc.seeds != {seed}:
+            return (f"is seed {seed}, but its train.log's fairseq process of {at} was "
+                    f"configured with seed {', '.join(map(str, sorted(proc.seeds)))}")
+        if proc.logdir is None or not isinstance(experiment, str) or not isinstance(run, str):
+            continue
+        made = proc.logdir.replace("\\", "/").rstrip("/").split("/")[-2:]
+        if made != [experiment, run]:
+            return (f"is {experiment}/{run}, but its train.log's fairseq process of {at} "
+                    f"logged to {'/'.join(made)}: the log of another run")
+    return None
+
