@@ -14,12 +14,11 @@ from pathlib import Path
 
 from finetune_lab._files import atomic_dir, data_step_output, sha256_file, write_json_atomic
 from finetune_lab.argtypes import folder, positive_float, positive_int
-from finetune_lab.cli import main
+from finetune_lab.cli import build_parser, main
 from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
 from finetune_lab.train.lora_cls import DEFAULT_METHODS as LORA_METHODS
-from finetune_lab.train.pretrain_cli import refuse_cited_dest
 
 
 def adopt_checkpoint_tokenizer(checkpoint_dir: Path, tokenizer_dir: Path, *,
@@ -75,19 +74,40 @@ def plan(*, from_scratch: bool, gpu: bool, have_checkpoint: bool,
     return steps
 
 
+SCRATCH_FIX = ("`reproduce --from-scratch` cannot pretrain in its place, and ran nothing; "
+               "pretrain weights of your own beside it (`finetune-lab pretrain --run NAME "
+               "--package-to data/work/candidates/NAME`) and fine-tune them (`finetune-lab "
+               "finetune fairseq --init pretrained --checkpoint data/work/candidates/NAME "
+               "--experiment fairseq-candidate-N`)")
+"""Advice whose commands do what it says (trial 27's P-m2: without ``--init pretrained`` the
+fine-tune also ran the three random seeds, 1.5 hours that say nothing about the weights)."""
+RESTORE_FIX = ("restore the packaged checkpoint (`git checkout -- data/checkpoints/"
+               "roberta-small-fr`), which `reproduce` then fine-tunes; it ran nothing")
+
+
+def refuse_before_steps(steps: list[list[str]], *, from_scratch: bool) -> None:
+    """Each planned step's own refusals (a step's parser names them as ``before_work``), asked
+    before the first step runs, whatever the flags: trial 26's P-m1 and trial 27's P-m4 were
+    refused at ``pretrain``, after minutes of rebuilding data, with advice ``reproduce`` takes
+    no flag for."""
+    parser = build_parser()
+    for step in steps:
+        args = parser.parse_args(step)
+        before = getattr(args, "before_work", None)
+        if before is not None:
+            before(args, SCRATCH_FIX if from_scratch else RESTORE_FIX)
+
+
 def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = None,
               dry_run: bool = False, jobs: int = 1, other_corpus: bool = False) -> int:
+    """Plan from the packaged folder as a whole (weights listed by its manifest but gone are a
+    damaged package, said at once, not "no checkpoint"), refuse what a step would, then run."""
     import torch
 
-    if from_scratch:  # trial 26's P-m1: refused at its pretraining step, after data was rebuilt
-        refuse_cited_dest(checkpoints.packaged_dir(), (
-            "`reproduce --from-scratch` cannot pretrain in its place, and ran nothing; pretrain "
-            "weights of your own beside it (`finetune-lab pretrain --run NAME --package-to "
-            "data/work/candidates/NAME`) and fine-tune them (`finetune-lab finetune fairseq "
-            "--checkpoint data/work/candidates/NAME --experiment fairseq-candidate-N`)"))
-    steps = plan(from_scratch=from_scratch, gpu=torch.cuda.is_available(),
-                 have_checkpoint=(checkpoints.packaged_dir() / checkpoints.MODEL_FILE).is_file(),
+    have = checkpoints.require_whole_package(checkpoints.packaged_dir()) is not None
+    steps = plan(from_scratch=from_scratch, gpu=torch.cuda.is_available(), have_checkpoint=have,
                  pretrain_minutes=pretrain_minutes, jobs=jobs, other_corpus=other_corpus)
+    refuse_before_steps(steps, from_scratch=from_scratch)
     for step in steps:
         print(f"reproduce: finetune-lab {' '.join(step)}", flush=True)
         if dry_run:

@@ -99,6 +99,32 @@ def _restore(manifest: Path) -> str:
             else "package the checkpoint again (finetune-lab package-checkpoint)")
 
 
+def require_whole_package(folder: Path | None = None) -> dict[str, Any] | None:
+    """A packaged folder's manifest (None: no package there), once every file it lists is
+    there, of its size and sha256. Trial 27's P-m4: ``model.pt`` moved out (as the GPU recipe
+    does) and forgotten made ``reproduce`` plan a pretraining that ``pretrain`` refused after
+    2.5 minutes of work; weights gone or changed are a damaged package, said before any."""
+    folder = Path(folder or packaged_dir())
+    manifest = package_manifest(folder)
+    if manifest is None:
+        return None
+    committed = folder.resolve() == packaged_dir().resolve() \
+        and folder.resolve().is_relative_to(PROJECT_ROOT.resolve())
+    restore = (f"`git checkout -- {folder.resolve().relative_to(PROJECT_ROOT.resolve())}`"
+               if committed else "`finetune-lab package-checkpoint`")
+    for name, want in manifest["files"].items():
+        path = folder / name
+        if not path.is_file():
+            raise UserError(f"{path} is missing: restore it ({restore}, or move it back)")
+        size = want.get("bytes")
+        if (isinstance(size, int) and path.stat().st_size != size) \
+                or sha256_file(path) != want["sha256"]:
+            raise UserError(f"{path} is not the file its manifest lists (sha256 "
+                            f"{want['sha256'][:12]}…): restore it ({restore}, or move the "
+                            "listed file back)")
+    return manifest
+
+
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 

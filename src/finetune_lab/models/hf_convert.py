@@ -38,6 +38,7 @@ from finetune_lab._files import (CONVERSION_RECORD, atomic_dir, check_replaceabl
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError, library_write
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
+from finetune_lab.models.conversion_check import FILES_KEY, file_records
 from finetune_lab.models.hf_tokenizer import (BOS, CONFIG_FILE, DICT_FILE, EOS, SPM_FILE,
                                               FairseqIdTokenizer, pad_batch)
 from finetune_lab.models.params import SMALL, RobertaSize, fairseq_model, hf_config
@@ -252,7 +253,6 @@ def tiny_size(vocab: int = 120) -> RobertaSize:
 
 def tiny_check(seed: int = 0) -> pd.DataFrame:
     """Build a tiny fairseq RoBERTa with a 2-class head, randomize it, convert, compare."""
-
     size = tiny_size()
     fs = fairseq_model(size, classification_head=True)
     randomize_(fs, seed)
@@ -266,7 +266,6 @@ def tiny_check(seed: int = 0) -> pd.DataFrame:
 
 def load_fairseq_checkpoint(path: Path) -> tuple[dict[str, Any], int]:
     """``(model state, attention heads)`` of a fairseq checkpoint, through the safe loader."""
-
     ckpt = load_trusted(path)
     heads = SMALL.heads
     for holder in (ckpt.get("cfg"), ckpt.get("args")):
@@ -330,7 +329,7 @@ def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None =
     """Write a Transformers ``RobertaForMaskedLM`` folder + the fairseq-id tokenizer files.
 
     The folder holds ``config.json``, ``model.safetensors``, ``spm.model``, ``dict.txt``,
-    ``fairseq_tokenizer.json`` and ``conversion.json`` (source sha256 and the numerical check).
+    ``fairseq_tokenizer.json`` and ``conversion.json`` (source sha256, check, each file's sha256).
     It is written whole and swapped in, replacing only a conversion (``force``: anything).
     """
     check_replaceable(Path(out), COMMAND, force=force, earlier=converted_output)
@@ -359,13 +358,13 @@ def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None =
             "created": utc_now(),
             "size": size.__dict__,
             "check": json.loads(check.to_json(orient="records")),
+            FILES_KEY: file_records(tmp),  # held to before any load (trial 27's E-m6)
         }, indent=2) + "\n", encoding="utf-8")
     return out
 
 
 def default_hf_dir() -> Path:
     """Where ``convert-hf`` writes by default (derived data: the work dir)."""
-
     return paths().work / "hf" / "roberta-small-fr"
 
 

@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
 from finetune_lab._files import sha256_file
 from finetune_lab.argtypes import folder, positive_int, seed_arg
 from finetune_lab.data.split_checks import read_checked_splits
@@ -40,6 +42,7 @@ from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 from finetune_lab.models.conversion_record import (CONVERTED_FROM, converted_from,
                                                   converted_from_record)
+from finetune_lab.models.conversion_check import conversion_problem, require_conversion
 from finetune_lab.models.hf_convert import convert_checkpoint, default_hf_dir, hf_model_config
 from finetune_lab.models.hf_tokenizer import FairseqIdTokenizer, pad_batch
 from finetune_lab.models.params import SMALL
@@ -216,13 +219,21 @@ def build_model(init: str, seed: int, recipe: FinetuneRecipe, *, model_dir: Path
 
     set_seed(seed)  # the classifier head (and a random init) draw from this
     if init == "pretrained":
-        if model_dir is None or not (Path(model_dir) / "config.json").is_file():
-            raise UserError(f"{model_dir} holds no converted model: run `finetune-lab convert-hf` "
-                            "first (it needs data/checkpoints/roberta-small-fr/model.pt)")
-        model = RobertaForSequenceClassification.from_pretrained(
-            str(model_dir), num_labels=recipe.num_classes, classifier_dropout=0.0,
-            hidden_dropout_prob=recipe.dropout, attention_probs_dropout_prob=recipe.attention_dropout,
-            **dict(model_kwargs or {}))
+        if model_dir is None:
+            raise UserError("a pretrained init needs a converted model: pass --model-dir, or "
+                            "let `finetune transformers` convert the packaged checkpoint")
+        # held to its conversion's record here too, for callers that did not ask before
+        require_conversion(Path(model_dir), tokenizer=False)
+        try:  # what the checks above cannot see is still one line (trial 27's E-m6)
+            model = RobertaForSequenceClassification.from_pretrained(
+                str(model_dir), num_labels=recipe.num_classes, classifier_dropout=0.0,
+                hidden_dropout_prob=recipe.dropout,
+                attention_probs_dropout_prob=recipe.attention_dropout, **dict(model_kwargs or {}))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise UserError(f"{model_dir} does not load as a converted model ({why}): convert "
+                            f"it again (`finetune-lab convert-hf --out {model_dir} --force`)"
+                            ) from None
     elif init == "random":
         if model_kwargs:
             raise UserError("model_kwargs (e.g. 4-bit loading) apply to pretrained weights only")
@@ -240,17 +251,26 @@ def build_model(init: str, seed: int, recipe: FinetuneRecipe, *, model_dir: Path
 def ensure_converted() -> Path:
     """The default converted model, converting the packaged checkpoint on first use and again
     whenever the packaged checkpoint is replaced (a conversion of earlier weights would
-    otherwise be fine-tuned under the new checkpoint's name). The new conversion replaces the
-    old one only once it is complete."""
+    otherwise be fine-tuned under the new checkpoint's name), or the conversion is damaged (a
+    file cut short or edited: it is scratch, so converted again, and what it held is kept
+    beside it). The new conversion replaces the old one only once it is complete."""
     out = default_hf_dir()
     ckpt = packaged_dir() / MODEL_FILE
-    if not ckpt.is_file():
+    damage = conversion_problem(out) if (out / "config.json").is_file() else None
+    if not ckpt.is_file():  # nothing to convert (again) from
+        if damage or not (out / "config.json").is_file():
+            raise UserError(f"{damage or f'{out} holds no converted model'}; {ckpt}, which it is "
+                            "converted from, is missing: restore it (`git checkout -- data/"
+                            "checkpoints/roberta-small-fr`), or pass --model-dir")
         return out
     if (out / "config.json").is_file() and converted_from(out) == sha256_file(ckpt):
-        return out
-    if out.exists():
+        if damage is None:
+            return out
+        print(f"{damage}: converting {out} again")
+    elif out.exists():
         print(f"{out} was converted from other weights than {ckpt}: converting it again")
-    return convert_checkpoint(ckpt, out, tokenizer_dir=ckpt.parent)  # swapped in once complete
+    # swapped in once complete; a damaged one (changed since convert-hf wrote it) kept beside
+    return convert_checkpoint(ckpt, out, tokenizer_dir=ckpt.parent, force=damage is not None)
 
 
 def finetune_transformers(
@@ -289,8 +309,9 @@ def finetune_transformers(
 
     cls_dir = Path(cls_dir) if cls_dir is not None else default_cls()
     read_split(cls_dir, "train")  # missing: said before a conversion of 40 s (trial 26's E-m10)
-    if init == "pretrained":
-        model_dir = Path(model_dir) if model_dir is not None else ensure_converted()
+    if init == "pretrained":  # held to its conversion before any work (trial 27's E-m6)
+        model_dir = require_conversion(Path(model_dir), tokenizer=tokenizer_dir is None) \
+            if model_dir is not None else ensure_converted()
     if tokenizer_dir is None:
         tokenizer_dir = model_dir if init == "pretrained" else default_tok()
     tok = FairseqIdTokenizer.from_dir(tokenizer_dir, max_positions=recipe.max_positions)

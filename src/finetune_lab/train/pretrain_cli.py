@@ -96,8 +96,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="do not replace data/checkpoints/roberta-small-fr")
     p.add_argument("--package-to", type=folder, metavar="DIR",
                    help="package the result here instead of data/checkpoints/roberta-small-fr: "
-                        "a candidate to fine-tune (`finetune fairseq --checkpoint DIR "
-                        "--experiment fairseq-candidate`) before it replaces the committed one")
+                        "a candidate to fine-tune (`finetune fairseq --init pretrained "
+                        "--checkpoint DIR --experiment fairseq-candidate`) before it replaces "
+                        "the committed one")
     p.add_argument("--overwrite", action="store_true", help="redo an existing run")
     p.add_argument("--experiment", default=EXPERIMENT,
                    help="run-cache folder (default: pretrain; the ablations use "
@@ -114,7 +115,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="continue pretraining from a packaged checkpoint folder (e.g. "
                         "data/checkpoints/roberta-small-fr) with a fresh warm-up and decay, so "
                         "CPU sessions add up; the new package records the lineage")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run, before_work=refuse_before_work)
 
     pk = sub.add_parser("package-checkpoint",
                         help="package a trusted fairseq checkpoint as model.pt + dict + spm")
@@ -128,17 +129,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pk.set_defaults(func=_run_package)
 
 
-def _run(args: argparse.Namespace) -> int:
-    d = device_defaults()
+PACKAGE_FIX = ("pass --package-to another folder (`package-checkpoint --force` can replace it "
+               "later), or --no-package")
+
+
+def refuse_before_work(args: argparse.Namespace, cited_fix: str = PACKAGE_FIX) -> None:
+    """Everything ``pretrain`` refuses before its first update, in one line; ``reproduce`` asks
+    it before its first step (trial 27's P-m4), with advice of its own (``cited_fix``)."""
     if args.bow_weight and args.sample_break_mode != "eos":
         raise UserError("--bow-weight needs --sample-break-mode eos: <s> summarises one review "
                         "or paragraph, not a stretch that starts mid-sentence")
-    recipe = default_recipe(batch_size=args.batch_size, update_freq=args.update_freq,
-                            lr=args.lr, dropout=args.dropout, attention_dropout=args.dropout,
-                            sample_break_mode=args.sample_break_mode, bow_weight=args.bow_weight)
-    launch = Launch(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
-                    node_rank=args.node_rank, master_addr=args.master_addr,
-                    master_port=args.master_port)
     for flag, given in (("--position-init", args.position_init != "keep"),
                         ("--tapt-fraction", args.tapt_fraction > 0)):
         if given and args.tokens is None:  # a short run would train without it, silently
@@ -150,9 +150,18 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(f"--continue-from {args.continue_from} does not exist: give a folder "
                         "of packaged weights (package-checkpoint makes one)")
     if not args.no_package:  # before any work, as package-checkpoint refuses without --force
-        refuse_cited_dest(args.package_to or checkpoints.packaged_dir(),
-                          "pass --package-to another folder (`package-checkpoint --force` can "
-                          "replace it later), or --no-package")
+        refuse_cited_dest(args.package_to or checkpoints.packaged_dir(), cited_fix)
+
+
+def _run(args: argparse.Namespace) -> int:
+    d = device_defaults()
+    refuse_before_work(args)
+    recipe = default_recipe(batch_size=args.batch_size, update_freq=args.update_freq,
+                            lr=args.lr, dropout=args.dropout, attention_dropout=args.dropout,
+                            sample_break_mode=args.sample_break_mode, bow_weight=args.bow_weight)
+    launch = Launch(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                    node_rank=args.node_rank, master_addr=args.master_addr,
+                    master_port=args.master_port)
     if args.tokens is not None:
         run_dir = pretrain_long(run=args.run or f"{d['device']}-long", tokens=int(args.tokens),
                                 continue_from=args.continue_from, seed=args.seed,
@@ -198,7 +207,7 @@ def refuse_cited_dest(dest: Path, fix: str) -> None:
     absent, and its runs turned BAD, told to re-run; trial 9's W1: `pretrain` packaged onto the
     book's checkpoint without asking)."""
     if dest.resolve() == checkpoints.packaged_dir().resolve() \
-            and checkpoints.package_manifest(dest) is not None:
+            and checkpoints.require_whole_package(dest) is not None:  # weights gone: say so
         raise UserError(f"{dest} holds the packaged checkpoint the book reads: replacing it sets "
                         f"aside every run built on it; {fix}")
     citing = runs_citing(dest / checkpoints.MODEL_FILE)
