@@ -26,7 +26,7 @@ from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.models import params
 from finetune_lab.runs import seedstats
 from finetune_lab.render_cache import per_render
-from finetune_lab.runs.crosscheck import disowned_calls
+from finetune_lab.runs.call_runs import disowned_calls
 from finetune_lab.runs.gpu_archive import CALL_RECORDS, PREP_JOBS
 from finetune_lab.runs.gpu_calls import call_devices, call_problem, call_start, gpu_samples
 from finetune_lab.runs.gpu_plan import GPU_SUFFIX
@@ -245,7 +245,7 @@ def _runs_of(root: Path) -> list:
 
 @per_render
 def _disowned(root: Path) -> dict:
-    """:func:`~finetune_lab.runs.crosscheck.disowned_calls` of the run cache under ``root``."""
+    """:func:`~finetune_lab.runs.call_runs.disowned_calls` of the run cache under ``root``."""
     records = _runs_of(root)
     return disowned_calls(records, call_devices(root)) if records else {}
 

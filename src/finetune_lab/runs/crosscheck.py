@@ -20,7 +20,8 @@ from finetune_lab._files import parse_json, regular_text
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.runs.consistency import CLOCK_SLACK_S, Judged, recorded_time
-from finetune_lab.runs.gpu_calls import CallDevice, call_devices
+from finetune_lab.runs.call_runs import call_device_problems
+from finetune_lab.runs.gpu_calls import call_devices
 from finetune_lab.runs.manifest import run_key
 
 
@@ -28,6 +29,7 @@ def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]
     """Every check below on the valid runs among ``records``; returns those it rejects."""
     valid = [r for r in records if r.valid]
     machine_problems(valid, [r for r in records if r.manifest is not None])
+    package_problems(valid, [r for r in records if r.manifest is not None])
     weights_time_problems(valid, runs_base)
     lineage_time_problems(valid, records)
     source_problems(valid)
@@ -141,64 +143,6 @@ def lineage_time_problems(records: Sequence[Judged], everyone: Sequence[Judged])
                     break
 
 
-def _in_call(start: datetime, call: CallDevice) -> bool:
-    return call.start <= start <= call.start + timedelta(seconds=call.wall_s + CLOCK_SLACK_S)
-
-
-def disowned_calls(records: Sequence[Judged], calls: Sequence[CallDevice]
-                   ) -> dict[datetime, tuple[str, int]]:
-    """Calls whose GPU none of the runs made in them names, while two or more of those runs
-    agree on another (call start -> that name, how many runs): one edited line of a record
-    must not outweigh every manifest of its runs. The book sets such a record aside."""
-    names: dict[datetime, list[str]] = {}
-    for rec in records:
-        man = rec.manifest or {}
-        device, start = man.get("device") or {}, recorded_time(man.get("start_time"))
-        if device.get("type") == "cuda" and start is not None:
-            for call in calls:
-                if _in_call(start, call):
-                    names.setdefault(call.start, []).append(str(device.get("name")))
-    return {call.start: (found[0], len(found)) for call in calls
-            if len(found := names.get(call.start, [])) >= 2 and len(set(found)) == 1
-            and found[0] != call.name}
-
-
-def call_device_problems(records: Sequence[Judged], calls: Sequence[CallDevice]) -> None:
-    """A GPU run that started within a device call (its record's start and wall time) names
-    that call's GPU and GPU count, and its job there ended well: the call's record and the
-    run's manifest both say so (unless the record is the odd one out: :func:`disowned_calls`)."""
-    disowned = disowned_calls(records, calls)
-    for rec in records:
-        man = rec.manifest or {}
-        device, start = man.get("device") or {}, recorded_time(man.get("start_time"))
-        if device.get("type") != "cuda" or start is None:
-            continue
-        job = f"{rec.experiment.split('-')[0]}-{rec.name}"  # fairseq-gpu/random-seed0
-        for call in calls:
-            if not _in_call(start, call):
-                continue
-            said = f"the device call it ran in ({call.start:%Y%m%dT%H%M%SZ})"
-            if device.get("name") != call.name and call.start not in disowned:
-                rec.problems.append(f"device.name {device.get('name')!r} but {said} ran on the "
-                                    f"{call.name}")
-            if call.count is not None and device.get("count", call.count) != call.count:
-                rec.problems.append(f"device.count {device.get('count')} but {said} had "
-                                    f"{call.count}")
-            if call.exits.get(job, 0) != 0:
-                rec.problems.append(f"its job {job} in {said} exited with "
-                                    f"{call.exits[job]}")
-            peak = ((man.get("extra") or {}).get("peak_memory") or {}).get("bytes")
-            if isinstance(peak, (int, float)) and call.peak_mib is not None \
-                    and peak > call.peak_mib * 2**20:  # nvidia-smi counts every process
-                rec.problems.append(f"extra.peak_memory.bytes {peak:,.0f} but the GPU of {said} "
-                                    f"never held more than {call.peak_mib:,.0f} MiB")
-            wall, took = man.get("wall_time_s"), call.seconds.get(job)
-            if isinstance(wall, (int, float)) and took is not None \
-                    and wall > took + CLOCK_SLACK_S:  # the job is the run's process
-                rec.problems.append(f"wall_time_s {wall:g} s but its job {job} in {said} took "
-                                    f"{took:g} s")
-
-
 SAME_MACHINE_GAP_S = 300.0
 """Runs on one host that overlap or follow each other within this (a grid's seeds, one after
 another) ran on one machine; this machine's sessions are hours apart."""
@@ -232,6 +176,45 @@ def machine_problems(records: Sequence[Judged], everyone: Sequence[Judged]) -> N
             rec.problems.append(
                 f"device {machine[0]} with {machine[1]} cores, but {n} run{'s' if n > 1 else ''} "
                 f"on {host} at that time record {cpu} with {cores} cores")
+
+
+PACKAGES = ("torch", "fairseq-fixed", "fairseq", "transformers", "peft")
+"""The packages whose version changes what a run computes, held across runs of one machine
+and time (the others, such as numpy or tensorboard, are recorded but not held)."""
+
+
+def _environment(rec: Judged) -> dict[str, str]:
+    """A run's python and :data:`PACKAGES` versions, by manifest field."""
+    env = (rec.manifest or {}).get("environment") or {}
+    packages = env.get("packages") if isinstance(env, dict) else None
+    held = {f"environment.packages.{name}": str(packages[name]) for name in PACKAGES
+            if isinstance(packages, dict) and isinstance(packages.get(name), str)}
+    if isinstance(env, dict) and isinstance(env.get("python"), str):
+        held["environment.python"] = env["python"]
+    return held
+
+
+def package_problems(records: Sequence[Judged], everyone: Sequence[Judged]) -> None:
+    """Runs on one host at the same time, or one right after another, ran in one environment,
+    as :func:`machine_problems` holds their processor (trial 27's M-m1: fairseq/random-seed0's
+    torch edited to 2.5.0+cpu beside seeds that record 2.13.0+cpu). The committed CPU runs span
+    one upgrade (transformers 5.23.0 to 5.24.0, between 2026-11-24 and 11-25), hours apart,
+    which the window of :data:`SAME_MACHINE_GAP_S` leaves alone."""
+    seen = [(r, c, _environment(r)) for r in everyone if (c := _cpu_run(r)) is not None]
+    for rec in records:
+        mine = _cpu_run(rec)
+        if mine is None:
+            continue
+        host, start, end, _machine = mine
+        beside = [env for o, c, env in seen if o is not rec and c[0] == host
+                  and (max(start, c[1]) - min(end, c[2])).total_seconds() < SAME_MACHINE_GAP_S]
+        for field, value in _environment(rec).items():
+            theirs = [env[field] for env in beside if field in env]
+            if theirs and value not in theirs:
+                other, n = Counter(theirs).most_common(1)[0]
+                rec.problems.append(
+                    f"{field} {value!r}, but {n} run{'s' if n > 1 else ''} on {host} at that "
+                    f"time record{'' if n > 1 else 's'} {other!r}: one machine at one time has one version")
 
 
 def source_problems(records: Sequence[Judged]) -> None:

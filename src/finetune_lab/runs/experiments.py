@@ -245,3 +245,27 @@ def check_hyperparameters(records: Sequence[RunRecord], config: dict[str, Any] |
                     )
 
 
+
+
+def check_device_types(records: Sequence[RunRecord], config: dict[str, Any] | None) -> None:
+    """An experiment's runs ran on one kind of device, unless its ``experiment.json`` lists
+    ``device`` among its ``varying`` names: the chapters read an experiment as CPU runs or as
+    GPU runs (trial 27's R-m2: a GPU run filed under the CPU experiment ``transformers`` gave
+    the CPU chapter a GPU row). The type most of its runs share is the experiment's; where no
+    type is most runs', every run is rejected, as :func:`check_hyperparameters` does."""
+    if "device" in (config or {}).get("varying", []):
+        return
+    typed = [(r, str(((r.manifest or {}).get("device") or {}).get("type"))) for r in records
+             if r.valid and isinstance((r.manifest or {}).get("device"), dict)]
+    counts = Counter(t for _r, t in typed)
+    if len(counts) < 2:
+        return
+    top, n = counts.most_common(1)[0]
+    listing = ", ".join(f"{t} ×{c}" for t, c in sorted(counts.items()))
+    for rec, kind in typed:
+        if kind != top or n * 2 <= len(typed):
+            rec.problems.append(
+                f"device.type {kind!r}, but experiment '{rec.experiment}' holds runs of "
+                f"another device ({listing}): one experiment is made on one kind of device; "
+                "file it under an experiment of its own (--experiment), or list \"device\" "
+                f"in its {EXPERIMENT_CONFIG}'s \"varying\"")

@@ -1,6 +1,6 @@
 """The device calls' records (``data/summaries/gpu-lab/``), read for what they say of the runs
 made in them: each call's start, length, GPU, jobs and the GPU memory its ``nvidia-smi`` saw.
-The registry holds a GPU run against the call it ran in (:mod:`~finetune_lab.runs.crosscheck`),
+The registry holds a GPU run against the call it ran in (:mod:`~finetune_lab.runs.call_runs`),
 and the book reads the same samples (:mod:`finetune_lab.book.devices`).
 """
 
@@ -16,6 +16,7 @@ from finetune_lab._files import parse_json, regular_text
 from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.runs.gpu_archive import (CALL_RECORDS, PREP_JOBS, SEQUENTIAL,
                                              call_record_problem)
+from finetune_lab.runs.gpu_plan import SUFFIX_TINY
 
 
 SAMPLES_SLACK_S = 60.0
@@ -165,6 +166,47 @@ class CallDevice(NamedTuple):
     peak_mib: float | None = None
     """The most GPU memory in use at once there, all runs together (nvidia-smi; None without
     samples): no run of the call held more."""
+    made: dict[str, str] = {}
+    """The runs its jobs made, as ``experiment/run`` -> job name (:func:`made_runs`): a run
+    that started within the call is one of them."""
+    environment: dict[str, str] = {}
+    """What the record says of the software and recipe its runs share, by the run manifest's
+    field (``environment.packages.torch`` -> ``2.11.0+cu130``; :data:`RECORD_FIELDS`)."""
+
+
+RECORD_FIELDS = {"torch": "environment.packages.torch", "python": "environment.python",
+                 "platform": "environment.platform", "hostname": "environment.hostname"}
+"""A call record's ``device`` entries that a run's manifest records too, by its field there
+(the committed records carry ``torch`` only; the others are held wherever a record has them)."""
+
+
+def made_runs(meta: dict) -> dict[str, str]:
+    """Each run a call's jobs made (``experiment/run`` -> job): a job ``PART-RUN`` made ``RUN``
+    in whichever experiment of the call's products is PART's (``fairseq-pretrained-seed0``:
+    ``fairseq-gpu/pretrained-seed0``, or a candidate experiment's seed), the ``pretrain`` job
+    the plan's ``pretrain_run`` in the pretraining experiment (``pretrain-gpu/gpu4``)."""
+    plan = meta.get("plan") if isinstance(meta.get("plan"), dict) else {}
+    experiments = [str(p).rsplit("/", 1)[-1] for p in meta.get("products") or []
+                   if str(p).startswith("data/runs/")]
+    made = {}
+    for job in meta.get("jobs") or []:
+        part, _, run = str(job.get("job")).partition("-")
+        if part == "pretrain" and not run and isinstance(plan.get("pretrain_run"), str):
+            run = plan["pretrain_run"] + (SUFFIX_TINY if plan.get("tiny") else "")
+        for experiment in (e for e in experiments if run and e.startswith(part)):
+            made[f"{experiment}/{run}"] = str(job.get("job"))
+    return made
+
+
+def record_environment(meta: dict) -> dict[str, str]:
+    """The fields of :data:`RECORD_FIELDS` a call's record holds, and its plan's epochs (every
+    fine-tuning job ran ``--epochs`` of the plan), by the run manifest's field."""
+    device, plan = meta.get("device") or {}, meta.get("plan") or {}
+    held = {field: str(device[key]) for key, field in RECORD_FIELDS.items()
+            if isinstance(device.get(key), (str, int, float))}
+    if isinstance(plan, dict) and isinstance(plan.get("epochs"), int):
+        held["hyperparameters.epochs"] = str(plan["epochs"])
+    return held
 
 
 def call_start(stem: str) -> datetime | None:
@@ -197,5 +239,6 @@ def call_devices(root: Path = PROJECT_ROOT) -> list[CallDevice]:
                                     {j["job"]: j["exit_code"] for j in meta["jobs"]},
                                     {j["job"]: float(j["seconds"]) for j in meta["jobs"]
                                      if "seconds" in j},
-                                    gpu_samples(smi, start, float(meta["wall_s"]))[1]))
+                                    gpu_samples(smi, start, float(meta["wall_s"]))[1],
+                                    made_runs(meta), record_environment(meta)))
     return calls

@@ -26,6 +26,7 @@ from finetune_lab.runs.crosscheck import outside_problems
 from finetune_lab.runs.eventfiles import checked_events
 from finetune_lab.runs.experiments import EXPERIMENT_CONFIG as EXPERIMENT_CONFIG
 from finetune_lab.runs.experiments import VARYING_KEYS as VARYING_KEYS
+from finetune_lab.runs.experiments import check_device_types
 from finetune_lab.runs.experiments import check_hyperparameters as check_hyperparameters
 from finetune_lab.runs.experiments import differing_hyperparameters as differing_hyperparameters
 from finetune_lab.runs.experiments import read_experiment_config as read_experiment_config
@@ -273,7 +274,9 @@ def discover_runs(
             if run_dir.name[0] not in "._"
         ]
         try:
-            check_hyperparameters(exp_records, read_experiment_config(exp_dir))
+            config = read_experiment_config(exp_dir)
+            check_hyperparameters(exp_records, config)
+            check_device_types(exp_records, config)
             count_problems(exp_records)
         except UserError as exc:  # a damaged experiment.json rejects its own experiment only
             for rec in exp_records:
