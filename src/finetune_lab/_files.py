@@ -3,7 +3,6 @@ implementation of each, at the bottom of the package, used by every stage alike.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
 import json
@@ -22,6 +21,8 @@ from finetune_lab.config import (check_protected_file, hidden, protected,  # noq
                                  replaces_weights)
 from finetune_lab.errors import DamagedFileError, UserError
 from finetune_lab.errors import check_writable as check_writable
+from finetune_lab.errors import rename_noreplace as rename_noreplace
+from finetune_lab.errors import swap_paths as _swap
 from finetune_lab.errors import not_there as not_there
 
 CONVERSION_RECORD = "conversion.json"
@@ -277,16 +278,36 @@ def replaceable(dest: Path, owner: str | None, earlier: Recognizer | None = None
 
 def _drop_old(old: Path, dest: Path, keep: bool) -> None:
     """Remove the folder ``dest`` held (``old``), or with ``keep`` (what ``--force`` replaced,
-    weights) keep it beside ``dest``, named for the time it was replaced: what a command did not
-    make is never deleted, whatever it holds (trials 10 to 19: a run, weights or state that no
-    check recognised, its manifest cut or gone, was wiped)."""
+    weights) keep it beside ``dest`` (:func:`keep_beside`): what a command did not make is never
+    deleted, whatever it holds (trials 10 to 19: a run, weights or state that no check
+    recognised, its manifest cut or gone, was wiped)."""
     if not keep:
         return _remove(old)
+    keep_beside(old, dest)
+
+
+def keep_beside(old: Path, dest: Path | None = None) -> Path:
+    """Keep what ``dest`` held (``old``; ``dest`` itself by default), a file or a folder, beside
+    it as ``NAME.replaced-<UTC second>`` (:func:`move_aside`: ``-2``, ... when taken), and say
+    where: the one way every command keeps what it replaces."""
+    dest = Path(dest if dest is not None else old)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    kept = next(k for n in range(1, 10**6) if not os.path.lexists(
-        k := dest.parent / f"{dest.name}.replaced-{stamp}{f'-{n}' if n > 1 else ''}"))
-    os.replace(old, kept)
+    kept = move_aside(Path(old), dest.parent / f"{dest.name}.replaced-{stamp}")
     print(f"{dest} was replaced; what it held is kept in {kept}", file=sys.stderr)
+    return kept
+
+
+def move_aside(old: Path, base: Path) -> Path:
+    """Move ``old`` to ``base``, or ``base-2``, ``base-3``, ...: the first name nothing holds
+    (``lexists``: a link to nothing holds one too), taken without ever replacing
+    (:func:`rename_noreplace`), so that keeping one thing never overwrites another (trial 27's
+    L-m1: a backup of the same second, or a folder of that name, was in the way)."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10**6):
+        kept = base.with_name(f"{base.name}-{n}") if n > 1 else base
+        if not os.path.lexists(kept) and rename_noreplace(old, kept):
+            return kept
+    raise OSError(errno.EEXIST, "every name to keep it under is taken", str(base))
 
 
 def _empty(folder: Path) -> bool:
@@ -354,36 +375,6 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
         if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
             exc.filename = str(dest)  # a full disk: name the output (not a DataRootError's)
         raise
-
-
-def _resolve_renameat2() -> Callable[..., int] | None:
-    """Linux's ``renameat2``, which can exchange two paths in one step (``RENAME_EXCHANGE``)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        call = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    call.restype = ctypes.c_int
-    return call
-
-
-_RENAMEAT2 = _resolve_renameat2()
-_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
-
-
-def _swap(a: Path, b: Path) -> bool:
-    """Exchange ``a`` and ``b`` atomically; False where the system or file system cannot (the
-    caller then renames twice)."""
-    if _RENAMEAT2 is None:
-        return False
-    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    if (err := ctypes.get_errno()) in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP,
-                                       errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
 
 
 def _step_of(folder: Path) -> str | None:

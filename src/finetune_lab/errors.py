@@ -1,11 +1,14 @@
-"""Errors a user can fix. The CLI prints them as one clear line instead of a traceback."""
+"""Errors a user can fix. The CLI prints them as one clear line instead of a traceback; and the
+renames that fail safely (an exchange, a rename that never replaces), which every writer shares."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -117,3 +120,67 @@ def check_writable(parent: Path) -> None:
             from exc
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"the output folder {parent} is not writable. {fix}")
+
+
+def _resolve_renameat2() -> Callable[..., int] | None:
+    """Linux's ``renameat2``: it exchanges two paths in one step (``RENAME_EXCHANGE``), or
+    renames only if nothing is at the new name (``RENAME_NOREPLACE``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
+
+
+_RENAMEAT2 = _resolve_renameat2()
+_AT_FDCWD, _RENAME_NOREPLACE, _RENAME_EXCHANGE = -100, 1, 2
+_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+def _renameat2(a: Path | str, b: Path | str, flag: int) -> int:
+    """0, or the errno ``renameat2(a, b, flag)`` failed with (ENOSYS where there is none)."""
+    if _RENAMEAT2 is None:
+        return errno.ENOSYS
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flag) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def swap_paths(a: Path, b: Path) -> bool:
+    """Exchange ``a`` and ``b`` atomically; False where the system or file system cannot (the
+    caller then renames twice)."""
+    err = _renameat2(a, b, _RENAME_EXCHANGE)
+    if err and err not in _UNSUPPORTED:
+        raise OSError(err, os.strerror(err), str(b))
+    return not err
+
+
+def rename_noreplace(src: Path, dst: Path) -> bool:
+    """Rename ``src`` (a file, folder or link) to ``dst`` unless something is there (False
+    then): never replacing, which ``os.replace`` does to a file and ``os.rename`` to an empty
+    folder. ``renameat2(RENAME_NOREPLACE)`` where there is one; elsewhere a file is hard-linked
+    (which fails on a taken name) and then unlinked, a folder renamed after a look; to another
+    disk, copied (``shutil.move``) after a look."""
+    err = _renameat2(src, dst, _RENAME_NOREPLACE)
+    if err in (0, errno.EEXIST):
+        return not err
+    if err not in (*_UNSUPPORTED, errno.EXDEV):
+        raise OSError(err, os.strerror(err), str(src), None, str(dst))
+    if os.path.lexists(dst):
+        return False
+    if err == errno.EXDEV or os.path.isdir(src) and not os.path.islink(src):
+        shutil.move(os.fspath(src), os.fspath(dst))  # a rename on one disk
+        return True
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links on this file system: a rename after the look
+        os.rename(src, dst)
+        return True
+    os.unlink(src)
+    return True

@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -245,10 +243,7 @@ def write_summary(summary: dict[str, Any], dest: Path | None = None, *,
     dest = check_summary_dest(dest, force=force)
     _files.check_writable(dest.parent)
     if dest.is_file() and not dest.is_symlink() and not _is_summary(dest):  # trial 26's L-m2
-        kept = dest.with_name(f"{dest.name}.replaced-"
-                              f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}")
-        os.replace(dest, kept)
-        print(f"{dest} was replaced; what it held is kept in {kept}", file=sys.stderr)
+        _files.keep_beside(dest)  # at a free name: never over an earlier copy (trial 27's L-m1)
     _files.write_json_atomic(dest, summary)
     return dest
 
@@ -257,6 +252,11 @@ def check_summary_dest(dest: Path | None, *, force: bool = False) -> Path:
     """Where the summary goes, refused (one line) when it is a folder, or a file that is not a
     data summary and ``force`` is not given."""
     dest = Path(dest) if dest is not None else summary_path()
+    if dest.is_symlink() and os.path.abspath(dest) != os.path.abspath(summary_path()):
+        # no record through a link (trial 27's L-m2: --out LINK rewrote the committed summary);
+        # the default path may be one a user made, as every record's may
+        raise UserError(f"{dest} is a link (to {os.readlink(dest)}): the summary is not written "
+                        "through a link, --force included; give --out a file's own path")
     if dest.is_dir():
         raise UserError(f"{dest} is a folder, not a file: give --out a file name")
     check_protected_file(dest)

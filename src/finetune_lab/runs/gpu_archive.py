@@ -26,13 +26,9 @@ from finetune_lab._files import not_there, parse_json
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
-from finetune_lab.runs.experiments import (
-    EXPERIMENT_CONFIG,
-    RecipeConflict,
-    differing_hyperparameters,
-    parse_config,
-    pin_config,
-)
+from finetune_lab.runs.experiments import EXPERIMENT_CONFIG
+from finetune_lab.runs.gpu_place import (STAGING_PREFIX, files_under, place, place_config,
+                                         staged_configs, unpack_lock, whole_problem)
 from finetune_lab.runs.gpu_plan import LAB_PARTS
 
 RESULT_FILE = "gpu-lab.json"
@@ -120,11 +116,6 @@ def read_result(meta_path: Path) -> dict[str, Any]:
     return meta
 
 
-STAGING_PREFIX = ".gpu-unpack-"
-"""``gpu-unpack``'s staging folder under ``data/`` (git-ignored): one a killed unpack left is
-removed by the next."""
-
-
 def check_product_path(product: Any, meta_path: Path) -> str:
     """A product path must name one folder directly under :data:`PRODUCT_ROOTS`, relative, with
     no ``..``: so nothing a bundle lists lands outside the run cache and the candidates."""
@@ -164,17 +155,20 @@ def _staged(stage: Path, product: str, meta_path: Path) -> Path:
 def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
     """Check each piece's sha256 and the whole's, then move every run folder and candidate it
     holds into place. A destination that already exists is left alone and reported. Every
-    product is checked (:func:`check_product_path`, :func:`_staged`) before anything moves."""
-    for left in (root / "data").glob(f"{STAGING_PREFIX}*"):  # a killed unpack's (trial 17's GL2)
-        shutil.rmtree(left, ignore_errors=True)
-    src = Path(src)
+    product is checked (:func:`check_product_path`, :func:`_staged`, each folder whole against
+    the archive and its run's manifest) before anything moves, and one unpack runs at a time
+    (:func:`~finetune_lab.runs.gpu_place.unpack_lock`)."""
+    with unpack_lock(root, PRODUCT_ROOTS):
+        return _unpack(Path(src), root)
+
+
+def _unpack(src: Path, root: Path) -> list[Path]:
     meta_path = src / RESULT_FILE
     if not meta_path.is_file():
         raise UserError(f"{meta_path} {not_there(meta_path)}: pass the folder the device "
                         "call's files came back in")
     meta = read_result(meta_path)
     digest = hashlib.sha256()
-    (root / "data").mkdir(parents=True, exist_ok=True)
     # same disk, so moves are renames; hidden, so no reader takes it for data
     with tempfile.TemporaryDirectory(dir=root / "data", prefix=STAGING_PREFIX) as tmp:
         whole = Path(tmp) / ARCHIVE
@@ -204,6 +198,8 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                 if (size := sum(m.size for m in tar.getmembers())) > UNPACKED_BYTES:  # G-k1
                     raise tarfile.TarError(f"its files would take {size / 2**20:,.0f} MiB, far "
                                            "more than a call's runs and weights")
+                files = {PurePosixPath(m.name).as_posix(): m.size for m in tar.getmembers()
+                         if m.isfile()}  # what each placed folder must hold, whole
                 tar.extractall(stage, filter="data")
         except (tarfile.TarError, KeyError) as exc:
             raise UserError(f"the archive of {meta_path} cannot be unpacked safely ({exc}): "
@@ -218,7 +214,7 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                 except UserError as exc:
                     raise UserError(f"{meta_path}: the weights {product}: {exc}; refused, "
                                     "nothing was unpacked") from None
-        _staged_configs(products, meta_path)
+        staged_configs(products, meta_path)
         for product in products:  # a file or a link where a product goes: said before any move
             blocked = next((d for d in [root / product, *(root / product).parents]
                             if d.is_relative_to(root) and (d.is_file() or d.is_symlink()
@@ -227,68 +223,34 @@ def unpack(src: Path, *, root: Path = PROJECT_ROOT) -> list[Path]:
                 raise UserError(f"{blocked} is a {'link' if blocked.is_symlink() else 'file'} "
                                 f"where the call's {product} goes: move it away; nothing was "
                                 "unpacked")
-        placed = keep_call_record(meta, stage, root)  # before its logs move away
+        moves = []
         for product, top in products.items():
             # an experiment's experiment.json first: the runs beside it are judged by it
             children = sorted((p for p in top.iterdir() if not p.name.startswith(".")),
                               key=lambda p: (p.name != EXPERIMENT_CONFIG, p.name)) \
                 if product.startswith("data/runs/") else [top]
             for item in children:
-                dest = root / item.relative_to(stage)
-                if item.name == EXPERIMENT_CONFIG and product.startswith("data/runs/"):
-                    if not _place_config(dest, item, root):
-                        continue
-                elif dest.exists() or dest.is_symlink():
-                    print(f"gpu-unpack: {dest.relative_to(root)} exists; left as it is")
+                rel = item.relative_to(stage).as_posix()
+                mine, run = files_under(files, rel), product.startswith("data/runs/")
+                problem = whole_problem(item, mine, run)  # trial 27's L-m10: never half a run
+                if problem is not None:
+                    raise UserError(f"{meta_path}: the call's {rel} is not whole ({problem}): "
+                                    "refused, nothing was unpacked; fetch the call's files again")
+                moves.append((product, item, mine, run))
+        placed = keep_call_record(meta, stage, root)  # before its logs move away
+        for product, item, mine, run in moves:
+            dest = root / item.relative_to(stage)
+            if item.name == EXPERIMENT_CONFIG and run:
+                if not place_config(dest, item, root):
                     continue
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(item), dest)
+            elif dest.exists() or dest.is_symlink():
+                print(f"gpu-unpack: {dest.relative_to(root)} exists; left as it is")
+                continue
+            if place(item, dest, mine, run, root):
                 placed.append(dest)
+            else:
+                print(f"gpu-unpack: {dest.relative_to(root)} appeared meanwhile; left as it is")
     return placed
-
-
-def _place_config(dest: Path, incoming: Path, root: Path) -> bool:
-    """The call's ``experiment.json`` (parsed already, :func:`_staged_configs`) beside the run
-    cache's. Where there is one, the names the call let its runs vary in are added to it
-    (:func:`~finetune_lab.runs.experiments.pin_config`), and nothing else: a value it pins
-    stays. Where there is none, the call's is moved in only if every run there agrees with it.
-    Returns whether the call's file was moved in."""
-    config = parse_config(incoming)
-    shown = dest.relative_to(root)
-    if dest.exists() or dest.is_symlink():
-        try:
-            pin_config(dest.parent, config)
-        except RecipeConflict as exc:
-            print(f"gpu-unpack: {shown} kept as it is: the call's differs from it in "
-                  f"{', '.join(exc.keys)}, so the call's runs are judged by this one")
-        except UserError as exc:
-            print(f"gpu-unpack: {shown} kept as it is ({exc})")
-        return False
-    here = dest.parent.iterdir() if dest.parent.is_dir() else iter(())
-    for run in sorted(p for p in here if (p / "manifest.json").is_file()):
-        try:
-            hp = parse_json((run / "manifest.json").read_text(encoding="utf-8"))["hyperparameters"]
-            differ = differing_hyperparameters(config, hp)
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-            continue  # a damaged run: the registry names it
-        if differ:
-            print(f"gpu-unpack: the call's {shown} left out: {run.relative_to(root)} differs "
-                  f"from it in {', '.join(differ)}, and it would be rejected")
-            return False
-    return True
-
-
-def _staged_configs(products: dict[str, Path], meta_path: Path) -> None:
-    """Every ``experiment.json`` the call sends back parses, or nothing is unpacked."""
-    for product, top in products.items():
-        staged = top / EXPERIMENT_CONFIG
-        if product.startswith("data/runs/") and (staged.exists() or staged.is_symlink()):
-            try:
-                parse_config(staged)
-            except UserError as exc:
-                said = str(exc).replace(str(staged), f"the call's {product}/{EXPERIMENT_CONFIG}")
-                raise UserError(f"{meta_path}: {said.removesuffix('; restore or delete it')}; "
-                                "refused, nothing was unpacked") from None
 
 
 CALL_RECORDS = "data/summaries/gpu-lab"

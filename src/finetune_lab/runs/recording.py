@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import utc_now
+from finetune_lab._files import move_aside, utc_now
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
 from finetune_lab.runs import manifest as mf
@@ -318,8 +317,7 @@ def set_aside(run_dir: Path) -> Path:
             status = mf.read_manifest(run_dir).get("status")
         except (UserError, AttributeError):
             status = None
-    target = aside_target(run_dir.parent.parent / SUPERSEDED / run_dir.parent.name, run_dir.name)
-    shutil.move(str(run_dir), str(target))
+    target = move_aside_stamped(run_dir, run_dir.parent.parent / SUPERSEDED / run_dir.parent.name)
     what = {mf.STATUS_COMPLETE: "a complete run", mf.STATUS_PAUSED: "a paused run",
             mf.STATUS_FAILED: "a failed run", mf.STATUS_RUNNING: "an unfinished run",
             None: "no run manifest"}.get(status, "a run of another status")
@@ -328,16 +326,12 @@ def set_aside(run_dir: Path) -> Path:
     return target
 
 
-def aside_target(folder: Path, name: str) -> Path:
-    """A new ``folder/<name>-<UTC time>`` (``-2``, ``-3``… for two within a second), its parent
-    made: where a replaced run, or a replaced run's resumable state, is kept."""
+def move_aside_stamped(path: Path, folder: Path) -> Path:
+    """Move ``path`` to ``folder/<name>-<UTC time>`` (``-2``, ``-3``… when taken), never over
+    anything (:func:`~finetune_lab._files.move_aside`): where a replaced run, or a replaced
+    run's resumable state, is kept."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    target, n = folder / f"{name}-{stamp}", 1
-    while target.exists():
-        n += 1
-        target = folder / f"{name}-{stamp}-{n}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return target
+    return move_aside(path, folder / f"{path.name}-{stamp}")
 
 
 def resumable_manifest(run_dir: Path, *, seed: int, init: str,

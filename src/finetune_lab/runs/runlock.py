@@ -1,10 +1,11 @@
-"""One writer per run: an exclusive lock beside the run folder while the run is written."""
+"""One writer at a time: an exclusive lock beside the run folder while the run is written, and
+one beside any shared place a command stages into or clears leftovers from (``gpu-unpack``)."""
 
 from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -16,7 +17,7 @@ class RunLockedError(UserError):
     """Another process is writing this run right now."""
 
 
-def _lock_at(path: Path, run_dir: Path) -> IO[str]:
+def _lock_at(path: Path, busy: Callable[[str], str]) -> IO[str]:
     """An open, exclusively locked handle on the file that is at ``path`` now.
 
     A lock taken on a file that a releasing holder has just unlinked locks nothing anyone else
@@ -34,9 +35,7 @@ def _lock_at(path: Path, run_dir: Path) -> IO[str]:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             handle.close()
-            raise RunLockedError(
-                f"{run_dir} is being written by {holder} right now; wait for it to end (or stop "
-                "it) before launching this run again") from None
+            raise RunLockedError(busy(holder)) from None
         except BaseException:
             handle.close()
             raise
@@ -51,20 +50,30 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
     Two launches of one run would mix their event files into one folder, and a second one
     with ``overwrite`` would delete the folder under the first. The lock lies beside the run
-    folder, so deleting the folder does not drop it, and the kernel releases it when its holder
-    dies, so a killed launch never blocks the next one. The holder deletes the file while it
-    still holds the lock, and a launcher keeps a lock only on the file still at the path
-    (:func:`_lock_at`), so one that opened the file before the delete cannot hold a lock beside
-    a third launcher's: one writer per run, and no lock file left beside the committed runs.
-    """
+    folder, so deleting the folder does not drop it (:func:`exclusive_lock` says the rest)."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    path = run_dir.parent / f".{run_dir.name}.lock"
-    handle = _lock_at(path, run_dir)
+    with exclusive_lock(run_dir.parent / f".{run_dir.name}.lock", run_dir, lambda holder: (
+            f"{run_dir} is being written by {holder} right now; wait for it to end (or stop "
+            "it) before launching this run again")):
+        yield
+
+
+@contextmanager
+def exclusive_lock(path: Path, what: Path, busy: Callable[[str], str]) -> Iterator[None]:
+    """Hold the lock file ``path`` (an exclusive ``flock``, holding ``pid N on HOST``) for
+    ``what``, or raise :class:`RunLockedError` with ``busy(holder)`` (one line) at once.
+
+    The kernel releases it when its holder dies, so a killed holder never blocks the next one.
+    The holder deletes the file while it still holds the lock, and a taker keeps a lock only on
+    the file still at the path (:func:`_lock_at`), so one that opened the file before the
+    delete cannot hold a lock beside a third taker's: one holder, and no lock file left behind.
+    """
+    handle = _lock_at(path, busy)
     try:
         handle.seek(0)
         stale = handle.read().strip()
         if stale:  # its holder died without removing it (the kernel freed the lock itself)
-            print(f"{run_dir}: took over the lock of {stale}, which is no longer running",
+            print(f"{what}: took over the lock of {stale}, which is no longer running",
                   flush=True)
         handle.seek(0)
         handle.truncate()

@@ -15,7 +15,7 @@ from typing import Any
 
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError
-from finetune_lab.runs.recording import SUPERSEDED, aside_target
+from finetune_lab.runs.recording import SUPERSEDED, move_aside_stamped
 
 EXPERIMENT = "pretrain"
 
@@ -220,8 +220,7 @@ def fresh_state_dir(run: str) -> Path:
     14's W2): it is moved to ``pretrain-checkpoints/.superseded/<run>-<time>/``, never deleted."""
     save_dir = state_dir(run)
     if save_dir.is_dir() and any(save_dir.iterdir()):
-        target = aside_target(save_dir.parent / SUPERSEDED, save_dir.name)
-        save_dir.rename(target)
+        target = move_aside_stamped(save_dir, save_dir.parent / SUPERSEDED)
         print(f"{save_dir} held the state of an earlier run named {run}: it was moved to "
               f"{target}", flush=True)
     save_dir.mkdir(parents=True, exist_ok=True)
