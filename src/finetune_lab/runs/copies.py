@@ -107,17 +107,28 @@ def _replica_problems(records: Sequence[Any], suspects: Sequence[Any], valid: se
     precision (:data:`REPLICA_SHARE`); the same seed on the same weights gives the same numbers
     on a CPU, as a candidate's grid repeating the lab's does. As for byte copies, an unfinished
     run is rejected beside any run, a valid one beside another valid one."""
+    import numpy as np
+
     measured = {id(r): m for r in records
                 if r.manifest is not None and not r.path.is_symlink() and (m := _measured(r))}
+    # runs that logged at the same points (a recipe's) are compared all at once
+    grids: dict[tuple[tuple[str, str, int], ...], list[Any]] = {}
+    for r in records:
+        if id(r) in measured:
+            grids.setdefault(measured[id(r)].keys, []).append(r)
+    stacked = {keys: np.stack([measured[id(o)].values for o in runs])
+               for keys, runs in grids.items()}
     for r in suspects:
         mine = measured.get(id(r))
         if mine is None:
             continue
+        shares = {id(o): float(share) for o, share in zip(grids[mine.keys], (
+            np.abs(stacked[mine.keys] - mine.values) <= PRECISION).mean(axis=1))}
         for o in records:
             if o is r or o.seed == r.seed or not (r.unfinished or id(o) in valid) \
                     or id(o) not in measured:
                 continue
-            share = _agreement(mine, measured[id(o)])
+            share = shares[id(o)] if id(o) in shares else _agreement(mine, measured[id(o)])
             if share >= REPLICA_SHARE:
                 r.problems.append(f"logs the same loss and accuracy as run {o.key} at "
                                   f"{share:.0%} of the points both logged, though that run's "
