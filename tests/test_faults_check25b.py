@@ -507,10 +507,13 @@ def test_a_gpu_run_among_cpu_runs_does_not_average_into_their_memory(cache):
     man["experiment"] = "transformers"
     man["command"][man["command"].index("--experiment") + 1] = "transformers"
     (run / "manifest.json").write_text(json.dumps(man, indent=1), encoding="utf-8")
-    after = full_row()
-    assert after["n"] == 4  # a valid run of the recipe: its accuracy counts
-    assert after["peak_device"] == "cpu"
-    assert (after["peak_bytes"], after["time_s"]) == (before["peak_bytes"], before["time_s"])
+    # trial 27's R-m2: an experiment's runs share one device type, so the GPU run is rejected
+    # and the CPU row stays as it was (its accuracy, memory and time)
+    assert full_row().equals(before)
+    from finetune_lab.runs.registry import discover_runs
+
+    (rec,) = [r for r in discover_runs(cache) if r.key == "transformers/pretrained-seed9"]
+    assert not rec.valid and "device.type 'cuda', but experiment 'transformers'" in rec.reason
 
 
 @pytest.mark.parametrize("fraction, part", [(0.9999, "training"), (0.0002, "validation")])

@@ -249,9 +249,10 @@ def write_summary(summary: dict[str, Any], dest: Path | None = None, *,
 
 
 def check_summary_dest(dest: Path | None, *, force: bool = False) -> Path:
-    """Where the summary goes, refused (one line) when it is a folder, or a file that is not a
-    data summary and ``force`` is not given."""
+    """Where the summary goes, refused (one line) when it is a project file, a link, a folder,
+    or a file that is not a data summary and ``force`` is not given."""
     dest = Path(dest) if dest is not None else summary_path()
+    check_protected_file(dest)  # first: a link to a project file is named as that file
     if dest.is_symlink() and os.path.abspath(dest) != os.path.abspath(summary_path()):
         # no record through a link (trial 27's L-m2: --out LINK rewrote the committed summary);
         # the default path may be one a user made, as every record's may
@@ -259,7 +260,6 @@ def check_summary_dest(dest: Path | None, *, force: bool = False) -> Path:
                         "through a link, --force included; give --out a file's own path")
     if dest.is_dir():
         raise UserError(f"{dest} is a folder, not a file: give --out a file name")
-    check_protected_file(dest)
     # among the records, --force replaces only a data summary (trial 11's A15: a probe's record)
     among_records = dest.resolve().is_relative_to(paths().summaries.resolve()) \
         and dest.resolve() != summary_path().resolve()
