@@ -20,6 +20,7 @@ from finetune_lab._files import parse_json, regular_text
 from finetune_lab.errors import UserError
 from finetune_lab.models.checkpoints import package_manifest
 from finetune_lab.runs.consistency import CLOCK_SLACK_S, Judged, recorded_time
+from finetune_lab.runs.experiments import outvoted
 from finetune_lab.runs.call_runs import call_device_problems
 from finetune_lab.runs.gpu_calls import call_devices
 from finetune_lab.runs.manifest import run_key
@@ -260,14 +261,11 @@ def experiment_weights_problems(records: Sequence[Judged]) -> None:
         if man.get("init") == "pretrained" and (weights := _weights(man)) is not None:
             groups.setdefault(rec.experiment, []).append((rec, weights))
     for experiment, group in groups.items():
-        counts = Counter(w for _r, w in group)
-        if len(counts) < 2:
-            continue
-        top, n = counts.most_common(1)[0]
-        for rec, weights in group:
-            if weights != top or n * 2 <= len(group):
-                rec.problems.append(
-                    f"fine-tunes other weights than {'the other' if n * 2 > len(group) else 'some'}"
-                    f" pretrained runs of experiment '{experiment}' ({len(counts)} sets of "
-                    "weights among its runs): one experiment fine-tunes one checkpoint; give "
-                    "other weights an experiment of their own (--experiment)")
+        counts, odd = outvoted(group)
+        n = max(counts.values())
+        for rec, _ in odd:
+            rec.problems.append(
+                f"fine-tunes other weights than {'the other' if n * 2 > len(group) else 'some'}"
+                f" pretrained runs of experiment '{experiment}' ({len(counts)} sets of "
+                "weights among its runs): one experiment fine-tunes one checkpoint; give "
+                "other weights an experiment of their own (--experiment)")

@@ -257,15 +257,21 @@ def check_device_types(records: Sequence[RunRecord], config: dict[str, Any] | No
         return
     typed = [(r, str(((r.manifest or {}).get("device") or {}).get("type"))) for r in records
              if r.valid and isinstance((r.manifest or {}).get("device"), dict)]
-    counts = Counter(t for _r, t in typed)
-    if len(counts) < 2:
-        return
-    top, n = counts.most_common(1)[0]
+    counts, odd = outvoted(typed)
     listing = ", ".join(f"{t} ×{c}" for t, c in sorted(counts.items()))
-    for rec, kind in typed:
-        if kind != top or n * 2 <= len(typed):
-            rec.problems.append(
-                f"device.type {kind!r}, but experiment '{rec.experiment}' holds runs of "
-                f"another device ({listing}): one experiment is made on one kind of device; "
-                "file it under an experiment of its own (--experiment), or list \"device\" "
-                f"in its {EXPERIMENT_CONFIG}'s \"varying\"")
+    for rec, kind in odd:
+        rec.problems.append(
+            f"device.type {kind!r}, but experiment '{rec.experiment}' holds runs of "
+            f"another device ({listing}): one experiment is made on one kind of device; "
+            "file it under an experiment of its own (--experiment), or list \"device\" "
+            f"in its {EXPERIMENT_CONFIG}'s \"varying\"")
+
+
+def outvoted(pairs: Sequence[tuple[Any, Any]]) -> tuple[Counter, list[tuple[Any, Any]]]:
+    """``(run, value)`` pairs against the value most of them share: the values' counts and
+    the pairs of another value (every pair where no value is most's; none where all agree)."""
+    counts = Counter(v for _r, v in pairs)
+    if len(counts) < 2:
+        return counts, []
+    top, n = counts.most_common(1)[0]
+    return counts, [(r, v) for r, v in pairs if v != top or n * 2 <= len(pairs)]
