@@ -218,7 +218,7 @@ def test_a_folder_that_lost_files_on_its_way_is_not_placed(tmp_path):
     dest = tmp_path / "data" / "runs" / "zz-gpu" / "random-seed0"
     with pytest.raises(UserError, match="random-seed0 was not placed: after the move "
                                         "train.log is missing"):
-        gpu_place.place(item, dest, listed, True, tmp_path)
+        gpu_place.place(item, dest, listed, tmp_path)
     assert not dest.exists() and list(dest.parent.iterdir()) == []
 
 

@@ -246,7 +246,7 @@ def _unpack(src: Path, root: Path) -> list[Path]:
             elif dest.exists() or dest.is_symlink():
                 print(f"gpu-unpack: {dest.relative_to(root)} exists; left as it is")
                 continue
-            if place(item, dest, mine, run, root):
+            if place(item, dest, mine, root):
                 placed.append(dest)
             else:
                 print(f"gpu-unpack: {dest.relative_to(root)} appeared meanwhile; left as it is")

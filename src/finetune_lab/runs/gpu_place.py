@@ -95,16 +95,18 @@ def files_under(files: dict[str, int], rel: str) -> dict[str, int]:
         if rel not in files else {"": files[rel]}
 
 
-def place(item: Path, dest: Path, files: dict[str, int], run: bool, root: Path) -> bool:
+def place(item: Path, dest: Path, files: dict[str, int], root: Path) -> bool:
     """Move ``item`` to ``dest`` only whole: first beside it under a hidden name, checked there
-    (:func:`whole_problem`), then renamed in without replacing anything. A folder that is not
+    (:func:`whole_problem`: its files and sizes), then renamed in without replacing anything. A folder that is not
     whole after the move is removed (the call's copy: its pieces still hold it) and refused in
     one line; whatever took ``dest`` meanwhile is left as it is (False)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     moving = dest.parent / f"{STAGING_PREFIX}{os.getpid()}-{dest.name}"
     try:
         shutil.move(str(item), moving)
-        problem = whole_problem(moving, files, run)
+        # the hashes were checked in staging; a move keeps contents, so what it can lose is a
+        # file (another process at work there): presence and sizes
+        problem = whole_problem(moving, files, run=False)
         if problem is not None:
             raise UserError(f"{dest.relative_to(root)} was not placed: after the move {problem}; "
                             "nothing of it was left there; run gpu-unpack again")

@@ -222,8 +222,7 @@ def build_model(init: str, seed: int, recipe: FinetuneRecipe, *, model_dir: Path
         if model_dir is None:
             raise UserError("a pretrained init needs a converted model: pass --model-dir, or "
                             "let `finetune transformers` convert the packaged checkpoint")
-        # held to its conversion's record here too, for callers that did not ask before
-        require_conversion(Path(model_dir), tokenizer=False)
+        # (finetune_transformers, the one caller, held it to its conversion before any work)
         try:  # what the checks above cannot see is still one line (trial 27's E-m6)
             model = RobertaForSequenceClassification.from_pretrained(
                 str(model_dir), num_labels=recipe.num_classes, classifier_dropout=0.0,
