@@ -738,6 +738,7 @@ def test_a_copy_whose_values_moved_below_the_logs_precision_is_still_a_copy(monk
         return tuple((t, s, v * (1 + 1e-6)) for t, s, v in values) \
             if "fairseq/pretrained-seed0" in path.as_posix() else values
     monkeypatch.setattr(copies, "logged_values", scaled)
+    monkeypatch.setattr(copies, "_MEASURED", {})  # kept by file, and these files are unchanged
 
     def rec(key: str, seed: int):
         return SimpleNamespace(path=PROJECT_ROOT / "data" / "runs" / key, key=key, seed=seed,

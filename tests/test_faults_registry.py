@@ -32,6 +32,7 @@ from finetune_lab.book import pretrain_candidates as pc
 from finetune_lab.book.pretrain_budget import pretrain_budget
 from finetune_lab.config import PROJECT_ROOT, RUNS_DIR_ENV
 from finetune_lab.models import trust
+from finetune_lab.runs.reading import one_reading, reads_once
 from finetune_lab.runs.registry import discover_runs
 
 COMMITTED = PROJECT_ROOT / "data" / "runs"
@@ -50,6 +51,7 @@ def _frames(root: Path, values: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+@reads_once  # the store judged once per call, as one render's cache does
 def fairseq_chapter(root: Path) -> dict[str, str]:
     """What the fairseq chapter shows from the runs (the exclusion list aside)."""
     res = fr.load_results(root)
@@ -61,6 +63,7 @@ def fairseq_chapter(root: Path) -> dict[str, str]:
         "speed text": fr.speed_markdown(res), "budget": pretrain_budget(root)})
 
 
+@reads_once
 def transformers_chapter(root: Path) -> dict[str, str]:
     comp = hf_compare.load_comparison(root)
     return _frames(root, {"per seed": hf_compare.per_seed_table(comp),
@@ -69,6 +72,7 @@ def transformers_chapter(root: Path) -> dict[str, str]:
                     "present": comp.present})
 
 
+@reads_once
 def pretraining_chapter(root: Path) -> dict[str, str]:
     """The pretraining chapter's inputs from the runs: the budget and lineage read from the
     packaged checkpoint's run, the runs whose fields its tables may read (valid or unfinished:
@@ -80,6 +84,7 @@ def pretraining_chapter(root: Path) -> dict[str, str]:
                           "tuned": sorted(pc.fine_tuned_sources(root))})
 
 
+@reads_once
 def lora_chapter(root: Path) -> dict[str, str]:
     loaded = lora_cls_runs.cached_runs(root)
     return _frames(root, {"results": lora_cls_report.results_table(loaded),
@@ -185,23 +190,40 @@ def damage(run: Path, how: Callable[[dict], Any] | str) -> None:
     path.write_text(text)
 
 
-@pytest.mark.parametrize("name", sorted(DAMAGES))
-def test_a_damaged_manifest_rejects_its_run_only(cache: Path, name: str) -> None:
+FOLDER_BOUND = ("init against the folder", "seed against the folder", "seed a float")
+"""Damages that contradict (or not) a folder's name: given to random-seed0 and the seed-0 runs."""
+
+
+def _damaged_runs(root: Path) -> dict[str, str]:
+    """Each damage of :data:`DAMAGES` to a run of its own among the fairseq recipe's runs (the
+    grid's and the candidates'), by run key: one store judged once for all of them."""
+    runs = [p for p in sorted(root.glob("fairseq*/*-seed*/")) if p.parent.name != "fairseq-gpu"]
+    runs.sort(key=lambda p: (p.name != "random-seed0", not p.name.endswith("-seed0")))
+    order = [*FOLDER_BOUND, *sorted(set(DAMAGES) - set(FOLDER_BOUND))]
+    assert len(runs) >= len(order)
+    return {f"{run.parent.name}/{run.name}": name for run, name in zip(runs, order)}
+
+
+def test_a_damaged_manifest_rejects_its_run_only(cache: Path) -> None:
     """Issue 35 items 6, 8, 9, 10: outputs as a list crashed trust.manifest_hashes; a start
     time in words (DateParseError) and a seed of 10**40 (OverflowError) passed the schema and
-    crashed the fairseq chapter; device "H100" was BAD yet read by runspeed.device_threads."""
-    how, named = DAMAGES[name]
-    run = cache / "fairseq" / "random-seed0"
-    damage(run, how)
-    records = {r.key: r for r in discover_runs(cache)}
-    rec = records["fairseq/random-seed0"]
-    assert not rec.valid and named in rec.reason, rec.reason
-    assert rec.manifest is None, "a rejected run's fields must not be readable by the book"
-    assert all(r.valid or r.unfinished for k, r in records.items() if k != rec.key)
-    res = fr.load_results(cache)
-    assert "fairseq/random-seed0" not in {r.key for r in res.loaded.used}
-    fairseq_chapter(cache)  # nothing raises
-    trust.manifest_hashes([run / "manifest.json"])  # nor the trust list
+    crashed the fairseq chapter; device "H100" was BAD yet read by runspeed.device_threads.
+    Each damage to a run of its own, in one store (issue 36: one judgement, not 22)."""
+    damaged = _damaged_runs(cache)
+    for key, name in damaged.items():
+        damage(cache / key, DAMAGES[name][0])
+    with one_reading():  # the store judged once for the records, the results and the chapter
+        records = {r.key: r for r in discover_runs(cache)}
+        for key, name in damaged.items():
+            rec = records[key]
+            assert not rec.valid and DAMAGES[name][1] in rec.reason, (name, rec.reason)
+            assert rec.manifest is None, f"{name}: a rejected run's fields must not be readable"
+        assert all(r.valid or r.unfinished for k, r in records.items() if k not in damaged), [
+            (k, r.reason) for k, r in records.items() if k not in damaged and not r.valid]
+        res = fr.load_results(cache)
+        assert not set(damaged) & {r.key for r in res.loaded.used}
+        fairseq_chapter(cache)  # nothing raises
+    trust.manifest_hashes([cache / key / "manifest.json" for key in damaged])  # nor the trust list
 
 
 def test_a_damaged_experiment_config_rejects_its_experiment_only(

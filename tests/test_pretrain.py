@@ -106,8 +106,12 @@ def test_fill_mask_answers_of_uncommitted_weights_are_kept(tiny_pretrain, tmp_pa
     with pytest.raises(UserError, match="tiny.json exists .* --force"):
         fm.record_fill_mask(tiny_pretrain["packaged"], "tiny", out_dir=tmp_path)
     assert out.read_bytes() == before
+    notes = {**record, "my_notes": "kept"}  # a user's annotations (trial 27's L-m6)
+    out.write_text(json.dumps(notes))
     assert fm.record_fill_mask(tiny_pretrain["packaged"], "tiny", out_dir=tmp_path,
                                force=True) == out
+    kept, = tmp_path.glob("tiny.json.replaced-*")  # --force keeps what it replaced beside it
+    assert json.loads(kept.read_text()) == notes and "my_notes" not in json.loads(out.read_text())
     # once these weights are the committed file, their record is told apart from the others
     records = fm.recorded_fill_masks(tmp_path)
     mine, others = fm.split_committed(records, folder=tiny_pretrain["packaged"])

@@ -73,6 +73,15 @@ def write_json_atomic(path: Path | str, data: Any) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def write_record(path: Path, data: Any) -> None:
+    """Write a named record (``fill-mask``, ``probe``) that ``--force`` lets replace another:
+    the one it replaces is kept beside it (:func:`keep_beside`), as ``data-summary`` keeps its
+    own (trial 27's L-m6: a user's notes in a record were lost)."""
+    if path.is_file() and not path.is_symlink():
+        keep_beside(path)
+    write_json_atomic(path, data)
+
+
 def write_bytes_atomic(path: Path | str, data: bytes) -> None:
     """Write ``data`` so that readers see either the old file or the new one, never a partial one."""
     target = Path(path)

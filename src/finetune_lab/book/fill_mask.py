@@ -19,7 +19,7 @@ import pandas as pd
 from finetune_lab._files import (
     not_there,
     utc_now,
-    write_json_atomic,
+    write_record,
 )
 from finetune_lab.argtypes import folder, record_name
 from finetune_lab.book.summary_files import (
@@ -164,7 +164,7 @@ def record_fill_mask(folder: Path, name: str, out_dir: Path | None = None, *,
               "predictions": table.to_dict(orient="records"),
               "time": utc_now(), "wall_time_s": round(time.monotonic() - start, 1),
               "environment": environment_info(), "device": device_info()}
-    write_json_atomic(out, result)
+    write_record(out, result)
     return out
 
 
@@ -294,6 +294,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", type=folder, required=True,
                    help="packaged checkpoint folder (model.pt, dict.txt, manifest.json)")
     p.add_argument("--name", required=True, help="record name (the weights' name in the book)")
-    p.add_argument("--force", action="store_true", help="replace an existing record of NAME")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing record of NAME (kept beside it, as "
+                        "NAME.json.replaced-<UTC time>)")
     p.set_defaults(func=lambda a: print(
         f"fill-mask: {record_fill_mask(a.checkpoint, a.name, force=a.force)}") or 0)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab.runs import manifest as mf
-from finetune_lab.runs.eventfiles import logged_values
+from finetune_lab.runs.eventfiles import files_key, logged_values
 from finetune_lab.runs.run_inputs import cached_sha256
 
 
@@ -68,11 +68,27 @@ class _Measured:
     """Their values (a numpy array)."""
 
 
+_MEASURED: dict[tuple[Any, ...], _Measured | None] = {}
+""":func:`_measured` by the run's event files (:func:`~finetune_lab.runs.eventfiles.files_key`):
+read once per process, though every judgement of the store compares every run (issue 36)."""
+
+
 def _measured(run: Any) -> _Measured | None:
+    try:
+        files = mf.event_files(run.path)
+        key = files_key(run.path, files)
+    except (OSError, ValueError):  # unreadable: the registry names it
+        return None
+    if key not in _MEASURED:
+        _MEASURED[key] = _points(files)
+    return _MEASURED[key]
+
+
+def _points(files: Sequence[Path]) -> _Measured | None:
     import numpy as np
 
     try:
-        points = sorted(((f.parent.name, tag, step), value) for f in mf.event_files(run.path)
+        points = sorted(((f.parent.name, tag, step), value) for f in files
                         for tag, step, value in logged_values(f) if tag in SERIES_TAGS)
     except OSError:  # unreadable: the registry names it
         return None

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import regular_bytes
-from finetune_lab.runs.eventfiles import accuracy_steps, all_sound, logged_values
+from finetune_lab.runs.eventfiles import (accuracy_steps, all_sound, logged_values,
+                                         once_per_log_and_events)
 from finetune_lab.runs.fairseq_logs import printed_metrics
 
 STEP_SERIES = ("train_inner",)
@@ -108,6 +109,11 @@ def log_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -> lis
         text = regular_bytes(log).decode("utf-8", errors="replace")
     except OSError:
         return []  # the log's own check names it (missing, changed)
+    return _values_against_log(text, path, events)
+
+
+@once_per_log_and_events
+def _values_against_log(text: str, path: Path, events: Sequence[Path]) -> list[str]:
     printed = printed_metrics(text)
     for event_file in events:
         if event_file.parent == path:

@@ -9,8 +9,9 @@ reported with the file and the byte offset of the record it is in.
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -225,8 +226,7 @@ def _scalar(value: Any) -> float | None:
 
 
 def _checked(path: Path) -> tuple[Scanned, str | None]:
-    st = path.stat()
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = _identity(path)
     if key not in _CHECKED:
         try:
             _CHECKED[key] = _scan(path)
@@ -294,3 +294,37 @@ def wall_span(paths: Iterable[Path]) -> tuple[float, float] | None:
     firsts = [s.first_wall for s in found if s.first_wall is not None]
     lasts = [s.last_wall for s in found if s.last_wall is not None]
     return (min(firsts), max(lasts)) if firsts and lasts else None
+
+
+_AGAINST_LOG: dict[tuple[Any, ...], list[str]] = {}
+
+
+def once_per_log_and_events(fn: Callable[[str, Path, Sequence[Path]], list[str]]
+                            ) -> Callable[[str, Path, Sequence[Path]], list[str]]:
+    """``fn(text, run, events)``, a check of a run's log text against its event files that
+    names them relative to the run, computed once per process for a given text and the same
+    event files (inode, size, modification time, name in the run): a copied run store (the
+    tests', a GPU call's) holds the same logs and hard-linked event files, and each
+    judgement of the store parsed and compared every value again (issue 36)."""
+    @functools.wraps(fn)
+    def wrapper(text: str, run: Path, events: Sequence[Path]) -> list[str]:
+        try:
+            key = (fn.__qualname__, text, files_key(run, events))
+        except (OSError, ValueError):  # a file gone or outside the run: computed, not kept
+            return fn(text, run, events)
+        if key not in _AGAINST_LOG:
+            _AGAINST_LOG[key] = fn(text, run, events)
+        return list(_AGAINST_LOG[key])
+    return wrapper
+
+
+def files_key(run: Path, files: Sequence[Path]) -> tuple[tuple[Any, ...], ...]:
+    """Each file by its name in ``run`` and its identity (inode, size, modification time): what
+    a check of them may be kept under (OSError for a file gone, ValueError for one outside)."""
+    return tuple((f.relative_to(run).as_posix(), *_identity(f)) for f in files)
+
+
+def _identity(path: Path) -> tuple[int, int, int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+

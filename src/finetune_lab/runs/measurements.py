@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import regular_bytes
-from finetune_lab.runs.eventfiles import loss_times, wall_span
+from finetune_lab.runs.eventfiles import loss_times, once_per_log_and_events, wall_span
 from finetune_lab.runs.fairseq_logs import printed_times
 from finetune_lab.runs.log_timeline import timeline_problems
 
@@ -281,6 +281,13 @@ def log_clock_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) 
         text = regular_bytes(path / "train.log").decode("utf-8", errors="replace")
     except OSError:
         return []  # the log's own checks name it
+    return _stamps_against_events(text, path, events) or _meter_problems(text, man)
+
+
+@once_per_log_and_events
+def _stamps_against_events(text: str, path: Path, events: Sequence[Path]) -> list[str]:
+    """Each loss an event file logs at an update, against the stamp of the log's line of that
+    update (see :func:`log_clock_problems`)."""
     times, zone = printed_times(text), None
     for event_file in events:
         for step, wall in loss_times(event_file) if event_file.parent != path else ():
@@ -297,6 +304,12 @@ def log_clock_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) 
                         f"{step} {stamps[0]} (local time), but {event_file.relative_to(path)} "
                         f"wrote that update's loss at {when:%Y-%m-%d %H:%M:%S} UTC: fairseq "
                         "prints the line as it writes the event"]
+    return []
+
+
+def _meter_problems(text: str, man: dict[str, Any]) -> list[str]:
+    """The log's first line against the start of fairseq's wall meter (see
+    :func:`log_clock_problems`)."""
     first_line, meter = LOG_TIME.search(text.encode()), _WALL.search(text)
     if first_line and meter:
         started = _stamp(text[text.rfind("\n", 0, meter.start()) + 1:][:19])

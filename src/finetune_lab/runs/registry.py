@@ -255,6 +255,18 @@ def discover_runs(
     """
     base = Path(root) if root is not None else paths().runs
     wanted = set(experiments) if experiments is not None else None
+    memo = READING.get()  # within one reading (:mod:`~finetune_lab.runs.reading`), judged once
+    key = ("discover_runs", str(base.resolve()), None if wanted is None else tuple(sorted(wanted)),
+           check_inputs)
+    if memo is None or key not in memo:
+        judged = _judge_store(base, wanted, check_inputs)
+        if memo is None:
+            return judged
+        memo[key] = judged
+    return list(memo[key])
+
+
+def _judge_store(base: Path, wanted: set[str] | None, check_inputs: bool) -> list[RunRecord]:
     records: list[RunRecord] = []
     if not base.is_dir():
         if wanted:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from finetune_lab.argtypes import folder, record_name, seed_arg
-from finetune_lab._files import sha256_file, utc_now, write_json_atomic
+from finetune_lab._files import sha256_file, utc_now, write_record
 from finetune_lab.config import check_new_record, paths
 from finetune_lab.data.cls_books import default_output as default_cls_dir
 from finetune_lab.data.split_checks import read_checked_splits
@@ -142,7 +142,7 @@ def run_probe(checkpoint: Path, *, name: str, random_init: bool = False, seed: i
         "environment": environment_info(),
         "device": device_info(),
     }
-    write_json_atomic(out, result)
+    write_record(out, result)
     return out
 
 
@@ -157,7 +157,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="probe a random initialisation of the checkpoint's architecture")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the random initialisation")
     p.add_argument("--cls-dir", type=folder, default=None, help="cls.books folder (default: work dir)")
-    p.add_argument("--force", action="store_true", help="replace an existing record of NAME")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing record of NAME (kept beside it, as "
+                        "NAME.json.replaced-<UTC time>)")
     p.set_defaults(func=_run)
 
 
