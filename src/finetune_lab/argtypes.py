@@ -116,4 +116,13 @@ def record_name(name: str) -> str:
     name, never a path, so that a record cannot land outside its folder."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only")
+    if len(name) > RECORD_NAME_MAX:  # trial 28's E-m11
+        raise UserError(f"--name {name[:20]}... is {len(name)} characters long: use at most "
+                        f"{RECORD_NAME_MAX} (the record, and a copy kept beside it when --force "
+                        "replaces it, must fit a file name)")
     return name
+
+
+RECORD_NAME_MAX = 100
+"""Characters of a record's ``--name``: ``NAME.json.replaced-<UTC second>-N`` within a file
+system's 255."""

@@ -107,6 +107,10 @@ def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = No
     have = checkpoints.require_whole_package(checkpoints.packaged_dir()) is not None
     steps = plan(from_scratch=from_scratch, gpu=torch.cuda.is_available(), have_checkpoint=have,
                  pretrain_minutes=pretrain_minutes, jobs=jobs, other_corpus=other_corpus)
+    if pretrain_minutes and not any(step[0] == "pretrain" for step in steps):  # trial 28's P-m2
+        raise UserError("--pretrain-minutes sets the budget of a pretraining this plan does not "
+                        "run: it fine-tunes the packaged checkpoint; drop the flag, or pretrain "
+                        "with --from-scratch (in a project without that checkpoint)")
     refuse_before_steps(steps, from_scratch=from_scratch)
     for step in steps:
         print(f"reproduce: finetune-lab {' '.join(step)}", flush=True)

@@ -268,6 +268,10 @@ def check_summary_dest(dest: Path | None, *, force: bool = False) -> Path:
         raise UserError(f"{dest} exists and is not a data summary: it was left as it is; "
                         + ("choose another --out" if among_records else
                            "choose another --out, or pass --force to replace it"))
+    if among_records and dest.resolve().parent != paths().summaries.resolve():
+        # trial 28's L-m9: a data summary among the probes' records, which read every file there
+        raise UserError(f"{dest} lies in {dest.parent}, the folder of another kind of record "
+                        "(its chapter reads every file there): give --out a path outside it")
     return dest
 
 
