@@ -333,7 +333,8 @@ def _remove(path: Path) -> None:
 
 @contextmanager
 def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, earlier:
-               Recognizer | None = None, marker: bool = True, keep_old: bool = False) -> Iterator[Path]:
+               Recognizer | None = None, marker: bool = True, keep_old: bool = False,
+               flag: str = "--out") -> Iterator[Path]:
     """Yield a temp folder beside ``dest``; on success it replaces ``dest``, on failure it is removed.
 
     Readers therefore never see a half-written dataset, and a failed run leaves the previous
@@ -343,15 +344,16 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
     replaced beside it unless ``owner`` made it (:func:`_drop_old`). ``marker``: write
     :data:`OUTPUT_MARKER` (off for a folder whose exact files identify it, the packaged
     checkpoint, which stays byte for byte what it was). ``keep_old``: keep it, whoever made it.
+    ``flag``: the caller's option that names ``dest``, for the advice on an unwritable one.
     """
     dest = Path(os.path.abspath(dest))  # trial 28's L-m2: `.` has no name to rename it by
     check_replaceable(dest, owner, force=force, earlier=earlier)
-    check_writable(dest.parent)
+    check_writable(dest.parent, flag)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     except OSError as exc:
         raise UserError(f"cannot write into {dest.parent}: {exc.strerror}. Choose a writable "
-                        "location (--out) or fix its permissions.") from exc
+                        f"location ({flag}) or fix its permissions.") from exc
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; give it normal permissions

@@ -110,9 +110,11 @@ def not_there(path: Path | str, want: str = "file") -> str:
     return "is a folder, not a file" if p.is_dir() else "is not a regular file"
 
 
-def check_writable(parent: Path) -> None:
-    """Fail early, with the fix, when ``parent`` cannot receive the output folder."""
-    fix = "Choose a writable location (--out) or fix its permissions."
+def check_writable(parent: Path, flag: str = "--out") -> None:
+    """Fail early, with the fix, when ``parent`` cannot receive the output folder. ``flag``:
+    the caller's own option for it (trial 28's E-m7: `package-checkpoint` has `--dest`, not
+    the `--out` it was told to change)."""
+    fix = f"Choose a writable location ({flag}) or fix its permissions."
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -246,12 +246,14 @@ def package_checkpoint(
     manifests: Iterable[Path] | None = None,
     trust: bool = False,
     force: bool = False,
+    flag: str = "--dest",
 ) -> Path:
     """Write ``dest/{model.pt,dict.txt,sentencepiece.bpe.model,manifest.json}`` atomically: the
     new folder is swapped in whole, so a crash leaves the old checkpoint or the new one. An
     existing ``dest`` is replaced only if it is a packaged checkpoint (:func:`packaged_output`)
     unless ``force``. ``trust``: the user vouches for a ``source`` that no manifest lists
-    (recorded as such)."""
+    (recorded as such). ``flag``: the caller's option for ``dest`` (``pretrain``'s
+    ``--package-to``), named in the advice on an unwritable one."""
     import torch
 
     dest = Path(dest) if dest is not None else packaged_dir()
@@ -267,7 +269,7 @@ def package_checkpoint(
     # what it replaces is kept, the same weights too: its manifest records their lineage
     # (trial 23's A-f1: the committed checkpoint's, replaced by a copy of its own weights)
     with atomic_dir(dest, COMMAND, force=force, earlier=packaged_output, marker=False,
-                    keep_old=True) as tmp:
+                    keep_old=True, flag=flag) as tmp:
         with library_write(dest):
             torch.save(weights_only_state(state), tmp / MODEL_FILE)
         shutil.copyfile(dictionary, tmp / DICT_FILE)

@@ -4,9 +4,10 @@ Fault trial 27's E-m6, E-m12: a ``model.safetensors`` cut short ended in a ``Saf
 traceback, and a ``config.json`` edited to 3 layers trained a model that was not the
 conversion, because only ``config.json`` and the source's sha256 were looked at. Now
 ``conversion.json`` lists each file's size and sha256 (sizes compared first, hashes only when
-they agree), its ``size`` is held against ``config.json``, and every folder (a conversion made
-before the list, or a user's own ``save_pretrained``) is held to its ``model.safetensors``
-header: the bytes it announces, and the layers and embedding rows its tensors have.
+they agree), its ``size`` is held against ``config.json``, and every folder (a user's own
+``save_pretrained`` too) is held to its ``model.safetensors`` header: the bytes it announces,
+and the layers and embedding rows its tensors have. A conversion made before the list (trial
+28's E-m16: sizes alone let an edited byte train) cannot be checked, so it is not trusted.
 Light (no torch): the registry and the CLI can ask it.
 """
 
@@ -55,14 +56,23 @@ class _Damage(Exception):
     """What is wrong, naming the file; said by :func:`conversion_problem`."""
 
 
-def _listed_files(folder: Path, record: dict[str, Any]) -> None:
-    """Each file the conversion listed: there, of its size, then of its sha256."""
+class _Unverified(_Damage):
+    """A conversion whose record holds no sha256 for a file the model loads: nothing says those
+    bytes are the ones converted (trial 28's E-m16: one bit of ``model.safetensors`` flipped in
+    a conversion made before the list, its size kept, trained)."""
+
+
+def _listed_files(folder: Path, record: dict[str, Any], needed: tuple[str, ...]) -> str | None:
+    """Each file the conversion listed: there, of its size, then of its sha256. Returns why
+    the conversion is unverified (no list, or one without a file of ``needed``), for the
+    caller to say once the weights' header has had its say (a file cut short is named so)."""
     listed = record.get(FILES_KEY)
-    if listed is None:
-        return _marker_sizes(folder)  # converted before the list was kept
+    rec = folder / CONVERSION_RECORD
+    if listed is None:  # sizes alone (the marker's) cannot tell an edited byte
+        return (f"{rec} lists no files (a conversion made before it did), so nothing holds "
+                f"{folder / WEIGHTS} to what was converted")
     if not isinstance(listed, dict) or not all(isinstance(v, dict) for v in listed.values()):
-        raise _Damage(f"{folder / CONVERSION_RECORD} is damaged (its {FILES_KEY} is not a "
-                      "mapping of files)")
+        raise _Damage(f"{rec} is damaged (its {FILES_KEY} is not a mapping of files)")
     for name, want in listed.items():
         path = folder / name
         if not path.is_file():
@@ -74,20 +84,9 @@ def _listed_files(folder: Path, record: dict[str, Any]) -> None:
         if sha256_file(folder / name) != want.get("sha256"):
             raise _Damage(f"{folder / name} is not the file its conversion wrote (sha256 "
                           f"{str(want.get('sha256'))[:12]}…)")
-
-
-def _marker_sizes(folder: Path) -> None:
-    """A conversion without its file list: the sizes its output marker recorded, where it did
-    (sizes only: a copy gets new modification times)."""
-    try:
-        stamps = read_json(folder / OUTPUT_MARKER).get("stamps")
-    except (OSError, ValueError, AttributeError):
-        return
-    for name, was in (stamps.items() if isinstance(stamps, dict) else ()):
-        path = folder / name
-        if isinstance(was, list) and was and path.is_file() and path.stat().st_size != was[0]:
-            raise _Damage(f"{path} is {path.stat().st_size:,} bytes, but its conversion wrote "
-                          f"{was[0]:,}")
+    unlisted = [n for n in needed if n not in listed]
+    return (f"{rec} lists no sha256 for {', '.join(unlisted)}, so nothing holds "
+            f"{folder / unlisted[0]} to what was converted") if unlisted else None
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:
@@ -142,40 +141,50 @@ def _shape_against_config(folder: Path, config: dict[str, Any], header: dict[str
                       f"{emb[0]} × {emb[1]}")
 
 
+def _problem(folder: Path, tokenizer: bool) -> _Damage | None:
+    """:func:`conversion_problem`, as the exception that says it (None: nothing)."""
+    needed = (CONFIG, WEIGHTS, *(TOKENIZER_FILES if tokenizer else ()))
+    try:
+        for name in needed:
+            if not (folder / name).is_file():
+                raise _Damage(f"{folder / name} is missing")
+        record = _record(folder)
+        unverified = _listed_files(folder, record, needed) if record is not None else None
+        header = _safetensors_header(folder / WEIGHTS)
+        _shape_against_config(folder, _config(folder), header,
+                              (record or {}).get("size"))
+        if unverified:
+            raise _Unverified(unverified)
+    except _Damage as exc:
+        return exc
+    except OSError as exc:
+        return _Damage(f"{exc.filename or folder} cannot be read ({exc.strerror})")
+    return None
+
+
 def conversion_problem(folder: Path, *, tokenizer: bool = True) -> str | None:
     """What is wrong with the converted model in ``folder``, naming the file (None: nothing).
 
     ``tokenizer``: its ``spm.model`` and ``dict.txt`` are read too (the folder is also the
-    tokenizer). A folder without ``conversion.json`` (a user's ``save_pretrained``) is held to
-    what its own files say."""
-    folder = Path(folder)
-    try:
-        for name in (CONFIG, WEIGHTS, *(TOKENIZER_FILES if tokenizer else ())):
-            if not (folder / name).is_file():
-                raise _Damage(f"{folder / name} is missing")
-        record = _record(folder)
-        if record is not None:
-            _listed_files(folder, record)
-        header = _safetensors_header(folder / WEIGHTS)
-        _shape_against_config(folder, _config(folder), header,
-                              (record or {}).get("size"))
-    except _Damage as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"{exc.filename or folder} cannot be read ({exc.strerror})"
-    return None
+    tokenizer). A conversion whose ``conversion.json`` lists no sha256 for a file the model
+    loads is a problem too: it cannot be checked. A folder without ``conversion.json`` (a
+    user's ``save_pretrained``, which claims no source) is held to what its own files say."""
+    problem = _problem(Path(folder), tokenizer)
+    return None if problem is None else str(problem)
 
 
 def require_conversion(folder: Path, *, tokenizer: bool = True) -> Path:
-    """``folder`` as ``--model-dir``: refused in one line when it is not whole, with how to
-    make a conversion there (``convert-hf`` writes the work dir's unless given ``--out``)."""
-    problem = conversion_problem(folder, tokenizer=tokenizer)
-    if problem is None:
-        return Path(folder)
+    """``folder`` as ``--model-dir``: refused in one line when it is not whole, or cannot be
+    checked, with how to make a conversion there (``convert-hf`` writes the work dir's unless
+    given ``--out``)."""
     folder = Path(folder)
+    problem = _problem(folder, tokenizer)
+    if problem is None:
+        return folder
     made = (folder / CONVERSION_RECORD).is_file()
     full = folder.is_dir() and any(folder.iterdir())  # --force keeps what it held beside it
-    what = "the conversion it was" if made else "a whole converted model"
+    what = ("a conversion that can be checked" if isinstance(problem, _Unverified) else
+            "the conversion it was" if made else "a whole converted model")
     raise UserError(f"{problem}: {folder} is not {what}; convert into it (`finetune-lab "
                     f"convert-hf --out {folder}{' --force' if full else ''}`), or drop "
                     "--model-dir (the work dir's conversion is then used, made on first use)")

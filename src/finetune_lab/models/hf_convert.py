@@ -325,12 +325,13 @@ def checkpoint_check(path: Path, seed: int = 0) -> pd.DataFrame:
 
 
 def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None = None,
-                       force: bool = False) -> Path:
+                       force: bool = False, keep_old: bool = False) -> Path:
     """Write a Transformers ``RobertaForMaskedLM`` folder + the fairseq-id tokenizer files.
 
     The folder holds ``config.json``, ``model.safetensors``, ``spm.model``, ``dict.txt``,
     ``fairseq_tokenizer.json`` and ``conversion.json`` (source sha256, check, each file's sha256).
-    It is written whole and swapped in, replacing only a conversion (``force``: anything).
+    It is written whole and swapped in, replacing only a conversion (``force``: anything;
+    ``keep_old``: what it replaces is kept beside it, whoever made it).
     """
     check_replaceable(Path(out), COMMAND, force=force, earlier=converted_output)
 
@@ -349,7 +350,8 @@ def convert_checkpoint(checkpoint: Path, out: Path, tokenizer_dir: Path | None =
         raise UserError(f"{tok.dict_path} gives {tok.vocab_size} ids but {checkpoint} has "
                         f"{size.vocab} embedding rows: pass the tokenizer the model was trained with")
     out = Path(out)
-    with atomic_dir(out, COMMAND, force=force, earlier=converted_output) as tmp:
+    with atomic_dir(out, COMMAND, force=force, earlier=converted_output,
+                    keep_old=keep_old) as tmp:
         with library_write(out):
             mlm.save_pretrained(tmp)
         tok.save(tmp)

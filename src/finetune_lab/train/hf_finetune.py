@@ -251,8 +251,9 @@ def ensure_converted() -> Path:
     """The default converted model, converting the packaged checkpoint on first use and again
     whenever the packaged checkpoint is replaced (a conversion of earlier weights would
     otherwise be fine-tuned under the new checkpoint's name), or the conversion is damaged (a
-    file cut short or edited: it is scratch, so converted again, and what it held is kept
-    beside it). The new conversion replaces the old one only once it is complete."""
+    file cut short or edited) or cannot be checked (made before ``conversion.json`` listed its
+    files): it is scratch, so converted again, and what it held is kept beside it. The new
+    conversion replaces the old one only once it is complete."""
     out = default_hf_dir()
     ckpt = packaged_dir() / MODEL_FILE
     damage = conversion_problem(out) if (out / "config.json").is_file() else None
@@ -268,8 +269,8 @@ def ensure_converted() -> Path:
         print(f"{damage}: converting {out} again")
     elif out.exists():
         print(f"{out} was converted from other weights than {ckpt}: converting it again")
-    # swapped in once complete; a damaged one (changed since convert-hf wrote it) kept beside
-    return convert_checkpoint(ckpt, out, tokenizer_dir=ckpt.parent, force=damage is not None)
+    # swapped in once complete; a damaged or unverified one (trial 28's E-m16) kept beside
+    return convert_checkpoint(ckpt, out, ckpt.parent, force=bool(damage), keep_old=bool(damage))
 
 
 def finetune_transformers(

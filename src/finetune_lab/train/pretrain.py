@@ -176,7 +176,8 @@ def pretrain(
             manifests = [run_dir / "manifest.json"]
             metadata = checkpoint_metadata(best, manifests)
             checkpoints.package_checkpoint(best, spm_model, spm_dict, package_to,
-                                           manifests=manifests, metadata=metadata)
+                                           manifests=manifests, metadata=metadata,
+                                           flag="--package-to")
         return run_dir
 
 

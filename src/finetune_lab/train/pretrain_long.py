@@ -324,5 +324,6 @@ def _launch(
         return run_dir
     manifests = [run_dir / "manifest.json"]
     checkpoints.package_checkpoint(final, spm_model, spm_dict, package_to, manifests=manifests,
-                                   metadata=checkpoint_metadata(final, manifests))
+                                   metadata=checkpoint_metadata(final, manifests),
+                                   flag="--package-to")
     return run_dir
