@@ -25,6 +25,7 @@ from finetune_lab.runs.evaluations import (accuracy_problems, log_problems, subs
 from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
+from finetune_lab.runs.file_facts import file_fact_problems
 from finetune_lab.runs.measurements import (log_clock_problems, log_time_problems,
                                             measurement_problems, peak_problems, pretraining)
 from finetune_lab.runs.run_inputs import cached_sha256
@@ -45,6 +46,7 @@ second, on a loaded machine: 0.2 s of 0.8)."""
 class Judged(Protocol):
     """The registry's record, as these checks read and fill it."""
 
+    path: Path
     experiment: str
     name: str
     manifest: dict[str, Any] | None
@@ -329,6 +331,7 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
     log)."""
     return (progress_problems(man, last_step) + time_problems(man) + clock_problems(man, events)
             + event_time_problems(events, man) + seed_problems(man) + command_problems(man)
+            + file_fact_problems(man, events)
             + throughput_problems(path, man) + device_problems(man)
             + learning_rate_problems(man, events) + derived_count_problems(man)
             + subset_problems(path, man, events, _valid_subset(man))

@@ -23,12 +23,14 @@ from finetune_lab.runs.consistency import CLOCK_SLACK_S, Judged, recorded_time
 from finetune_lab.runs.experiments import outvoted
 from finetune_lab.runs.call_runs import call_device_problems
 from finetune_lab.runs.gpu_calls import call_devices
-from finetune_lab.runs.manifest import run_key
+from finetune_lab.runs.file_facts import event_host
+from finetune_lab.runs.manifest import event_files, run_key
 
 
 def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]:
     """Every check below on the valid runs among ``records``; returns those it rejects."""
     valid = [r for r in records if r.valid]
+    unplaced_problems(valid)
     machine_problems(valid, [r for r in records if r.manifest is not None])
     package_problems(valid, [r for r in records if r.manifest is not None])
     weights_time_problems(valid, runs_base)
@@ -149,26 +151,49 @@ SAME_MACHINE_GAP_S = 300.0
 another) ran on one machine; this machine's sessions are hours apart."""
 
 
-def _cpu_run(rec: Judged) -> tuple[str, datetime, datetime, tuple[Any, Any]] | None:
-    """A CPU run's host, start, end and machine (processor, cores); None for any other."""
+CpuRun = tuple[str, datetime, datetime, tuple[Any, Any]]
+"""A CPU run's host, start, end and machine (processor, cores)."""
+
+
+def _cpu_run(rec: Judged) -> CpuRun | str | None:
+    """A CPU run's :data:`CpuRun`, its host taken from its event files' names, not from its
+    manifest (trial 28's M-m2: a renamed or emptied ``environment.hostname`` escaped the runs
+    beside it; :func:`~finetune_lab.runs.file_facts.host_problems` holds the manifest to the
+    files); the reason it cannot be placed, when it lacks a host or times; None for any other
+    run."""
     man = rec.manifest or {}
-    device, env = man.get("device") or {}, man.get("environment") or {}
-    start, end = recorded_time(man.get("start_time")), recorded_time(man.get("end_time"))
-    if not isinstance(device, dict) or device.get("type") != "cpu" or not isinstance(env, dict) \
-            or not env.get("hostname") or start is None or end is None:
+    device = man.get("device") or {}
+    if not isinstance(device, dict) or device.get("type") != "cpu":
         return None
-    return str(env["hostname"]), start, end, (device.get("cpu"), device.get("cpu_count"))
+    start, end = recorded_time(man.get("start_time")), recorded_time(man.get("end_time"))
+    host = event_host(event_files(rec.path))
+    if host is None or start is None or end is None:
+        return ("a CPU run is held to the runs beside it on its machine, but "
+                + ("its event files' names (events.out.tfevents.<time>.<host>.<pid>.<n>) name "
+                   "no one host" if host is None else "its start_time or end_time is no time "
+                   "(with a UTC offset, from 1970 on) to compare") + ": it cannot be checked")
+    return host, start, end, (device.get("cpu"), device.get("cpu_count"))
+
+
+def _placed(records: Sequence[Judged]) -> list[tuple[Judged, CpuRun]]:
+    """The CPU runs among ``records`` that :func:`_cpu_run` places."""
+    return [(r, c) for r in records if isinstance(c := _cpu_run(r), tuple)]
+
+
+def unplaced_problems(records: Sequence[Judged]) -> None:
+    """A CPU run with no host or no times is rejected, never taken for one with nothing beside
+    it to compare (trial 28's M-m2: an emptied hostname was "nothing to compare")."""
+    for rec in records:
+        if isinstance(reason := _cpu_run(rec), str):
+            rec.problems.append(reason)
 
 
 def machine_problems(records: Sequence[Judged], everyone: Sequence[Judged]) -> None:
     """Runs on one host at the same time, or one right after another, ran on one machine: a run
     whose processor or core count no such run records was edited (trial 8's S19: 16 cores
     where the seeds before and after it say 2, which gave the layout table a row of its own)."""
-    seen = [(r, c) for r in everyone if (c := _cpu_run(r)) is not None]
-    for rec in records:
-        mine = _cpu_run(rec)
-        if mine is None:
-            continue
+    seen = _placed(everyone)
+    for rec, mine in _placed(records):
         host, start, end, machine = mine
         beside = [c[3] for o, c in seen if o is not rec and c[0] == host
                   and (max(start, c[1]) - min(end, c[2])).total_seconds() < SAME_MACHINE_GAP_S]
@@ -201,11 +226,8 @@ def package_problems(records: Sequence[Judged], everyone: Sequence[Judged]) -> N
     torch edited to 2.5.0+cpu beside seeds that record 2.13.0+cpu). The committed CPU runs span
     one upgrade (transformers 5.23.0 to 5.24.0, between 2026-11-24 and 11-25), hours apart,
     which the window of :data:`SAME_MACHINE_GAP_S` leaves alone."""
-    seen = [(r, c, _environment(r)) for r in everyone if (c := _cpu_run(r)) is not None]
-    for rec in records:
-        mine = _cpu_run(rec)
-        if mine is None:
-            continue
+    seen = [(r, c, _environment(r)) for r, c in _placed(everyone)]
+    for rec, mine in _placed(records):
         host, start, end, _machine = mine
         beside = [env for o, c, env in seen if o is not rec and c[0] == host
                   and (max(start, c[1]) - min(end, c[2])).total_seconds() < SAME_MACHINE_GAP_S]

@@ -10,6 +10,7 @@ reported with the file and the byte offset of the record it is in.
 from __future__ import annotations
 
 import functools
+import json
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -116,6 +117,9 @@ class Scanned(NamedTuple):
     loss_times: tuple[tuple[int, float], ...] = ()
     """When each loss was written (its update and wall-clock time): fairseq prints the line of
     that update in its train.log as it writes it."""
+    trainer_seed: int | None = None
+    """The seed the Trainer's arguments hold (its ``args`` text, which Transformers' TensorBoard
+    callback writes first): the run's seed as the process that trained saw it."""
 
 
 _CHECKED: dict[tuple[int, int, int, int], Scanned] = {}
@@ -175,12 +179,15 @@ def _scan(path: Path) -> Scanned:
     logged: list[tuple[str, int, float]] = []
     loss_times: list[tuple[int, float]] = []
     seen: set[tuple[str, int]] = set()
+    trainer_seed = None
     for index, event in enumerate(strict_events(path)):
         _check_kind(path, index, event, last)
         last = max(last, event.step)
         if event.wall_time:
             walls.append(event.wall_time)
         for value in event.summary.value:
+            if value.tag == ARGS_TAG and trainer_seed is None:
+                trainer_seed = _args_seed(value)
             numeric = value.tag in LOGGED_TAGS or value.tag in LR_TAGS or \
                 _accuracy_tag(value.tag) or _metric_tag(value.tag)
             if numeric and not value.HasField("simple_value"):  # trial 14's E1
@@ -216,7 +223,27 @@ def _scan(path: Path) -> Scanned:
         raise EventFileError(f"event file {path} records no wall-clock time")
     return Scanned(last, peak, min(walls, default=None), max(walls, default=None),
                    tuple(sorted((tag, frozenset(steps)) for tag, steps in accuracy.items())),
-                   tuple(logged), tuple(loss_times))
+                   tuple(logged), tuple(loss_times), trainer_seed)
+
+
+ARGS_TAG = "args/text_summary"
+"""The Trainer's arguments as JSON text (``TensorBoardCallback``'s ``add_text("args", ...)``)."""
+
+
+def _args_seed(value: Any) -> int | None:
+    """The ``seed`` of a Trainer's arguments text (None when it is not JSON with an int seed:
+    nothing recorded, nothing to hold the manifest to)."""
+    try:
+        seed = json.loads(value.tensor.string_val[0].decode())["seed"]
+    except (IndexError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def trainer_seeds(paths: Iterable[Path]) -> set[int]:
+    """The seeds the sound files among ``paths`` record in a Trainer's arguments (empty for a
+    fairseq run, whose seed its train.log holds)."""
+    return {s.trainer_seed for s in _sound(paths) if s.trainer_seed is not None}
 
 
 def _scalar(value: Any) -> float | None:
