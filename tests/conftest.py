@@ -236,6 +236,35 @@ def make_tiny_cls(root, items, vocab_size: int):
     return tok_dir, cls_dir
 
 
+def tiny_conversion(root, items) -> dict:
+    """A real conversion of a tiny fairseq RoBERTa (as `convert-hf` makes it), from a packaged
+    checkpoint of random weights, with a tiny CLS-Books split (:func:`make_tiny_cls` of
+    ``items``): the conversion checks' tests damage copies of it."""
+    import os
+    import shutil
+
+    import torch
+
+    from finetune_lab.models import hf_convert, trust
+    from finetune_lab.models.hf_tokenizer import FairseqIdTokenizer
+    from finetune_lab.models.params import fairseq_model
+
+    tok_dir, cls_dir = make_tiny_cls(root, items, vocab_size=200)
+    size = hf_convert.tiny_size(FairseqIdTokenizer.from_dir(tok_dir).vocab_size)
+    package = root / "package"
+    package.mkdir()
+    for name, src in (("sentencepiece.bpe.model", "spm.model"), ("dict.txt", "dict.txt")):
+        shutil.copyfile(tok_dir / src, package / name)
+    ckpt = package / "model.pt"
+    torch.save({"model": fairseq_model(size, classification_head=False).state_dict(),
+                "args": None, "cfg": {"model": {"encoder_attention_heads": size.heads}}}, ckpt)
+    os.environ[trust.TRUSTED_DIRS_ENV] = str(package)
+    try:
+        model_dir = hf_convert.convert_checkpoint(ckpt, root / "hf", tok_dir)
+    finally:
+        del os.environ[trust.TRUSTED_DIRS_ENV]
+    return {"root": root, "cls_dir": cls_dir, "model_dir": model_dir, "package": package}
+
 # --- real tiny fairseq runs for the run-cache tests (registry, loaders, freeze, provenance) ---
 
 

@@ -13,11 +13,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import tiny_conversion
 from test_hf_finetune import _texts
 
 from finetune_lab.cli import main
 from finetune_lab.config import PROJECT_ROOT, WORK_DIR_ENV
-from finetune_lab.models import hf_convert, trust
+from finetune_lab.models import trust
 from finetune_lab.models.conversion_check import conversion_problem
 from finetune_lab.train import hf_finetune
 
@@ -26,30 +27,8 @@ MARKER = ".finetune-lab-output"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """One real conversion of a tiny fairseq RoBERTa (as `convert-hf` makes it), its packaged
-    checkpoint, and a tiny CLS-Books split; tests make copies of the conversion older."""
-    import torch
-
-    from conftest import make_tiny_cls
-    from finetune_lab.models.hf_tokenizer import FairseqIdTokenizer
-    from finetune_lab.models.params import fairseq_model
-
-    root = tmp_path_factory.mktemp("t28-convert")
-    tok_dir, cls_dir = make_tiny_cls(root, _texts(48), vocab_size=200)
-    size = hf_convert.tiny_size(FairseqIdTokenizer.from_dir(tok_dir).vocab_size)
-    package = root / "package"
-    package.mkdir()
-    for name, src in (("sentencepiece.bpe.model", "spm.model"), ("dict.txt", "dict.txt")):
-        shutil.copyfile(tok_dir / src, package / name)
-    ckpt = package / "model.pt"
-    torch.save({"model": fairseq_model(size, classification_head=False).state_dict(),
-                "args": None, "cfg": {"model": {"encoder_attention_heads": size.heads}}}, ckpt)
-    os.environ[trust.TRUSTED_DIRS_ENV] = str(package)
-    try:
-        model_dir = hf_convert.convert_checkpoint(ckpt, root / "hf", tok_dir)
-    finally:
-        del os.environ[trust.TRUSTED_DIRS_ENV]
-    return {"cls_dir": cls_dir, "model_dir": model_dir, "package": package}
+    """One real conversion and a tiny CLS-Books split; tests make copies of it older."""
+    return tiny_conversion(tmp_path_factory.mktemp("t28-convert"), _texts(48))
 
 
 def _as_before_the_list(hf: Path, drop: str | None = None) -> None:
