@@ -93,3 +93,23 @@ def test_a_pretraining_budget_for_a_plan_that_does_not_pretrain_is_refused(capsy
     err = capsys.readouterr()
     assert "--pretrain-minutes" in err.err and "reproduce: finetune-lab" not in err.out
     assert main(["reproduce", "--dry-run"]) == 0
+
+
+def test_a_dry_run_names_the_runs_a_step_would_make(cache: Path, capsys) -> None:
+    """P-m1: with a committed run rejected (its learning rate edited), `reproduce --dry-run`
+    printed the same lines as on a whole store, though the step would run it again (35 min)
+    and move the committed one aside."""
+    import shutil
+
+    from finetune_lab.cli import main
+
+    manifest = cache / "fairseq" / "random-seed1" / "manifest.json"
+    record = json.loads(manifest.read_text())
+    record["hyperparameters"]["lr"] = 2e-5
+    manifest.write_text(json.dumps(record))
+    shutil.rmtree(cache / "lora" / "qlora-qv-seed2")
+    assert main(["reproduce", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would run fairseq/random-seed1 again, moving the one there aside (rejected: " in out
+    assert "would run lora/qlora-qv-seed2 (not there yet)" in out
+    assert out.count("every run complete and valid: nothing to run") == 1  # transformers

@@ -18,6 +18,8 @@ from finetune_lab.cli import build_parser, main
 from finetune_lab.data import tokenizer
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
+from finetune_lab.runs.recording import run_dir_for
+from finetune_lab.runs.registry import validate_run
 from finetune_lab.train.lora_cls import DEFAULT_METHODS as LORA_METHODS
 
 
@@ -98,6 +100,29 @@ def refuse_before_steps(steps: list[list[str]], *, from_scratch: bool) -> None:
             before(args, SCRATCH_FIX if from_scratch else RESTORE_FIX)
 
 
+def pending_runs(step: list[str]) -> list[str]:
+    """What a fine-tuning step would run (trial 28's P-m1: a dry run printed the same lines
+    whether every run was done or a committed run, rejected, would be run again, 35 minutes,
+    and moved aside): each run that is not complete and valid, as the step itself decides."""
+    from finetune_lab.train import lora_cls  # heavy: pandas (through finetune_lab.models.four_bit)
+
+    if step[0] != "finetune":
+        return []
+    args = build_parser().parse_args(step)
+    names = {"fairseq": lambda a: [f"{i}-seed{s}" for i in a.init for s in a.seeds],
+             "transformers": lambda a: [f"{i}-seed{s}" for i in a.init for s in a.seeds],
+             "lora": lambda a: [lora_cls.run_name(m, s) for m in a.methods for s in a.seeds]}
+    lines = []
+    for name in names[step[1]](args):
+        target = run_dir_for(step[1], name)
+        if not (target / "manifest.json").is_file():
+            lines.append(f"would run {step[1]}/{name} (not there yet)")
+        elif not (rec := validate_run(target)).valid:
+            lines.append(f"would run {step[1]}/{name} again, moving the one there aside "
+                         f"(rejected: {rec.reason})")
+    return lines or ["every run complete and valid: nothing to run"]
+
+
 def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = None,
               dry_run: bool = False, jobs: int = 1, other_corpus: bool = False) -> int:
     """Plan from the packaged folder as a whole (weights listed by its manifest but gone are a
@@ -115,6 +140,8 @@ def reproduce(*, from_scratch: bool = False, pretrain_minutes: float | None = No
     for step in steps:
         print(f"reproduce: finetune-lab {' '.join(step)}", flush=True)
         if dry_run:
+            for line in pending_runs(step):
+                print(f"reproduce:   {line}")
             continue
         code = main(step)
         if code:
