@@ -542,7 +542,7 @@ def test_the_pre_exec_hook_loads_nothing(monkeypatch):
     resolved at import; with loading made impossible the hook still sets the death signal."""
     import ctypes
 
-    from finetune_lab.runs import trainer_process
+    from finetune_lab.data import child
 
     def no_loading(*_a, **_k):
         raise OSError("a library was loaded between fork and exec")
@@ -551,7 +551,7 @@ def test_the_pre_exec_hook_loads_nothing(monkeypatch):
     read = ("import ctypes; v = ctypes.c_int(); "
             "ctypes.CDLL('libc.so.6').prctl(2, ctypes.byref(v)); print(v.value)")  # GET
     out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
-                         preexec_fn=trainer_process.die_with_parent, check=True).stdout
+                         preexec_fn=child.die_with_parent, check=True).stdout
     assert int(out) == signal.SIGTERM
 
 

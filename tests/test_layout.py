@@ -203,3 +203,26 @@ def test_the_checks_see_a_cycle(tmp_path, monkeypatch):
         test_no_import_cycles()
     with pytest.raises(AssertionError, match="light: import it at the top"):
         test_function_local_imports_are_heavy_ones()
+
+
+def _readme_modules() -> dict[str, set[str]]:
+    """The README's table of the package, stage by stage: ``{stage: {module, ...}}``."""
+    text = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("### The package, stage by stage", 1)[1].split("\n## ", 1)[0]
+    listed = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`") and cells[0].endswith("/`"):
+            names = cells[1].split(", `fairseq_user_dir/`")[0]  # a folder of fairseq plug-ins
+            listed[cells[0].strip("`/")] = {n.strip(" `") for n in names.split(",")}
+    return listed
+
+
+def test_the_readme_lists_every_module_of_each_stage():
+    """An engineer finds a module by the README's table: it names each stage's modules, no
+    more and no fewer (it had fallen behind by eleven)."""
+    listed = _readme_modules()
+    assert set(listed) == set(STAGES)
+    for stage in STAGES:
+        present = {p.stem for p in (PACKAGE_DIR / stage).glob("*.py") if p.stem != "__init__"}
+        assert listed[stage] == present, (stage, sorted(present ^ listed[stage]))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from finetune_lab.argtypes import folder, positive_int, resolved_folder
 from finetune_lab import _files
+from finetune_lab.data.child import PRE_EXEC
 from finetune_lab.data.tools import tool_versions
 from finetune_lab.data import cls_books, tokenizer
 from finetune_lab.data.cls_books import SPLITS, check_same_length, count_lines
@@ -79,6 +80,7 @@ def run_preprocess(args: list[str], cwd: Path) -> float:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     result = subprocess.run(
         [*_preprocess_executable(), *args], cwd=cwd, capture_output=True, text=True, env=env,
+        preexec_fn=PRE_EXEC,
     )
     if result.returncode != 0:  # its last line says why (trial 19's X-y3: a 20-line traceback)
         said = (result.stderr or result.stdout).strip().splitlines() or ["no output"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.data.child import PRE_EXEC
 from finetune_lab.errors import stop_signals_raise
 
 
@@ -134,7 +135,7 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
                     child_env["CUDA_VISIBLE_DEVICES"] = str(slot % gpus)
                 with open(job.log, "w") as log:  # the child holds its own copy of the file
                     proc = subprocess.Popen(job.argv, cwd=cwd, env=child_env, stdout=log,
-                                            stderr=subprocess.STDOUT)
+                                            stderr=subprocess.STDOUT, preexec_fn=PRE_EXEC)
                 running[job.name] = (job, proc, slot, time.monotonic())
             time.sleep(0.2)
             for name, (job, proc, slot, start) in list(running.items()):

@@ -31,6 +31,7 @@ from typing import Any
 
 from finetune_lab._files import move_aside, utc_now
 from finetune_lab.config import paths
+from finetune_lab.data.child import PRE_EXEC
 from finetune_lab.errors import UserError
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.measurements import killed_end, seconds_between
@@ -39,7 +40,6 @@ from finetune_lab.runs.run_inputs import refuse_inside_output
 from finetune_lab.runs.runlock import run_lock
 from finetune_lab.runs.trainer_process import (
     RunInterrupted,
-    die_with_parent,
     log_tail,
     terminate_as_interrupt,
     wait_or_end_after,
@@ -132,7 +132,7 @@ class RunHandle:
             start = log.tell()
             proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
-                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+                preexec_fn=PRE_EXEC,
             )
             try:
                 returncode = wait_or_end_after(proc, log.fileno(), start, done_marker,

@@ -4,13 +4,10 @@ the run's manifest can say it was interrupted."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,36 +31,6 @@ def terminate_as_interrupt() -> Iterator[None]:
 
     with stop_signals_raise(handler):
         yield
-
-
-PR_SET_PDEATHSIG = 1
-"""``prctl`` option: the signal the kernel sends a process when its parent dies (Linux)."""
-
-
-def _resolve_prctl() -> Callable[..., int] | None:
-    """libc's ``prctl``, looked up once, here in the launcher: after ``fork`` only one thread
-    is left in the child, and loading a library there can wait forever on a lock another
-    thread (the launcher's progress thread) held at the fork, as the ``subprocess`` docs warn."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes, prctl.restype = [ctypes.c_int, ctypes.c_ulong], ctypes.c_int
-    return prctl
-
-
-_PRCTL = _resolve_prctl()
-_DEATH_SIGNAL = int(signal.SIGTERM)
-
-
-def die_with_parent() -> None:  # pragma: no cover (runs in the child, between fork and exec)
-    """Linux: have the kernel send SIGTERM to the trainer when its launcher dies, so that a
-    killed ``finetune``/``pretrain`` leaves no trainer writing into the run folder. One system
-    call through the function resolved at import, nothing loaded or looked up here."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, _DEATH_SIGNAL)
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from finetune_lab.config import paths
 from finetune_lab.data import pretrain_corpus
+from finetune_lab.data.child import PRE_EXEC
 from finetune_lab.data.binarized import check_corpus
 from finetune_lab.errors import UserError
 from finetune_lab.runs.fairseq_logs import log_rates
@@ -130,7 +131,7 @@ def calibrate(bin_dir: Path, recipe: PretrainRecipe, *, device: str, precision: 
     args = fairseq_args(bin_dir, scratch, probe, seed=0, device=device, precision=precision)
     args += ["--no-save", "--disable-validation"]
     out = subprocess.run([sys.executable, "-m", "fairseq_cli.train", *args],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, preexec_fn=PRE_EXEC)
     if out.returncode != 0:
         raise UserError(f"the calibration run failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
     rates = log_rates(out.stdout + out.stderr)
