@@ -143,11 +143,13 @@ def test_a_package_copy_without_figures_or_with_a_run_not_in_the_cache(package):
     package(lambda d: [s.update(tokens=None, updates=None) for s in d["lineage"]])
     assert pb.pretrain_budget().tokens_all_runs == ALL_RUNS_TOKENS
     assert pr.run_facts(pr.load_pretrain_runs())["tokens_total"] == ALL_RUNS_TOKENS
-    # a step whose run is not in the cache keeps what its copy says, as before
+    # a step its run's own lineage does not name is no step of it (trial 29's R-15: it made
+    # the total larger); the package is damaged, whatever the step's run
     package(lambda d: d["lineage"].insert(0, {"run": "data/runs/pretrain/no-such-run",
                                               "tokens": 999, "updates": 1}))
-    assert pb.pretrain_budget().tokens_all_runs == ALL_RUNS_TOKENS + 999
-    assert pr.run_facts(pr.load_pretrain_runs())["tokens_total"] == ALL_RUNS_TOKENS + 999
+    for read in (pb.pretrain_budget, lambda: pr.run_facts(pr.load_pretrain_runs())):
+        with pytest.raises(UserError, match=r"damaged \(its lineage names \['pretrain/no-such"):
+            read()
 
 
 # --- C2: the copies inside the runs' own manifests ---------------------------------------------

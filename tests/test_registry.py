@@ -377,8 +377,10 @@ def test_a_run_killed_as_done_must_have_reached_its_last_update(tmp_path: Path) 
     rec = validate_run(run, check_inputs=False)
     killed = (f"{run} was killed as done ({man['exit_forced']}), but its event files stop at "
               f"update {total:,} of {total + 225:,}: the run did not finish; run it again")
-    # (its recipe's updates no longer fit its epochs either: that check names it too)
-    assert killed in rec.problems and len(rec.problems) == 2
+    # (its recipe's updates no longer fit its epochs either, nor the configuration its
+    # train.log prints, for the command and the recipe: those checks name them too)
+    assert killed in rec.problems and len(rec.problems) == 4
+    assert sum("configured with total_num_update='1125'" in p for p in rec.problems) == 2
     del man["exit_forced"]  # a trainer that exited on its own is not second-guessed here
     mf.write_manifest(run, man)
     assert killed not in validate_run(run, check_inputs=False).problems

@@ -82,7 +82,52 @@ def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
             raise _damaged(manifest, f"its {key} is not a {kind.__name__}")
     if any(not isinstance(step, dict) for step in data.get("lineage") or []):
         raise _damaged(manifest, "its lineage holds an entry that is not an object")
+    if data.get("lineage") and isinstance(data.get("run"), str):
+        run = _run_manifest(data["run"])
+        if (why := lineage_chain_problem(data["lineage"], data["run"], run)) is not None:
+            raise _damaged(manifest, f"its {why}")
     return data
+
+
+def _run_manifest(stored: str) -> dict[str, Any] | None:
+    """The manifest of a run a package names (``data/runs/EXPERIMENT/RUN``, in the run store
+    wherever it is), or None when it is not there to be read (the registry judges it)."""
+    where = Path(stored)
+    try:
+        data = read_json(paths().runs / where.parent.name / where.name / MANIFEST_FILE)
+    except (OSError, DamagedFileError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def lineage_chain_problem(lineage: list[Any], run: str, run_manifest: dict[str, Any] | None
+                          ) -> str | None:
+    """A copied lineage (a package's, a continued run's ``extra.continued_from``, a fine-tuning
+    run's ``extra.checkpoint_source``) names every run behind the weights, oldest first: it
+    ends at the weights' own ``run``, and the steps before are that run's own copy of its
+    lineage, as it recorded it (none where it started from random weights). Trial 29's R-15 to
+    R-17: a step deleted or inserted changed the tokens and hours the book adds up, though each
+    step that was left agreed with its run."""
+    if not lineage:
+        return None
+    if _run_of(lineage[-1]) != _run_of({"run": run}):
+        return f"lineage ends at {_run_of(lineage[-1])}, not at {run}, the run of its weights"
+    if run_manifest is None:
+        return None
+    source = (run_manifest.get("extra") or {}).get("continued_from")
+    before = source.get("lineage") if isinstance(source, dict) else None
+    named = [_run_of(step) for step in lineage[:-1]]
+    own = [_run_of(step) for step in (before if isinstance(before, list) else [])]
+    if named != own:  # (each step's updates and tokens are held to its run where it is read)
+        return (f"lineage names {named or 'no run'} before {run}, but that run's manifest "
+                f"records {own or 'none'} (extra.continued_from.lineage)")
+    return None
+
+
+def _run_of(step: Any) -> str:
+    """A lineage step's run, as ``experiment/name`` wherever the run store was."""
+    run = step.get("run") if isinstance(step, dict) else None
+    return "/".join(Path(str(run)).parts[-2:])
 
 
 def _damaged(manifest: Path, why: str) -> UserError:

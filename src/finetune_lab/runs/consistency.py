@@ -26,6 +26,7 @@ from finetune_lab.runs.eventfiles import peak_learning_rate, wall_span
 from finetune_lab.runs.experiments import check_hyperparameters
 from finetune_lab.runs.fairseq_logs import log_rates
 from finetune_lab.runs.file_facts import file_fact_problems
+from finetune_lab.runs.log_config import config_problems
 from finetune_lab.runs.measurements import (log_clock_problems, log_time_problems,
                                             measurement_problems, peak_problems, pretraining)
 from finetune_lab.runs.run_inputs import cached_sha256
@@ -35,9 +36,10 @@ CLOCK_SLACK_S = 2.0
 RATE_TOLERANCE = 0.01
 """A recorded rate and the one its log gives again: the same median, up to a log line written
 after the rate was taken (0.35 % in the one committed run where that happened)."""
-TIMED_SHARE = 0.8
+TIMED_SHARE = 0.95
 """The least share of a run's wall time that ``extra.time_s`` (the timed training and
-evaluation) covers: 98 to 100 % in every recorded run; loading lies outside both."""
+evaluation) covers: 98 to 100 % in every recorded run; loading lies outside both (trial 29's
+R-1: at 80 %, a GPU run's 141 s stretched to 160 s passed)."""
 UNTIMED_S = 5.0
 """What a run may spend outside its timed part whatever its length (a tiny test run of a
 second, on a loaded machine: 0.2 s of 0.8)."""
@@ -277,11 +279,12 @@ def learning_rate_problems(man: dict[str, Any], events: Sequence[Path]) -> list[
             f"{int(total)}-update schedule)"]
 
 
-EVENTS_BEFORE_END_S = (30.0, 180.0)
+EVENTS_BEFORE_END_S = (10.0, 180.0)
 """The most a fine-tuning run, and a pretraining run, goes on after its last event: the
 manifest is written (2.4 s at most in the committed fine-tuning runs), and a pretraining run
-packages its weights (82 s). Trial 23's M-g: 120 s let a run's minutes grow unseen."""
-FIRST_EVENT_S = {"fairseq": 600.0, "transformers": 30.0}
+packages its weights (82 s). Trial 23's M-g: 120 s let a run's minutes grow unseen; trial 29's
+R-1: 30 s, a GPU run's by 19 s."""
+FIRST_EVENT_S = {"fairseq": 600.0, "transformers": 10.0}
 """The most a run takes to log its first event, by framework: a fairseq run loads its corpus
 and model first (up to 52 s for a fine-tuning run, 101 s for a pretraining run, in the
 committed runs; its train.log bounds it closer: ``measurements.log_time_problems``); a
@@ -338,7 +341,8 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
             + accuracy_problems(path, man, events, _valid_subset(man))
             + log_problems(path, man, events)
             + trainer_loss_problems(path, man, events) + measurement_problems(man, events)
-            + log_time_problems(path, man) + log_clock_problems(path, man, events))
+            + log_time_problems(path, man) + log_clock_problems(path, man, events)
+            + config_problems(path, man))
 
 
 def _valid_subset(man: dict[str, Any]) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from finetune_lab._files import parse_json, regular_text
 from finetune_lab.errors import UserError
-from finetune_lab.models.checkpoints import package_manifest
+from finetune_lab.models.checkpoints import lineage_chain_problem, package_manifest
 from finetune_lab.runs.consistency import CLOCK_SLACK_S, Judged, recorded_time
 from finetune_lab.runs.experiments import outvoted
 from finetune_lab.runs.call_runs import call_device_problems
@@ -35,6 +35,7 @@ def outside_problems(records: Sequence[Judged], runs_base: Path) -> list[Judged]
     package_problems(valid, [r for r in records if r.manifest is not None])
     weights_time_problems(valid, runs_base)
     lineage_time_problems(valid, records)
+    lineage_chain_problems(valid, records)
     source_problems(valid)
     experiment_weights_problems(valid)
     call_device_problems(valid, call_devices())
@@ -144,6 +145,27 @@ def lineage_time_problems(records: Sequence[Judged], everyone: Sequence[Judged])
                         "under that name (an earlier one is kept in data/runs/.superseded/ "
                         "when --overwrite replaced it)")
                     break
+
+
+def lineage_chain_problems(records: Sequence[Judged], everyone: Sequence[Judged]) -> None:
+    """Each copied lineage of a run names every run behind its weights, as the last of them
+    recorded its own (:func:`~finetune_lab.models.checkpoints.lineage_chain_problem`)."""
+    manifests = {f"{r.experiment}/{r.name}": r.manifest for r in everyone if r.manifest}
+    for rec in records:
+        extra = (rec.manifest or {}).get("extra") or {}
+        for field in ("continued_from", "checkpoint_source"):
+            source = extra.get(field) if isinstance(extra, dict) else None
+            lineage = source.get("lineage") if isinstance(source, dict) else None
+            if not isinstance(lineage, list) or not lineage \
+                    or not isinstance(source.get("run"), str):
+                continue
+            if not all(isinstance(step, dict) for step in lineage):
+                rec.problems.append(f"extra.{field}.lineage holds an entry that is not an object")
+                break
+            own = manifests.get(run_key(source["run"]))
+            if (why := lineage_chain_problem(lineage, source["run"], own)) is not None:
+                rec.problems.append(f"extra.{field}.{why}")
+                break
 
 
 SAME_MACHINE_GAP_S = 300.0

@@ -66,6 +66,8 @@ def call_problem(path: Path, meta: object) -> str | None:
     if timings.get("data", 0.0) > prep + DATA_SLACK_S:
         return (f"says its data phase took {timings['data']:g} s, though its data jobs took "
                 f"{prep:g} s")
+    if (why := _missing_product(meta)) is not None:
+        return why
     start = call_start(path.stem)
     if start is None:
         return None
@@ -172,6 +174,25 @@ class CallDevice(NamedTuple):
     environment: dict[str, str] = {}
     """What the record says of the software and recipe its runs share, by the run manifest's
     field (``environment.packages.torch`` -> ``2.11.0+cu130``; :data:`RECORD_FIELDS`)."""
+
+
+RUN_JOBS = ("fairseq", "transformers", "lora", "pretrain")
+"""The first word of the jobs that make a run, which the call brings back in an experiment."""
+
+
+def _missing_product(meta: dict) -> str | None:
+    """A job that made a run and ended well, in an experiment the call brought back (trial
+    29's R-23: a record that lost its ``data/runs/transformers-gpu`` product blamed the six
+    runs it had made instead of setting itself aside)."""
+    brought = [str(p).rsplit("/", 1)[-1] for p in meta.get("products") or []
+               if str(p).startswith("data/runs/")]
+    for job in meta["jobs"]:
+        part = str(job["job"]).partition("-")[0]
+        if part in RUN_JOBS and job.get("exit_code") == 0 \
+                and not any(e.startswith(part) for e in brought):
+            return (f"says its job {job['job']} ended with exit code 0, but it brought back no "
+                    f"{part} experiment (products: {', '.join(brought) or 'none'})")
+    return None
 
 
 RECORD_FIELDS = {"torch": "environment.packages.torch", "python": "environment.python",
