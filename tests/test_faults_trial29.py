@@ -259,3 +259,106 @@ def test_a_call_record_that_lost_a_product_is_set_aside_not_its_runs(tmp_path):
     _edit(there / f"{stem}.json", lambda m: m["products"].remove("data/runs/transformers-gpu"))
     said = call_records_set_aside(tmp_path)
     assert f"{stem}.json" in said and "brought back no transformers experiment" in said
+
+
+# --- R-10: where a chapter runs ------------------------------------------------------------------
+
+def test_execute_dir_project_is_an_option_and_moves_the_matplotlibrc(tmp_path, capsys,
+                                                                     monkeypatch):
+    """Trial 29's R-10: `execute-dir: project` in `_quarto.yml` and a `matplotlibrc` at the
+    project's root left every chapter but `index.qmd` up to date, though each then runs in the
+    root and draws with that file."""
+    from test_freeze_env import _project, _render_all
+
+    from finetune_lab.cli import main
+
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mplconfig"))
+    monkeypatch.delenv("MATPLOTLIBRC", raising=False)
+    root = _project(tmp_path / "project")
+    (root / "matplotlibrc").write_text("axes.facecolor: red\n")
+    _render_all(root)
+    assert main(["check-freeze", "--project", str(root)]) == 0
+    capsys.readouterr()
+    (root / "_quarto.yml").write_text("project:\n  type: book\n  execute-dir: project\n")
+    assert main(["check-freeze", "--project", str(root)]) == 1
+    said = capsys.readouterr().err
+    assert said.count("option _quarto.yml: project.execute-dir (new)") == 2
+    assert said.count("matplotlibrc matplotlibrc (new)") == 2
+
+
+# --- L-30: a copy's name too long for the disk; L-4, L-22: a lock or a log written through a link -
+
+@pytest.mark.parametrize("length", [235, 241, 250])
+def test_force_on_a_folder_with_a_long_name_keeps_what_it_held(tmp_path, length):
+    """Trial 29's L-30: `prepare-cls --out <235 characters> --force` swapped its output in,
+    then failed to keep the old folder as NAME.replaced-<time> (too long a name) and removed
+    it, the user's notes with it. The copy's name is shortened to fit; nothing is lost."""
+    from finetune_lab._files import atomic_dir
+
+    dest = tmp_path / ("u" * length)
+    dest.mkdir()
+    (dest / "notes.txt").write_text("my thesis notes")
+    with atomic_dir(dest, "prepare-cls", force=True) as tmp:
+        (tmp / "train.review").write_text("new\n")
+    assert (dest / "train.review").read_text() == "new\n"
+    kept = [p for p in tmp_path.iterdir() if p != dest]
+    assert len(kept) == 1 and (kept[0] / "notes.txt").read_text() == "my thesis notes"
+    assert ".replaced-" in kept[0].name and len(kept[0].name.encode()) <= 255
+
+
+def test_a_copy_that_cannot_be_kept_is_left_where_it_is_said_to_be(tmp_path, monkeypatch):
+    """The class behind L-30: once the swap is done, the old folder is never removed because
+    keeping it failed; the one line names where it is."""
+    from finetune_lab import _files
+    from finetune_lab._files import atomic_dir
+
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("mine")
+
+    def fails(*_a, **_k):
+        raise OSError(36, "File name too long")
+
+    monkeypatch.setattr(_files, "keep_beside", fails)
+    with pytest.raises(UserError, match=r"out was replaced, but what it held could not be kept "
+                                        r"beside it .*it is in .*\.out\.tmp-"):
+        with atomic_dir(dest, "prepare-cls", force=True) as tmp:
+            (tmp / "train.review").write_text("new\n")
+    held = [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    assert len(held) == 1 and (held[0] / "notes.txt").read_text() == "mine"
+
+
+def test_a_lock_is_never_taken_through_a_link(tmp_path):
+    """Trial 29's L-4: a link at `.<run>.lock` (or `data/.gpu-unpack.lock`) had the lock's
+    "pid N on HOST" written over the committed train.log it pointed to."""
+    from finetune_lab.runs.runlock import run_lock
+
+    target = tmp_path / "train.log"
+    target.write_text("a committed log\n")
+    run = tmp_path / "exp" / "random-seed0"
+    run.parent.mkdir()
+    (run.parent / ".random-seed0.lock").symlink_to(target)
+    with pytest.raises(UserError, match=r"random-seed0.lock is a link: .*remove the link"):
+        with run_lock(run):
+            pass
+    assert target.read_text() == "a committed log\n"
+    os.mkfifo(run.parent / ".other.lock")  # a pipe there would block every launch
+    with pytest.raises(UserError, match=r"other.lock is not a regular file"):
+        with run_lock(run.parent / "other"):
+            pass
+
+
+def test_a_jobs_log_is_never_written_through_a_link(tmp_path):
+    """Trial 29's L-22: with `--jobs 2`, a link at a job's log had the job's output written
+    over the committed train.log it pointed to."""
+    from finetune_lab.runs import jobs
+
+    target = tmp_path / "train.log"
+    target.write_text("a committed log\n")
+    log = tmp_path / "job-logs" / "one.log"
+    log.parent.mkdir()
+    log.symlink_to(target)
+    job = jobs.Job("one", [sys.executable, "-c", "print('output')"], log)
+    with pytest.raises(UserError, match=r"one.log is a link"):
+        jobs.run_parallel([job], 1, say=lambda s: None)
+    assert target.read_text() == "a committed log\n"

@@ -21,6 +21,7 @@ from finetune_lab.config import (check_protected_file, hidden, protected,  # noq
                                  replaces_weights)
 from finetune_lab.errors import DamagedFileError, UserError
 from finetune_lab.errors import check_writable as check_writable
+from finetune_lab.errors import move_aside as move_aside
 from finetune_lab.errors import rename_noreplace as rename_noreplace
 from finetune_lab.errors import swap_paths as _swap
 from finetune_lab.errors import not_there as not_there
@@ -306,19 +307,6 @@ def keep_beside(old: Path, dest: Path | None = None) -> Path:
     return kept
 
 
-def move_aside(old: Path, base: Path) -> Path:
-    """Move ``old`` to ``base``, or ``base-2``, ``base-3``, ...: the first name nothing holds
-    (``lexists``: a link to nothing holds one too), taken without ever replacing
-    (:func:`rename_noreplace`), so that keeping one thing never overwrites another (trial 27's
-    L-m1: a backup of the same second, or a folder of that name, was in the way)."""
-    base.parent.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 10**6):
-        kept = base.with_name(f"{base.name}-{n}") if n > 1 else base
-        if not os.path.lexists(kept) and rename_noreplace(old, kept):
-            return kept
-    raise OSError(errno.EEXIST, "every name to keep it under is taken", str(base))
-
-
 def _empty(folder: Path) -> bool:
     with os.scandir(folder) as entries:
         return next(entries, None) is None
@@ -350,10 +338,11 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
     check_replaceable(dest, owner, force=force, earlier=earlier)
     check_writable(dest.parent, flag)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name[:100]}.tmp-", dir=dest.parent))  # fits
     except OSError as exc:
         raise UserError(f"cannot write into {dest.parent}: {exc.strerror}. Choose a writable "
                         f"location ({flag}) or fix its permissions.") from exc
+    swapped = False
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; give it normal permissions
@@ -368,9 +357,10 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
         if not os.path.lexists(dest):
             os.replace(tmp, dest)
         elif _swap(tmp, dest):  # one atomic exchange: ``dest`` is the old or the new, always
-            _drop_old(tmp, dest, keep)  # ``tmp`` is now the old one
+            swapped = True  # ``tmp`` is now the old one: never removed below (trial 29's L-30)
+            _drop_old(tmp, dest, keep)
         else:  # no exchange here: two renames, and the old put back if the second fails
-            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+            old = dest.parent / f".{dest.name[:100]}.old-{os.getpid()}"
             os.replace(dest, old)
             try:
                 os.replace(tmp, dest)
@@ -379,6 +369,9 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
                 raise
             _drop_old(old, dest, keep)
     except BaseException as exc:
+        if swapped:
+            raise UserError(f"{dest} was replaced, but what it held could not be kept beside it "
+                            f"({exc}); it is in {tmp}: move it where you want it") from exc
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno == errno.EBUSY:  # trial 13's A4
             raise UserError(f"{dest} is a mount point, which cannot be replaced: choose a "

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import os
 import shutil
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 
 class UserError(Exception):
@@ -186,3 +189,67 @@ def rename_noreplace(src: Path, dst: Path) -> bool:
         return True
     os.unlink(src)
     return True
+
+
+STAMP_LEN = 26
+"""The end a kept copy's name must keep: ``.replaced-<UTC second>``, or a superseded run's
+``-<time>``, which says what the copy is."""
+
+
+def fitting_name(base: Path, reserve: int = 8) -> Path:
+    """``base``, its name shortened (the end kept, a hash of the whole put before it) where it
+    and ``reserve`` more bytes (a ``-N`` for a taken name) would be longer than a name may be
+    here: trial 29's L-30, the copy of a 235-character folder did not fit, after the swap."""
+    try:
+        limit = os.pathconf(base.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    name = base.name
+    if len(name.encode()) + reserve <= limit:
+        return base
+    tail, head = name[-STAMP_LEN:], name[:-STAMP_LEN]
+    mark = "~" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    while head and len((head + mark + tail).encode()) + reserve > limit:
+        head = head[:-1]
+    return base.with_name(head + mark + tail)
+
+
+def move_aside(old: Path, base: Path) -> Path:
+    """Move ``old`` to ``base``, or ``base-2``, ``base-3``, ...: the first name nothing holds
+    (``lexists``: a link to nothing holds one too), taken without ever replacing
+    (:func:`rename_noreplace`), so that keeping one thing never overwrites another (trial 27's
+    L-m1: a backup of the same second, or a folder of that name, was in the way); a name too
+    long for the file system is shortened first (:func:`fitting_name`)."""
+    base = fitting_name(base)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10**6):
+        kept = base.with_name(f"{base.name}-{n}") if n > 1 else base
+        if not os.path.lexists(kept) and rename_noreplace(old, kept):
+            return kept
+    raise OSError(errno.EEXIST, "every name to keep it under is taken", str(base))
+
+
+_MODES = {"w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+          "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND}
+
+
+def open_in_place(path: Path, mode: str) -> IO[Any]:
+    """``open(path, mode)`` for a file a command writes where it lies (a lock, a log), never
+    through a link or into a pipe: trial 29's L-4 and L-22, a link planted at a run's lock or a
+    job's log had the command overwrite the committed file it pointed to. ``mode``: ``w``,
+    ``a`` or ``a+``, with ``b`` for bytes."""
+    flags = _MODES[mode.replace("b", "")] | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) or os.path.islink(path):
+            raise UserError(f"{path} is a link: a lock or log is never written through one "
+                            "(what it points to would be overwritten); remove the link") from None
+        if exc.errno == errno.ENXIO:  # a named pipe nothing reads
+            raise UserError(f"{path} is not a regular file: remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file: remove it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")

@@ -33,6 +33,7 @@ except ImportError:  # Windows: no file locks, see _computing
 
 from finetune_lab._files import write_bytes_atomic
 from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.errors import UserError, open_in_place
 
 CACHE_DIR = ".quarto/finetune-lab-render-cache"
 """Inside Quarto's own scratch folder (git-ignored), relative to the project root."""
@@ -113,8 +114,8 @@ def _computing(path: Path) -> Iterator[None]:
     with contextlib.ExitStack() as held:
         if fcntl is not None:
             try:
-                handle = held.enter_context(path.with_suffix(".lock").open("a"))
+                handle = held.enter_context(open_in_place(path.with_suffix(".lock"), "a"))
                 fcntl.flock(handle, fcntl.LOCK_EX)
-            except OSError:
+            except (OSError, UserError):  # a link or pipe there: computed unlocked
                 pass
         yield

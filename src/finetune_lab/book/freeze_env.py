@@ -159,6 +159,9 @@ def execution_options(project: Path, chapter: str) -> dict[str, str]:
             for name, value in (options.items() if isinstance(options, dict) else ()):
                 if isinstance(name, str) and (name.startswith("fig-") or name in EXECUTION_KEYS):
                     found[f"{rel}: {prefix}{name}"] = value
+        where = config.get("project") if isinstance(config.get("project"), dict) else {}
+        if where.get("execute-dir") is not None:  # the folder it runs in (trial 29's R-10)
+            found[f"{rel}: project.execute-dir"] = where["execute-dir"]
     return {f"{OPTION}{name}": json.dumps(value, sort_keys=True, default=str)
             for name, value in sorted(found.items()) if value is not None}
 
@@ -172,11 +175,16 @@ def matplotlibrc(project: Path, chapter: str) -> dict[str, str]:
     chapter executes in its folder, as ``matplotlib.matplotlib_fname`` finds it: ``matplotlibrc``
     in that folder, ``$MATPLOTLIBRC`` (a file, or a folder holding one), then the user's
     configuration folder; its own default is the locked matplotlib's (trial 25's F-k: red axes
-    and 30-point text set in ``chapters/matplotlibrc`` left the freeze up to date)."""
+    and 30-point text set in ``chapters/matplotlibrc`` left the freeze up to date). A chapter
+    runs in the project's folder instead where ``_quarto.yml`` sets ``execute-dir: project``
+    (trial 29's R-10)."""
     home = os.environ.get("MPLCONFIGDIR") or os.path.join(
         os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "matplotlib")
     given = os.environ.get("MATPLOTLIBRC")
-    candidates = [(project / chapter).parent / "matplotlibrc",
+    book = _yaml(project / "_quarto.yml").get("project")
+    runs_in = project if isinstance(book, dict) and book.get("execute-dir") == "project" \
+        else (project / chapter).parent
+    candidates = [runs_in / "matplotlibrc",
                   *([Path(given), Path(given) / "matplotlibrc"] if given else []),
                   Path(home) / "matplotlibrc"]
     for path in candidates:

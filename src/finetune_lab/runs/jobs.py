@@ -22,7 +22,7 @@ from pathlib import Path
 
 from finetune_lab.config import PROJECT_ROOT
 from finetune_lab.data.child import PRE_EXEC
-from finetune_lab.errors import stop_signals_raise
+from finetune_lab.errors import open_in_place, stop_signals_raise
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def run_parallel(jobs: Sequence[Job], parallel: int, *, env: dict[str, str] | No
                 child_env = dict(base)
                 if gpus > 1:
                     child_env["CUDA_VISIBLE_DEVICES"] = str(slot % gpus)
-                with open(job.log, "w") as log:  # the child holds its own copy of the file
+                with open_in_place(job.log, "w") as log:  # its own copy; no link (L-22)
                     proc = subprocess.Popen(job.argv, cwd=cwd, env=child_env, stdout=log,
                                             stderr=subprocess.STDOUT, preexec_fn=PRE_EXEC)
                 running[job.name] = (job, proc, slot, time.monotonic())

@@ -32,7 +32,7 @@ from typing import Any
 from finetune_lab._files import move_aside, utc_now
 from finetune_lab.config import paths
 from finetune_lab.data.child import PRE_EXEC
-from finetune_lab.errors import UserError
+from finetune_lab.errors import UserError, open_in_place
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.measurements import killed_end, seconds_between
 from finetune_lab.runs.portable import portable_command
@@ -128,7 +128,7 @@ class RunHandle:
         mf.write_manifest(self.run_dir, self.manifest)
         self.log_path = self.run_dir / TRAIN_LOG
         full_env = {**os.environ, **(env or {})}
-        with open(self.log_path, "a+b") as log:  # readable: the done-marker watch reads it
+        with open_in_place(self.log_path, "a+b") as log:  # readable: the done-marker watch reads it
             start = log.tell()
             proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,

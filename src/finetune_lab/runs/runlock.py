@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from finetune_lab.errors import UserError
+from finetune_lab.errors import UserError, open_in_place
 
 
 class RunLockedError(UserError):
@@ -25,7 +25,7 @@ def _lock_at(path: Path, busy: Callable[[str], str]) -> IO[str]:
     mismatch (or a vanished path) the lock is tried again on the file now there.
     """
     while True:
-        handle = open(path, "a+")
+        handle = open_in_place(path, "a+")  # never through a link (trial 29's L-4)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
