@@ -362,3 +362,77 @@ def test_a_jobs_log_is_never_written_through_a_link(tmp_path):
     with pytest.raises(UserError, match=r"one.log is a link"):
         jobs.run_parallel([job], 1, say=lambda s: None)
     assert target.read_text() == "a committed log\n"
+
+
+# --- trial 29's minor ones: refused before any work, and exit codes ------------------------------
+
+def test_a_folder_where_a_record_goes_is_refused_before_any_work(tmp_path):
+    """L-2: `fill-mask --name t2 --force` with a folder `t2.json` there ran the whole probe,
+    then failed writing; now `check_new_record` says so first, `--force` included."""
+    from finetune_lab.config import check_new_record
+
+    (tmp_path / "t2.json").mkdir()
+    for force in (False, True):
+        with pytest.raises(UserError, match="t2.json is a folder or other non-file"):
+            check_new_record(tmp_path / "t2.json", "a fill-mask record", force=force)
+
+
+@pytest.mark.parametrize("inside", ["fairseq", "fairseq/random-seed0"])
+def test_a_runs_root_inside_an_experiment_or_a_run_is_refused(cache, inside):
+    """L-14: FINETUNE_LAB_RUNS_DIR pointing at a committed experiment or run folder put a new
+    run inside it; `finetune-lab runs` already refused such a root."""
+    from finetune_lab.runs.recording import run_dir_for
+
+    with pytest.raises(UserError, match=r"runs root .* (is inside the run or experiment folder|"
+                                        r"is an experiment folder)"):
+        run_dir_for("tl", "random-seed0", cache / inside)
+    assert run_dir_for("tl", "random-seed0", cache) == cache / "tl" / "random-seed0"
+
+
+def test_a_run_named_as_the_experiments_file_is_refused_at_once(capsys):
+    """L-15: `pretrain --run experiment.json` worked 70 s, then failed on a file for a folder."""
+    from finetune_lab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["pretrain", "--run", "experiment.json", "--max-update", "2"])
+    assert exit_.value.code == 2
+    assert "the file that pins the experiment's recipe" in capsys.readouterr().err
+
+
+def test_gpu_unpack_of_a_run_that_fails_its_checks_exits_2(tmp_path, monkeypatch, capsys):
+    """L-21: a placed run the registry rejects made `gpu-unpack` exit 1, a code no other fault
+    gives; it is placed all the same, named, and the command exits 2."""
+    from test_faults_trial27_files import _call_with_run
+
+    from finetune_lab import gpu_lab
+    from finetune_lab.cli import main
+    from finetune_lab.runs import gpu_archive
+
+    files, project = _call_with_run(tmp_path)  # a GPU run filed under `zz-gpu`, made by no call
+    monkeypatch.setattr(gpu_lab, "unpack", lambda f: gpu_archive.unpack(f, root=project))
+    monkeypatch.setattr(gpu_lab, "PROJECT_ROOT", project)
+    assert main(["gpu-unpack", str(files)]) == 2
+    out, err = capsys.readouterr()
+    assert "data/runs/zz-gpu/random-seed0: INVALID" in out
+    assert "1 of the placed folders failed the checks above" in err
+    assert (project / "data" / "runs" / "zz-gpu" / "random-seed0" / "manifest.json").is_file()
+
+
+def test_a_half_written_folder_a_killed_command_left_is_cleared_next_time(tmp_path, capsys):
+    """L-1: `prepare-cls` SIGKILLed mid-write left `.NAME.tmp-*` (510 MB for the pretraining
+    corpus) for good. The next write of that output removes those whose process is gone."""
+    from finetune_lab._files import atomic_dir
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f".out.tmp-{gone.pid}-x1"
+    running = tmp_path / f".out.tmp-{os.getpid()}-x2"  # this process: still at work
+    unknown = tmp_path / ".out.tmp-x3"  # no process in its name (made before they had one)
+    for folder in (stale, running, unknown):
+        folder.mkdir()
+        (folder / "train.review").write_text("half\n")
+    with atomic_dir(tmp_path / "out", "prepare-cls") as tmp:
+        (tmp / "train.review").write_text("whole\n")
+    assert not stale.exists() and running.is_dir() and unknown.is_dir()
+    assert f"removed {stale}, which an interrupted command left half-written" in \
+        capsys.readouterr().err

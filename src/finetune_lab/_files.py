@@ -21,6 +21,7 @@ from finetune_lab.config import (check_protected_file, hidden, protected,  # noq
                                  replaces_weights)
 from finetune_lab.errors import DamagedFileError, UserError
 from finetune_lab.errors import check_writable as check_writable
+from finetune_lab.errors import clear_stale_temps
 from finetune_lab.errors import move_aside as move_aside
 from finetune_lab.errors import rename_noreplace as rename_noreplace
 from finetune_lab.errors import swap_paths as _swap
@@ -338,7 +339,9 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
     check_replaceable(dest, owner, force=force, earlier=earlier)
     check_writable(dest.parent, flag)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name[:100]}.tmp-", dir=dest.parent))  # fits
+        prefix = f".{dest.name[:100]}.tmp-"  # (a name that fits)
+        clear_stale_temps(dest.parent, prefix)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=dest.parent))
     except OSError as exc:
         raise UserError(f"cannot write into {dest.parent}: {exc.strerror}. Choose a writable "
                         f"location ({flag}) or fix its permissions.") from exc

@@ -251,6 +251,9 @@ def check_new_record(path: Path, what: str, *, force: bool = False) -> None:
     if os.path.islink(path):  # trial 12's L4, L5: through it, another record or a source file
         raise UserError(f"{path} is a link (to {Path(path).resolve()}): a record is a file of "
                         "its own; remove the link or choose another --name")
+    if os.path.exists(path) and not os.path.isfile(path):  # trial 29's L-2: said after the work
+        raise UserError(f"{path} is a folder or other non-file where the record goes: move it "
+                        "away or choose another --name (--force replaces only a record)")
     if os.path.exists(path) and not force:
         raise UserError(f"{path} exists ({what}): it was left as it is; choose another --name, "
                         "or pass --force to replace it")

@@ -253,3 +253,28 @@ def open_in_place(path: Path, mode: str) -> IO[Any]:
         raise UserError(f"{path} is not a regular file: remove it")
     os.set_blocking(fd, True)
     return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
+
+
+def clear_stale_temps(parent: Path, prefix: str) -> None:
+    """Remove the half-written folders ``PREFIX<pid>-*`` that a command killed outright
+    (SIGKILL, a lost machine) left in ``parent``, its process gone (trial 29's L-1: 510 MB of a
+    pretraining corpus stayed for good). Only a command's own temporary folders carry such a
+    name; one whose process still runs, or whose name holds no process, is left alone."""
+    try:
+        entries = [e for e in os.scandir(parent) if e.name.startswith(prefix)]
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(prefix):].partition("-")[0]
+        if not pid.isdigit() or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running (or another user's): not stale
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        print(f"removed {entry.path}, which an interrupted command left half-written",
+              file=sys.stderr)

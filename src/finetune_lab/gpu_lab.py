@@ -149,7 +149,10 @@ def _unpack(args: argparse.Namespace) -> int:
                   + ("matches its manifest" if ok else "DOES NOT match its manifest"))
         else:
             print(f"gpu-unpack: {rel}")
-    return 1 if bad else 0
+    if bad:  # placed all the same (trial 29's L-21: exit 1, which no other fault gives)
+        print(f"gpu-unpack: {bad} of the placed folders failed the checks above; the book "
+              "leaves them out", file=sys.stderr)
+    return 2 if bad else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from finetune_lab.errors import UserError, open_in_place
 from finetune_lab.runs import manifest as mf
 from finetune_lab.runs.measurements import killed_end, seconds_between
 from finetune_lab.runs.portable import portable_command
-from finetune_lab.runs.run_inputs import refuse_inside_output
+from finetune_lab.runs.run_inputs import refuse_inside_output, refuse_inside_runs
 from finetune_lab.runs.runlock import run_lock
 from finetune_lab.runs.trainer_process import (
     RunInterrupted,
@@ -79,6 +79,7 @@ def run_dir_for(experiment: str, run: str, runs_root: Path | str | None = None) 
                             "digits, . _ + -)")
     root = Path(runs_root) if runs_root is not None else paths().runs
     refuse_inside_output(root.absolute(), "runs root")
+    refuse_inside_runs(root.absolute())
     for label, folder, name in (("experiment", root, experiment),
                                 ("run", root / experiment, run)):
         twins = [] if (folder / name).exists() or not folder.is_dir() else sorted(

@@ -211,6 +211,19 @@ def refuse_inside_output(folder: Path, what: str) -> None:
                             f"{OUTPUT_MARKER} says so): choose a folder outside it")
 
 
+def refuse_inside_runs(root: Path) -> None:
+    """A runs root that is, or lies in, an experiment or a run folder (trial 29's L-14:
+    ``FINETUNE_LAB_RUNS_DIR=data/runs/fairseq/random-seed0`` put a new run inside a committed
+    one), refused as ``finetune-lab runs`` refuses it."""
+    for parent in (root, *root.parents):
+        if (parent / mf.MANIFEST_NAME).is_file() or (parent / "experiment.json").is_file():
+            raise UserError(f"runs root {root} is inside the run or experiment folder {parent}: "
+                            "name the folder that holds <experiment>/<run>/ (default: data/runs)")
+    if root.is_dir() and any((p / mf.MANIFEST_NAME).is_file() for p in root.iterdir()):
+        raise UserError(f"runs root {root} is an experiment folder (its folders hold runs): "
+                        f"name {root.parent}, which holds it")
+
+
 def work_inputs(project: Path) -> list[str]:
     """What the runs in ``project``'s ``data/runs`` name as inputs inside the project (a folder
     as ``folder/**``), sorted: the registry checks each of them where it is, so each is
