@@ -93,3 +93,13 @@ def test_a_truth_value_reads_as_a_word():
                        "all identical": np.array([False, True])})
     rows = [line.split("|")[2:4] for line in markdown_table(df).splitlines()[2:]]
     assert [[cell.strip() for cell in row] for row in rows] == [["yes", "no"], ["no", "yes"]]
+
+
+def test_counts_learning_rates_and_one_seed_read_as_the_book_prints_them():
+    from finetune_lab.book.report import fmt_count, fmt_lr, fmt_seeds
+
+    assert [fmt_count(v) for v in (1125, "3418", 8, "1e-05", "–", "0.06")] == [
+        "1,125", "3,418", "8", "1e-05", "–", "0.06"]
+    assert [fmt_lr(v) for v in (5e-4, 1e-5, 2.5e-4)] == ["5e-4", "1e-5", "2.5e-4"]
+    assert fmt_seeds(73.1, float("nan"), 1) == "73.1 (n=1)"
+    assert fmt_seeds(78.06, 0.44, 3) == "78.1 ± 0.4 (n=3)"

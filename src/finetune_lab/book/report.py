@@ -23,6 +23,28 @@ def fmt_int(value: float | int) -> str:
     return f"{int(value):,}"
 
 
+def fmt_count(value: object) -> str:
+    """A count in a table cell with thousands separators (1,125); any other value (a rate, a
+    dash, a word) as it is, so that a column of settings can pass through it whole."""
+    text = str(value)
+    return f"{int(text):,}" if text.isdigit() else text
+
+
+def fmt_lr(value: float) -> str:
+    """A learning rate in one notation, the one the papers use: ``5e-4``, ``1e-5``, ``2.5e-4``
+    (Python's ``:g`` gave ``0.0005`` beside ``1e-05``)."""
+    mantissa, exponent = f"{float(value):e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def fmt_seeds(mean: float, std: float, n: int, digits: int = 1) -> str:
+    """``81.2 ± 1.3 (n=3)``, and ``73.1 (n=1)`` for one seed, which has no spread to show (not
+    ``73.1 ± – (n=1)``)."""
+    if n == 1:
+        return f"{mean:.{digits}f} (n=1)"
+    return f"{mean:.{digits}f} ± {std:.{digits}f} (n={n})"
+
+
 def fmt_pct(value: float, digits: int = 1) -> str:
     return f"{100 * value:.{digits}f} %"
 
