@@ -112,7 +112,7 @@ def test_gap_is_welch_on_the_best_epoch_test_accuracies(grid):
     gap_row = fr.comparison_table(res).iloc[-1]
     assert gap_row["this project"] == (f"{signed(g.diff)} (95 % Welch CI {signed(g.ci_low)} "
                                        f"to {signed(g.ci_high)})")
-    assert gap_row.iloc[2] == cr.course_gap().text()
+    assert gap_row.iloc[2] == cr.course_gap_cell()
     # the gap is said once, in the Answer; the section after it says how it was computed
     answer = fr.answer_markdown(res)
     assert f"**{signed(g.diff)} points**" in answer and fr.gap_verdict(g) in answer

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from finetune_lab.book.course_reference import COURSE_COLUMN, COURSE_TEST_ACCURACY, course_gap
+from finetune_lab.book.course_reference import COURSE_COLUMN, COURSE_TEST_ACCURACY, course_gap_cell
 from finetune_lab.book.fairseq_command import (
     EXPERIMENT, FINETUNE_COMMAND, INITS, SEEDS, default_checkpoint)
 from finetune_lab.book.report import project_path, signed
@@ -136,7 +136,7 @@ def comparison_table(res: FairseqResults) -> pd.DataFrame:
         "": "gap pretrained − random (points)",
         "this project": (f"{signed(g.diff)} (95 % Welch CI {signed(g.ci_low)} to "
                          f"{signed(g.ci_high)})" if g else "needs ≥ 2 seeds per init"),
-        COURSE_COLUMN: course_gap().text(),
+        COURSE_COLUMN: course_gap_cell(),
     })
     return pd.DataFrame(rows)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from finetune_lab.book import answers
-from finetune_lab.book.course_reference import COURSE_TEST_ACCURACY, course_gap
+from finetune_lab.book.course_reference import COURSE_TEST_ACCURACY, course_gap_cell
 from finetune_lab.book.lora_cls_report import trainable_share
 from finetune_lab.book.lora_cls_runs import cached_runs as lora_cached_runs
 from finetune_lab.book.report import fmt_int
@@ -53,7 +53,7 @@ def glance_table() -> pd.DataFrame:
                  COURSE_TEST_ACCURACY["pretrained"].text(), where),
             _row("fairseq, random initialisation: test accuracy", rnd.text(),
                  COURSE_TEST_ACCURACY["random"].text(), where),
-            _row("fairseq: pretrained − random", gap.text(), course_gap().text(), where),
+            _row("fairseq: pretrained − random", gap.text(), course_gap_cell(), where),
         ]
     hf = answers.transformers_result()
     where = _link("Transformers", "transformers.qmd")
