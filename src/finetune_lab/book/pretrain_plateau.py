@@ -48,7 +48,8 @@ LEFT = "left the plateau at (M tokens)"
 """The column of :func:`plateau_table` that says where a run left the plateau (NaN: it did not, or not yet)."""
 
 
-STRANDED = "not committed (resumable where it ran)"
+STRANDED = ("not committed (the run stopped before its end; its state was not committed, so it "
+            "cannot be resumed from this repository)")
 """The weights of a run stopped before the end of its budget: its resumable state lives in the
 git-ignored ``data/work/`` of the machine that ran it, and it never packaged them. Said from
 the manifest alone: the book reads no machine-local state (trial 15's CF-n1)."""
