@@ -177,7 +177,7 @@ def test_report_table_has_one_row_per_method_with_n_seeds(tiny_runs, monkeypatch
     assert (gaps["n"] == 2).all() and (gaps["n full"] == 2).all()
     assert shown["LoRA − full (points)"].str.match(r"^[+−]?\d+\.\d$").all()  # as the index
     text = lora_cls_report.gaps_markdown(loaded)
-    assert "LoRA at 0.0005, full fine-tuning at the lab's 1e-05" in text
+    assert "LoRA at 5e-4, full fine-tuning at the lab's 1e-5" in text
     # the training state LoRA drops: 12 bytes (fp32 gradient + two Adam moments) per frozen one
     frozen = trainable["full"] - trainable["lora-qv"]
     assert gaps.loc["lora-qv", "state saved (MiB)"] == pytest.approx(frozen * 12 / 2**20)

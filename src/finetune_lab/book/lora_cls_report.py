@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import pandas as pd
 
 from finetune_lab.book.lora_cls_runs import method_of, per_run_table, summary
-from finetune_lab.book.report import fmt_int, signed
+from finetune_lab.book.report import fmt_int, fmt_lr, signed
 from finetune_lab.config import paths
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
 from finetune_lab.models.hf_convert import hf_model_config
@@ -82,7 +82,7 @@ def results_table(loaded: LoadedRuns) -> pd.DataFrame:
 
     return pd.DataFrame({
         "method": s["method"],
-        "peak lr": [f"{x:g}" for x in s["lr"]],
+        "peak lr": [fmt_lr(x) for x in s["lr"]],
         "trainable params": [params(a, b) for a, b in zip(s["trainable_min"], s["trainable_max"])],
         "trainable %": [f"{100 * a / t:.2f} %" for a, t in zip(s["trainable_max"], s["total"])],
         "best valid acc. (%)": [fmt_mean_std(m, sd, n) for m, sd, n in
@@ -199,8 +199,8 @@ def gaps_markdown(loaded: LoadedRuns | None) -> str:
                   "moves with the memory allocator and what else the process held."
                   if beyond else ""))
     out.append(time_caveat(loaded))
-    lora_lrs = sorted({f"{lr:g}" for lr in gaps["lr"]})
-    full_lr = f"{gaps['lr full'].iloc[0]:g}"
+    lora_lrs = sorted({fmt_lr(lr) for lr in gaps["lr"]})
+    full_lr = fmt_lr(gaps["lr full"].iloc[0])
     if lora_lrs != [full_lr]:
         out.append(f"Each gap is the method and its learning rate together (LoRA at "
                    f"{', '.join(lora_lrs)}, full fine-tuning at the lab's {full_lr}): "

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from finetune_lab.book import fairseq_report as fr
+from finetune_lab.book.report import fmt_seeds
 from finetune_lab.book.summary_files import (
     NUMBER,
     PERCENT,
@@ -26,7 +27,6 @@ from finetune_lab.config import paths
 from finetune_lab.data.cls_books import default_output as default_cls_dir
 from finetune_lab.data.cls_splits import split_sizes
 from finetune_lab.models.sizing import SMALL
-from finetune_lab.runs import seedstats
 from finetune_lab.runs.crosscheck import packaged_origin
 from finetune_lab.runs.record_names import known_name_problem, other_record_problem
 from finetune_lab.runs.registry import RunRecord, discover_runs
@@ -157,7 +157,7 @@ def probe_table(probes_dir: Path | None = None, runs_root: Path | None = None,
         rows.append({"weights": p["name"], "init": p["init"],
                      "probe on <s> (%)": p["probes"]["<s>"]["test_accuracy"],
                      "probe on the mean (%)": p["probes"]["mean"]["test_accuracy"],
-                     "fine-tuned (%)": (seedstats.fmt_mean_std(acc.mean(), acc.std(ddof=1), len(acc))
+                     "fine-tuned (%)": (fmt_seeds(acc.mean(), acc.std(ddof=1), len(acc))
                                         if len(acc) else "no valid run" if dropped
                                         else "no run cached"),
                      "probe time (min)": round(p["wall_time_s"] / 60, 1),
