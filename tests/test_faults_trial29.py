@@ -436,3 +436,128 @@ def test_a_half_written_folder_a_killed_command_left_is_cleared_next_time(tmp_pa
     assert not stale.exists() and running.is_dir() and unknown.is_dir()
     assert f"removed {stale}, which an interrupted command left half-written" in \
         capsys.readouterr().err
+
+
+# --- trial 29's E-14 and E-18: tracebacks where one line was due -------------------------------
+
+def test_a_file_size_limit_while_safetensors_writes_is_one_line(tmp_path):
+    """E-14: under `ulimit -f`, `convert-hf` (and a Transformers run's conversion) ended in a
+    16-line traceback: safetensors' SafetensorError "File too large (os error 27)" is no
+    OSError. `library_write` turns Rust's I/O errors into one, named with the output."""
+    code = textwrap.dedent(f"""
+        import resource, signal, sys
+        import torch
+        from safetensors.torch import save_file
+        from finetune_lab.errors import library_write
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+        try:
+            with library_write({str(tmp_path / 'hf')!r}):
+                save_file({{"w": torch.zeros(200_000)}}, {str(tmp_path / 'm.safetensors')!r})
+        except OSError as exc:
+            print(exc.errno, exc.filename)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["27", str(tmp_path / "hf")], out.stderr
+
+
+def test_an_archive_cut_short_inside_pieces_that_match_is_refused(tmp_path):
+    """E-18: pieces whose sha256s match an archive whose gzip stream was cut short ended in a
+    33-line EOFError traceback; it is refused like any archive that cannot be unpacked."""
+    import hashlib
+    import tarfile
+
+    from finetune_lab.runs import gpu_archive
+
+    src = tmp_path / "src" / "data" / "runs" / "t29exp" / "r1"
+    src.mkdir(parents=True)
+    (src / "manifest.json").write_text("{}")
+    (src / "blob").write_bytes(os.urandom(300_000))
+    whole = tmp_path / "full.tgz"
+    with tarfile.open(whole, "w:gz") as tar:
+        tar.add(tmp_path / "src" / "data", arcname="data")
+    cut = whole.read_bytes()[: whole.stat().st_size // 2]
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "gpu-lab.tar.000").write_bytes(cut)
+    digest = hashlib.sha256(cut).hexdigest()
+    (files / "gpu-lab.json").write_text(json.dumps({
+        "archive_sha256": digest, "products": ["data/runs/t29exp"],
+        "pieces": [{"file": "gpu-lab.tar.000", "bytes": len(cut), "sha256": digest}]}))
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    with pytest.raises(UserError, match="cannot be unpacked safely .*refused, nothing was "
+                                        "unpacked"):
+        gpu_archive.unpack(files, root=project)
+    assert not (project / "data" / "runs").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["finetune", "fairseq", "--init", "random", "--seeds", "0"],
+    ["finetune", "transformers", "--seeds", "0"],
+    ["finetune", "lora", "--seeds", "0"],
+    ["pretrain", "--max-update", "2"],
+])
+def test_an_empty_experiment_is_refused(command, capsys):
+    """E-10: `--experiment ''` (an unset variable) ran in the default experiment, for fairseq
+    the book's own grid; refused as `--run ''` is."""
+    from finetune_lab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--experiment", ""])
+    assert exit_.value.code == 2
+    assert "--experiment: is empty: give a name" in capsys.readouterr().err
+
+
+def test_a_record_name_that_starts_wrong_is_told_why():
+    """E-11: `--name .hidden` was told to use letters, digits, '.', '_' and '-' only."""
+    from finetune_lab.argtypes import record_name
+
+    for name in (".hidden", "-x", ".."):
+        with pytest.raises(UserError, match="beginning with a letter or a digit"):
+            record_name(name)
+
+
+# --- trial 29's E-7 and E-8: review files that read as something else ---------------------------
+
+def test_markup_inside_a_review_is_refused_not_cut(tmp_path):
+    """E-7: `<text>Début <b>gras</b> ...` was prepared as "Début" (the rest dropped), and
+    `<text><b>gras</b> ...` refused as an empty review; no Webis-CLS-10 review holds markup."""
+    from test_cls_books import BOOKS, _fake_root, _replace_in_item
+
+    from finetune_lab.data.cls_books import ClsDataError, prepare_cls
+
+    root = _fake_root(tmp_path, _replace_in_item(6, r"<text>", "<text>Début du texte <b>gras</b> "))
+    with pytest.raises(ClsDataError, match=r"train\.review: item 6.*<text> holds markup \(<b>\)"):
+        prepare_cls(root, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and (root / BOOKS / "train.review").is_file()
+
+
+def test_a_training_file_of_one_class_is_refused(tmp_path):
+    """E-8: a training file holding only positive reviews was prepared and binarized without a
+    word; a sentiment classifier cannot be trained on it."""
+    import re as regex
+
+    from test_cls_books import _fake_root
+
+    from finetune_lab.data.cls_books import ClsDataError, prepare_cls
+
+    def positives_only(text: str) -> str:
+        items = regex.findall(r"<item>.*?</item>", text, flags=regex.S)
+        keep = [i for i in items if float(regex.search(r"<rating>([^<]*)<", i)[1]) > 3]
+        return text[: text.index("<item>")] + "".join(keep) + text[text.rindex("</item>") + 7:]
+
+    root = _fake_root(tmp_path, positives_only)
+    with pytest.raises(ClsDataError, match=r"train\.review: every review is of class 1"):
+        prepare_cls(root, tmp_path / "out", other_corpus=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_that_is_a_loop_of_links_is_said_so(tmp_path):
+    """E-17: `gpu-unpack LOOP` (a link to itself) said its gpu-lab.json "does not exist"."""
+    from finetune_lab.runs import gpu_archive
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(UserError, match=r"gpu-lab.json is reached through a loop of links"):
+        gpu_archive.unpack(loop, root=tmp_path)

@@ -114,11 +114,21 @@ def run_name(text: str) -> str:
     return text
 
 
+def experiment_name(text: str) -> str:
+    """``--experiment``: a name, when given (trial 29's E-10: ``--experiment ""`` from an unset
+    variable ran in the default experiment, the book's own grid)."""
+    if not text:
+        raise argparse.ArgumentTypeError("is empty: give a name, or drop --experiment for the "
+                                         "default")
+    return text
+
+
 def record_name(name: str) -> str:
     """``--name`` of a record kept as ``<folder>/<name>.json`` (a probe, a fill-mask): a file
     name, never a path, so that a record cannot land outside its folder."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):  # trial 29's E-11: the start
+        raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' only, "
+                        "beginning with a letter or a digit")
     if len(name) > RECORD_NAME_MAX:  # trial 28's E-m11
         raise UserError(f"--name {name[:20]}... is {len(name)} characters long: use at most "
                         f"{RECORD_NAME_MAX} (the record, and a copy kept beside it when --force "

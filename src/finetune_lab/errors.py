@@ -7,6 +7,7 @@ import ctypes
 import errno
 import hashlib
 import os
+import re
 import shutil
 import signal
 import stat
@@ -89,6 +90,9 @@ def library_write(dest: object) -> Iterator[None]:
         if "No space left" in text or "StorageFull" in text or "code: 28" in text \
                 or _disk_full(dest):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dest)) from exc
+        if (found := re.search(r"\(os error (\d+)\)", text)):  # Rust's I/O errors (safetensors):
+            code = int(found[1])  # a file-size limit, trial 29's E-14
+            raise OSError(code, os.strerror(code), str(dest)) from exc
         raise
 
 
@@ -104,6 +108,11 @@ def not_there(path: Path | str, want: str = "file") -> str:
     """How ``path`` fails to be the ``want`` (``"file"`` or ``"folder"``) a command needs, for a
     one-line error: a folder given for a file was once reported as "does not exist"."""
     p = Path(path)
+    try:
+        os.stat(p)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # trial 29's E-17: said "does not exist"
+            return "is reached through a loop of links"
     if os.path.islink(p) and not p.exists():
         return "is a link to nothing"
     if not p.exists():

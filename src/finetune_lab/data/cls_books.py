@@ -129,6 +129,9 @@ def read_reviews(path: Path) -> list[Review]:
         raw = item.findtext("text")
         if raw is None:
             raise _item_error(path, position, asin, "missing <text>")
+        if len(markup := item.find("text")) > 0:  # its text would be cut there (trial 29's E-7)
+            raise _item_error(path, position, asin, f"<text> holds markup (<{markup[0].tag}>), "
+                              "which no Webis-CLS-10 review has")
         text = single_line(raw)
         if not text:
             raise _item_error(path, position, asin, "empty review <text>")
@@ -285,6 +288,10 @@ def prepare_cls(
     sources = {name: root / BOOKS_DIR / f"{name}.review" for name in ("train", "test")}
     train_all = read_reviews(sources["train"])  # a file that is none is said here, in one line
     test = read_reviews(sources["test"])
+    for name, reviews in (("train", train_all), ("test", test)):  # trial 29's E-8
+        if len(held := {r.label for r in reviews}) < 2:
+            raise ClsDataError(f"{sources[name]}: every review is of class {held.pop()}: a "
+                               "sentiment classifier needs reviews of both (ratings 1-2 and 4-5)")
     hashes = check_sources(root, sources, other_corpus)
     check_overlap(sources, train_all, test)
     train, valid = stratified_split(train_all, seed=seed, valid_fraction=valid_fraction)

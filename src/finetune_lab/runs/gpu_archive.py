@@ -10,6 +10,7 @@ is replaced.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -18,6 +19,7 @@ import re
 import shutil
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -201,7 +203,8 @@ def _unpack(src: Path, root: Path) -> list[Path]:
                 files = {PurePosixPath(m.name).as_posix(): m.size for m in tar.getmembers()
                          if m.isfile()}  # what each placed folder must hold, whole
                 tar.extractall(stage, filter="data")
-        except (tarfile.TarError, KeyError) as exc:
+        except (tarfile.TarError, KeyError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            # (a stream cut short or damaged inside pieces whose sha256s match: trial 29's E-18)
             raise UserError(f"the archive of {meta_path} cannot be unpacked safely ({exc}): "
                             "refused, nothing was unpacked") from None
         named = [check_product_path(p, meta_path) for p in meta["products"]]

@@ -17,6 +17,7 @@ from typing import Any
 
 from finetune_lab._files import not_there, sha256_file
 from finetune_lab.argtypes import (
+    experiment_name,
     folder,
     positive_int,
     resolved_folder,
@@ -254,7 +255,7 @@ def add_finetune_parser(sub) -> None:
                    help="packaged checkpoint folder (default: data/checkpoints/roberta-small-fr)")
     p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test (the lab: 5)")
-    p.add_argument("--experiment",
+    p.add_argument("--experiment", type=experiment_name,
                    help=f"run-cache folder (default: {EXPERIMENT}, or {EXPERIMENT}-<N>ep for "
                         f"shorter runs); e.g. {CANDIDATE_EXPERIMENT} to try a --checkpoint that "
                         "is not the packaged one without touching the grid")

@@ -33,7 +33,7 @@ from typing import Any
 from safetensors import SafetensorError
 
 from finetune_lab._files import sha256_file
-from finetune_lab.argtypes import folder, positive_int, seed_arg
+from finetune_lab.argtypes import experiment_name, folder, positive_int, seed_arg
 from finetune_lab.data.split_checks import read_checked_splits
 from finetune_lab.data.cls_books import default_output as default_cls
 from finetune_lab.data.cls_books import read_split
@@ -376,7 +376,7 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
     p.add_argument("--runs-root", type=folder, default=None)
     p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test, recorded as transformers-<N>ep (the lab: 5)")
-    p.add_argument("--experiment", help=f"run-cache folder (default: {EXPERIMENT}, or "
+    p.add_argument("--experiment", type=experiment_name, help=f"run-cache folder (default: {EXPERIMENT}, or "
                    f"{EXPERIMENT}-<N>ep for shorter runs)")
     p.set_defaults(func=_run)
 

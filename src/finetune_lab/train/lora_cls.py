@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.argtypes import folder, positive_float, positive_int, seed_arg
+from finetune_lab.argtypes import (experiment_name, folder, positive_float, positive_int,
+                                   seed_arg)
 from finetune_lab.errors import UserError
 from finetune_lab.models.four_bit import bitsandbytes_available, keep_cpu_4bit_trainable
 from finetune_lab.models.lora_configs import LAB_BNB, LAB_LORA, bnb_config, lora_config
@@ -276,7 +277,7 @@ def add_finetune_parser(finetune_subparsers: argparse._SubParsersAction) -> None
     p.add_argument("--runs-root", type=folder, default=None)
     p.add_argument("--epochs", type=positive_int, default=LAB_RECIPE.epochs,
                    help="shorter runs for a smoke test, recorded as lora-<N>ep (the lab: 5)")
-    p.add_argument("--experiment", help=f"run-cache folder (default: {EXPERIMENT}, with "
+    p.add_argument("--experiment", type=experiment_name, help=f"run-cache folder (default: {EXPERIMENT}, with "
                    "-<N>ep and -lr<LR> for other epochs and LoRA learning rates)")
     p.set_defaults(func=_run)
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from finetune_lab.argtypes import (
+    experiment_name,
     folder,
     fraction,
     non_negative_float,
@@ -100,7 +101,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "--checkpoint DIR --experiment fairseq-candidate`) before it replaces "
                         "the committed one")
     p.add_argument("--overwrite", action="store_true", help="redo an existing run")
-    p.add_argument("--experiment", default=EXPERIMENT,
+    p.add_argument("--experiment", default=EXPERIMENT, type=experiment_name,
                    help="run-cache folder (default: pretrain; the ablations use "
                         "pretrain-ablation)")
     dist = p.add_argument_group(
