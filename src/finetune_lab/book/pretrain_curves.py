@@ -214,8 +214,7 @@ def long_run_table(runs: PretrainRuns) -> pd.DataFrame:
         "done (M tokens)": f"{r.tokens_done / 1e6:.1f}",
         "launches": r.launches,
         "status": r.status if r.status == "complete"  # its state: never in the repository
-        else f"{r.status}; its state was not committed, so it cannot be resumed from this "
-        "repository",
+        else f"{r.status}, not resumable here",
     } for r in long_run_facts(runs)]
     return pd.DataFrame(rows) if rows else pd.DataFrame(
         {"state": ["no long run yet: `finetune-lab pretrain --tokens N`"]})

@@ -48,11 +48,11 @@ LEFT = "left the plateau at (M tokens)"
 """The column of :func:`plateau_table` that says where a run left the plateau (NaN: it did not, or not yet)."""
 
 
-STRANDED = ("not committed (the run stopped before its end; its state was not committed, so it "
-            "cannot be resumed from this repository)")
+STRANDED = "not committed"
 """The weights of a run stopped before the end of its budget: its resumable state lives in the
 git-ignored ``data/work/`` of the machine that ran it, and it never packaged them. Said from
-the manifest alone: the book reads no machine-local state (trial 15's CF-n1)."""
+the manifest alone: the book reads no machine-local state (trial 15's CF-n1). Short, for a
+table cell; the caption of the table says the rest."""
 
 
 def weights_state(rec: RunRecord) -> str:
