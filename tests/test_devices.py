@@ -95,6 +95,7 @@ def _call(tmp_path, stamp: str, parts: list[str], seeds: list[int], failed=()) -
         "plan": {"steps": ["lab"], "lab_parts": parts, "seeds": seeds, "checkpoint": None,
                  "tiny": False},
         "jobs": jobs, "wall_s": 100.0, "timings_s": {"install": 5, "data": 5, "runs": 90},
+        "products": [f"data/runs/{p}-gpu" for p in parts],
         "device": {"name": "GPU X", "count": 1, "torch": "2.0"}}))
 
 
