@@ -321,11 +321,13 @@ def test_a_copy_that_cannot_be_kept_is_left_where_it_is_said_to_be(tmp_path, mon
 
     monkeypatch.setattr(_files, "keep_beside", fails)
     with pytest.raises(UserError, match=r"out was replaced, but what it held could not be kept "
-                                        r"beside it .*it is in .*\.out\.tmp-"):
+                                        r"beside it .*it is in .*\.out\.old-"):
         with atomic_dir(dest, "prepare-cls", force=True) as tmp:
             (tmp / "train.review").write_text("new\n")
-    held = [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    held = [p for p in tmp_path.iterdir() if p.name.startswith(".out.old-")]
     assert len(held) == 1 and (held[0] / "notes.txt").read_text() == "mine"
+    # no half-written folder's name: the next write, this process gone, leaves it alone
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
 
 
 def test_a_lock_is_never_taken_through_a_link(tmp_path):

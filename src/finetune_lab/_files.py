@@ -372,9 +372,16 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
                 raise
             _drop_old(old, dest, keep)
     except BaseException as exc:
-        if swapped:
+        if swapped:  # the old folder, out of clear_stale_temps' reach, and said where
+            held = dest.parent / f".{dest.name[:100]}.old-{os.getpid()}"
+            try:
+                held = held if rename_noreplace(tmp, held) else tmp
+            except OSError:
+                held = tmp
+            if not isinstance(exc, Exception):  # an interrupt: handled as one
+                raise
             raise UserError(f"{dest} was replaced, but what it held could not be kept beside it "
-                            f"({exc}); it is in {tmp}: move it where you want it") from exc
+                            f"({exc}); it is in {held}: move it where you want it") from exc
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno == errno.EBUSY:  # trial 13's A4
             raise UserError(f"{dest} is a mount point, which cannot be replaced: choose a "
