@@ -258,7 +258,7 @@ def test_a_call_record_that_lost_a_product_is_set_aside_not_its_runs(tmp_path):
     assert call_records_set_aside(tmp_path) == ""
     _edit(there / f"{stem}.json", lambda m: m["products"].remove("data/runs/transformers-gpu"))
     said = call_records_set_aside(tmp_path)
-    assert f"{stem}.json" in said and "brought back no transformers experiment" in said
+    assert f"{stem}.json" in said and "brought back no experiment transformers-gpu" in said
 
 
 # --- R-10: where a chapter runs ------------------------------------------------------------------
@@ -563,3 +563,71 @@ def test_a_folder_that_is_a_loop_of_links_is_said_so(tmp_path):
     loop.symlink_to(loop)
     with pytest.raises(UserError, match=r"gpu-lab.json is reached through a loop of links"):
         gpu_archive.unpack(loop, root=tmp_path)
+
+
+# --- check 29b: other members of the classes fixed above ---------------------------------------
+
+def test_a_hard_link_at_a_lock_or_a_log_is_refused_and_the_file_kept(tmp_path):
+    """Check 29b's F3: `ln` without `-s` at a run's lock or a job's log had the command write
+    over the committed file under its other name (O_NOFOLLOW stops symbolic links only)."""
+    from finetune_lab.runs import jobs
+    from finetune_lab.runs.runlock import run_lock
+
+    target = tmp_path / "train.log"
+    target.write_text("a committed log\n")
+    (tmp_path / "exp").mkdir()
+    os.link(target, tmp_path / "exp" / ".random-seed0.lock")
+    with pytest.raises(UserError, match=r"random-seed0.lock is not a regular file of its own "
+                                        r"\(a hard link: 2 names\)"):
+        with run_lock(tmp_path / "exp" / "random-seed0"):
+            pass
+    os.link(target, tmp_path / "one.log")
+    job = jobs.Job("one", [sys.executable, "-c", "print('output')"], tmp_path / "one.log")
+    with pytest.raises(UserError, match=r"one.log is not a regular file of its own"):
+        jobs.run_parallel([job], 1, say=lambda s: None)
+    assert target.read_text() == "a committed log\n"
+
+
+def test_a_lineage_whose_run_is_gone_is_no_lineage(cache, package):
+    """Check 29b's F5, F6: with the weights' own run deleted (a continued run's
+    `extra.continued_from.run`, the package's `run`), a lineage that left a step out passed:
+    the chain was checked only where that run was named."""
+    from finetune_lab.models.checkpoints import package_manifest
+
+    def no_run(man: dict[str, Any]) -> None:
+        del man["extra"]["continued_from"]["run"]
+        man["extra"]["continued_from"]["lineage"].pop(0)
+
+    _edit(cache / "pretrain/cpu-seed1-c2/manifest.json", no_run)
+    rec = {r.key: r for r in discover_runs(cache)}["pretrain/cpu-seed1-c2"]
+    assert not rec.valid and any("run names none" in p for p in rec.problems), rec.problems
+    package(lambda m: (m.update(run=None), m["lineage"].pop(1)))
+    with pytest.raises(UserError, match="its lineage names runs, but it names no run of its own"):
+        package_manifest()
+
+
+def test_a_lost_product_is_found_whatever_experiments_share_its_first_word(tmp_path):
+    """Check 29b's F7: a call record without `data/runs/fairseq-candidate-11` passed, since
+    `fairseq-gpu` also begins with "fairseq"; a job is held to the experiment it wrote to."""
+    import shutil
+
+    from finetune_lab.book.devices import call_records_set_aside
+    from finetune_lab.runs.gpu_archive import CALL_RECORDS
+
+    stem = "20261126T051216Z"
+    here, there = PROJECT_ROOT / CALL_RECORDS, tmp_path / CALL_RECORDS
+    there.mkdir(parents=True)
+    for name in (f"{stem}.json", f"{stem}-nvidia-smi.csv"):
+        shutil.copy2(here / name, there / name)
+    _edit(there / f"{stem}.json",
+          lambda m: m["products"].remove("data/runs/fairseq-candidate-11"))
+    assert "brought back no experiment fairseq-candidate-11" in call_records_set_aside(tmp_path)
+
+
+def test_a_manifest_of_another_program_above_the_runs_root_is_no_run(tmp_path):
+    """Check 29b's F2: any `manifest.json` above the project (a web app's) refused every run."""
+    from finetune_lab.runs.recording import run_dir_for
+
+    (tmp_path / "manifest.json").write_text('{"name": "webapp"}')
+    root = tmp_path / "proj" / "runs"
+    assert run_dir_for("t1", "random-seed0", root) == root / "t1" / "random-seed0"

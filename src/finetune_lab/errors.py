@@ -238,7 +238,7 @@ def move_aside(old: Path, base: Path) -> Path:
     raise OSError(errno.EEXIST, "every name to keep it under is taken", str(base))
 
 
-_MODES = {"w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+_MODES = {"w": os.O_WRONLY | os.O_CREAT, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
           "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND}
 
 
@@ -257,10 +257,15 @@ def open_in_place(path: Path, mode: str) -> IO[Any]:
         if exc.errno == errno.ENXIO:  # a named pipe nothing reads
             raise UserError(f"{path} is not a regular file: remove it") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    held = os.fstat(fd)
+    if not stat.S_ISREG(held.st_mode) or held.st_nlink > 1:  # a hard link (check 29b's F3)
         os.close(fd)
-        raise UserError(f"{path} is not a regular file: remove it")
+        raise UserError(f"{path} is not a regular file of its own"
+                        + (f" (a hard link: {held.st_nlink} names)" if held.st_nlink > 1 else "")
+                        + ": remove it (what else it is named stays as it is)")
     os.set_blocking(fd, True)
+    if mode.startswith("w"):  # truncated only now that it is known to be this file alone
+        os.ftruncate(fd, 0)
     return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
 
 

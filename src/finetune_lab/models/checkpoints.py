@@ -82,7 +82,9 @@ def package_manifest(folder: Path | None = None) -> dict[str, Any] | None:
             raise _damaged(manifest, f"its {key} is not a {kind.__name__}")
     if any(not isinstance(step, dict) for step in data.get("lineage") or []):
         raise _damaged(manifest, "its lineage holds an entry that is not an object")
-    if data.get("lineage") and isinstance(data.get("run"), str):
+    if data.get("lineage") and not isinstance(data.get("run"), str):  # check 29b's F6
+        raise _damaged(manifest, "its lineage names runs, but it names no run of its own")
+    if data.get("lineage"):
         run = _run_manifest(data["run"])
         if (why := lineage_chain_problem(data["lineage"], data["run"], run)) is not None:
             raise _damaged(manifest, f"its {why}")

@@ -156,9 +156,12 @@ def lineage_chain_problems(records: Sequence[Judged], everyone: Sequence[Judged]
         for field in ("continued_from", "checkpoint_source"):
             source = extra.get(field) if isinstance(extra, dict) else None
             lineage = source.get("lineage") if isinstance(source, dict) else None
-            if not isinstance(lineage, list) or not lineage \
-                    or not isinstance(source.get("run"), str):
+            if not isinstance(lineage, list) or not lineage:
                 continue
+            if not isinstance(source.get("run"), str):  # check 29b's F5: no run, no check
+                rec.problems.append(f"extra.{field}.lineage names runs, but extra.{field}.run "
+                                    "names none: the weights' own run")
+                break
             if not all(isinstance(step, dict) for step in lineage):
                 rec.problems.append(f"extra.{field}.lineage holds an entry that is not an object")
                 break

@@ -16,7 +16,7 @@ from finetune_lab._files import parse_json, regular_text
 from finetune_lab.config import PROJECT_ROOT, paths
 from finetune_lab.runs.gpu_archive import (CALL_RECORDS, PREP_JOBS, SEQUENTIAL,
                                              call_record_problem)
-from finetune_lab.runs.gpu_plan import SUFFIX_TINY
+from finetune_lab.runs.gpu_plan import GPU_SUFFIX, SUFFIX_TINY
 
 
 SAMPLES_SLACK_S = 60.0
@@ -180,18 +180,31 @@ RUN_JOBS = ("fairseq", "transformers", "lora", "pretrain")
 """The first word of the jobs that make a run, which the call brings back in an experiment."""
 
 
+def _destination(job: str, plan: dict) -> str | None:
+    """The experiment a job that makes a run writes it to, as :func:`gpu_plan.lab_jobs` sends
+    it: a candidate's fairseq pretrained seeds to the candidate experiment."""
+    part, _, rest = job.partition("-")
+    if part not in RUN_JOBS:
+        return None
+    tiny = SUFFIX_TINY if plan.get("tiny") else ""
+    if part == "fairseq" and rest.startswith("pretrained-") and plan.get("checkpoint"):
+        return plan.get("candidate_experiment") or f"fairseq-candidate{GPU_SUFFIX}{tiny}"
+    return f"{part}{GPU_SUFFIX}{tiny}"
+
+
 def _missing_product(meta: dict) -> str | None:
-    """A job that made a run and ended well, in an experiment the call brought back (trial
+    """A job that made a run and ended well, in the experiment the call brought back (trial
     29's R-23: a record that lost its ``data/runs/transformers-gpu`` product blamed the six
-    runs it had made instead of setting itself aside)."""
-    brought = [str(p).rsplit("/", 1)[-1] for p in meta.get("products") or []
-               if str(p).startswith("data/runs/")]
+    runs it had made instead of setting itself aside; check 29b's F7: by the experiment the
+    job wrote to, not by its first word, which a sibling experiment shares)."""
+    brought = {str(p).rsplit("/", 1)[-1] for p in meta.get("products") or []
+               if str(p).startswith("data/runs/")}
+    plan = meta.get("plan") if isinstance(meta.get("plan"), dict) else {}
     for job in meta["jobs"]:
-        part = str(job["job"]).partition("-")[0]
-        if part in RUN_JOBS and job.get("exit_code") == 0 \
-                and not any(e.startswith(part) for e in brought):
+        where = _destination(str(job["job"]), plan)
+        if where is not None and job.get("exit_code") == 0 and where not in brought:
             return (f"says its job {job['job']} ended with exit code 0, but it brought back no "
-                    f"{part} experiment (products: {', '.join(brought) or 'none'})")
+                    f"experiment {where} (products: {', '.join(sorted(brought)) or 'none'})")
     return None
 
 

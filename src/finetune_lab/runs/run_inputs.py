@@ -216,12 +216,22 @@ def refuse_inside_runs(root: Path) -> None:
     ``FINETUNE_LAB_RUNS_DIR=data/runs/fairseq/random-seed0`` put a new run inside a committed
     one), refused as ``finetune-lab runs`` refuses it."""
     for parent in (root, *root.parents):
-        if (parent / mf.MANIFEST_NAME).is_file() or (parent / "experiment.json").is_file():
+        if _run_manifest(parent / mf.MANIFEST_NAME) or (parent / "experiment.json").is_file():
             raise UserError(f"runs root {root} is inside the run or experiment folder {parent}: "
                             "name the folder that holds <experiment>/<run>/ (default: data/runs)")
-    if root.is_dir() and any((p / mf.MANIFEST_NAME).is_file() for p in root.iterdir()):
+    if root.is_dir() and any(_run_manifest(p / mf.MANIFEST_NAME) for p in root.iterdir()):
         raise UserError(f"runs root {root} is an experiment folder (its folders hold runs): "
                         f"name {root.parent}, which holds it")
+
+
+def _run_manifest(path: Path) -> bool:
+    """Whether ``path`` is a run's manifest (its experiment and run named in it), not another
+    program's ``manifest.json`` above the project (check 29b's F2)."""
+    try:
+        data = parse_json(regular_text(path))
+    except (OSError, ValueError, UserError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and "experiment" in data and "run" in data
 
 
 def work_inputs(project: Path) -> list[str]:
