@@ -631,3 +631,23 @@ def test_a_manifest_of_another_program_above_the_runs_root_is_no_run(tmp_path):
     (tmp_path / "manifest.json").write_text('{"name": "webapp"}')
     root = tmp_path / "proj" / "runs"
     assert run_dir_for("t1", "random-seed0", root) == root / "t1" / "random-seed0"
+
+
+@pytest.mark.parametrize(("key", "change", "said"), [
+    # F8: gpu4 trained with fairseq's plain masked LM; relabelled as the bag-of-words recipe
+    ("pretrain-gpu/gpu4", lambda m: m["hyperparameters"].update(bow_weight=8.0),
+     "bow_weight 8.0, but"),
+    # and the other way: the bag-of-words run relabelled as having none
+    ("pretrain/cpu-docbow1", lambda m: m["hyperparameters"].update(bow_weight=0.0),
+     "bow_weight 0.0, but"),
+    # F10: a precision spelled as no precision is
+    ("pretrain/cpu-clean-bow1", lambda m: m["hyperparameters"].update(precision="fp32 "),
+     "precision 'fp32 ' is none of"),
+])
+def test_a_recipe_value_fairseq_prints_no_option_for_is_held_to_what_ran(cache, key, change,
+                                                                         said):
+    """Check 29b's F8, F10: `bow_weight` is printed only by the bag-of-words criterion, and an
+    unknown precision skipped the precision check; both showed in the recipe tables."""
+    _edit(cache / key / "manifest.json", change)
+    rec = {r.key: r for r in discover_runs(cache)}[key]
+    assert not rec.valid and any(said in p for p in rec.problems), rec.problems

@@ -143,6 +143,13 @@ def _recipe_problems(hp: dict[str, Any], config: dict[str, Any], at: str) -> lis
         if not _same(value, config[name]):
             problems.append(f"hyperparameters.{key} {value!r}, but {at} was configured with "
                             f"{name}={config[name]!r}")
+    bow, criterion = hp.get("bow_weight"), str(config.get("criterion"))
+    if isinstance(bow, (int, float)) and (bow > 0) != criterion.endswith("_bow"):  # 29b's F8
+        problems.append(f"hyperparameters.bow_weight {bow}, but {at} trained with the "
+                        f"criterion {criterion}")
+    if "precision" in hp and hp["precision"] not in PRECISION:  # check 29b's F10
+        problems.append(f"hyperparameters.precision {hp['precision']!r} is none of "
+                        f"{', '.join(PRECISION)}")
     want = PRECISION.get(hp.get("precision"))
     got = (config.get("bf16") is True, config.get("fp16") is True)
     if want is not None and got != want:
