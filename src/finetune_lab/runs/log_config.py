@@ -216,13 +216,10 @@ def config_problems(path: Path, man: dict[str, Any]) -> list[str]:
     command = [str(w) for w in man.get("command") or []]
     hp = man.get("hyperparameters") if isinstance(man.get("hyperparameters"), dict) else {}
     for i, (at, config) in enumerate(configs):
-        last = i == len(configs) - 1
-        problems = _command_problems(command, config, at, last)
-        if last:
-            problems += _recipe_problems(hp, config, at)
-        elif (p := _recipe_problems({k: v for k, v in hp.items() if k != "max_update"},
-                                    config, at)):
-            problems += p
+        last = i == len(configs) - 1  # an earlier process: the launch-varying values aside
+        recipe = hp if last else {k: v for k, v in hp.items() if k not in LAUNCH_KEYS}
+        problems = _command_problems(command, config, at, last) \
+            + _recipe_problems(recipe, config, at)
         if problems:
             return problems
     return _phase_problems(man, configs)
