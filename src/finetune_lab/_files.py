@@ -21,7 +21,7 @@ from finetune_lab.config import (check_protected_file, hidden, protected,  # noq
                                  replaces_weights)
 from finetune_lab.errors import DamagedFileError, UserError
 from finetune_lab.errors import check_writable as check_writable
-from finetune_lab.errors import clear_stale_temps
+from finetune_lab.errors import clear_stale_temps, short_name
 from finetune_lab.errors import move_aside as move_aside
 from finetune_lab.errors import rename_noreplace as rename_noreplace
 from finetune_lab.errors import swap_paths as _swap
@@ -339,7 +339,7 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
     check_replaceable(dest, owner, force=force, earlier=earlier)
     check_writable(dest.parent, flag)
     try:
-        prefix = f".{dest.name[:100]}.tmp-"  # (a name that fits)
+        prefix = f".{short_name(dest.name)}.tmp-"  # (a name that fits)
         clear_stale_temps(dest.parent, prefix)
         tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=dest.parent))
     except OSError as exc:
@@ -363,7 +363,7 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
             swapped = True  # ``tmp`` is now the old one: never removed below (trial 29's L-30)
             _drop_old(tmp, dest, keep)
         else:  # no exchange here: two renames, and the old put back if the second fails
-            old = dest.parent / f".{dest.name[:100]}.old-{os.getpid()}"
+            old = dest.parent / f".{short_name(dest.name)}.old-{os.getpid()}"
             os.replace(dest, old)
             try:
                 os.replace(tmp, dest)
@@ -373,7 +373,7 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
             _drop_old(old, dest, keep)
     except BaseException as exc:
         if swapped:  # the old folder, out of clear_stale_temps' reach, and said where
-            held = dest.parent / f".{dest.name[:100]}.old-{os.getpid()}"
+            held = dest.parent / f".{short_name(dest.name)}.old-{os.getpid()}"
             try:
                 held = held if rename_noreplace(tmp, held) else tmp
             except OSError:

@@ -223,6 +223,13 @@ def fitting_name(base: Path, reserve: int = 8) -> Path:
     return base.with_name(head + mark + tail)
 
 
+def short_name(name: str, limit: int = 100) -> str:
+    """The start of ``name`` in at most ``limit`` bytes, whole characters only: the stem of a
+    command's temporary folder, which must fit beside ``name`` (check 29b's F13: 100
+    characters of a multibyte name were 400 bytes)."""
+    return name.encode()[:limit].decode(errors="ignore")
+
+
 def move_aside(old: Path, base: Path) -> Path:
     """Move ``old`` to ``base``, or ``base-2``, ``base-3``, ...: the first name nothing holds
     (``lexists``: a link to nothing holds one too), taken without ever replacing

@@ -115,6 +115,10 @@ def read_reviews(path: Path) -> list[Review]:
     reviews: list[Review] = []
     for position, item in enumerate(items, start=1):
         asin = (item.findtext("asin") or "").strip() or None
+        for tag in ("rating", "text"):  # a second one would be dropped (check 29b's F14)
+            if len(item.findall(tag)) > 1:
+                raise _item_error(path, position, asin, f"{len(item.findall(tag))} <{tag}> "
+                                  "elements, where a Webis-CLS-10 item has one")
         rating_text = item.findtext("rating")
         if rating_text is None or not rating_text.strip():
             raise _item_error(path, position, asin, "missing <rating>")

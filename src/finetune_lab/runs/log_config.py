@@ -185,8 +185,10 @@ def _phase_problems(man: dict[str, Any], configs: Sequence[tuple[str, dict[str, 
     if isinstance(share, (int, float)) and isinstance(total, int) and total > 0:
         if len(phases) == 2:
             fits = phases[0].get("until_update") == max(1, round(total * (1 - share)))
+        elif len(phases) == 1:  # all task-adaptive, or none (check 29b's F9: 0.3 of one)
+            fits = share == (1 if names == ["tapt"] else 0)
         else:
-            fits = (share == 1) == (names == ["tapt"])
+            fits = share != 1
         if not fits:
             return [f"hyperparameters.tapt_fraction {share} does not give its phases "
                     f"{[(p.get('name'), p.get('until_update')) for p in phases]} of "
