@@ -223,6 +223,7 @@ def test_every_command_that_writes_a_folder_refuses_a_foreign_one(argv, tmp_path
     for sub in ("cls.books", "tokenizer"):  # gpu-bundle asks for them before anything else
         (work / sub).mkdir(parents=True)
     monkeypatch.setenv("FINETUNE_LAB_WORK_DIR", str(work))
+    monkeypatch.setenv("FINETUNE_LAB_RUNS_DIR", str(tmp_path / "runs"))  # no call's run taken
     monkeypatch.setenv("FINETUNE_LAB_DATA_ROOT", str(_files_root(tmp_path)))
     user = _users_folder(tmp_path / "u")
     assert main([*argv, "--out", str(user)]) == 2

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from finetune_lab.config import paths
 from finetune_lab.errors import Interrupted, UserError, stop_signals_raise
+from finetune_lab.runs.gpu_room import room_note
 
 COMMAND_MODULES: list[str] = [
     "finetune_lab.models.params",
@@ -131,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         command = args.command
         _refuse_repeats(args)
+        if command not in ("gpu-bundle", "gpu-unpack") and (note := room_note()):
+            print(f"finetune-lab {command}: note: {note}", file=sys.stderr)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try, so that a closed pipe is handled below
         return code

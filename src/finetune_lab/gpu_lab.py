@@ -37,6 +37,7 @@ from finetune_lab.models import checkpoints
 from finetune_lab.runs.gpu_archive import unpack
 from finetune_lab.runs.gpu_bundle import GPU_PYTHON, TRANSFER_LIMIT, bundle
 from finetune_lab.runs.gpu_plan import BUNDLE_DIR, LAB_PARTS, TINY_LORA_METHODS, Plan
+from finetune_lab.runs.gpu_room import ROOM_DIR, put_back, set_aside
 from finetune_lab.runs.gpu_remote import remote
 from finetune_lab.runs.registry import validate_run
 from finetune_lab.train.finetune_fairseq import next_candidate_experiment
@@ -76,9 +77,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=folder, default=None)
     p.add_argument("--force", action="store_true",
                    help="replace --out even if gpu-bundle did not make it")
+    p.add_argument("--make-room", action="store_true",
+                   help=f"set the run cache's logs and event files and the freeze aside in "
+                        f"{ROOM_DIR}/ (the call reads neither) until gpu-unpack puts them back")
     p.set_defaults(func=_bundle)
     u = sub.add_parser("gpu-unpack", help="move a device call's runs into the run cache")
-    u.add_argument("files", type=folder, help="the folder the call's files came back in")
+    u.add_argument("files", type=folder, nargs="?", default=None,
+                   help="the folder the call's files came back in (none: only put back what "
+                        "gpu-bundle --make-room set aside)")
     u.set_defaults(func=_unpack)
 
 
@@ -112,8 +118,19 @@ def _bundle(args: argparse.Namespace) -> int:
         plan.seeds, plan.epochs = plan.seeds[:1] if args.seeds else [0], 1
         plan.lora_methods = [m for m in plan.lora_methods if m in TINY_LORA_METHODS]
         plan.pretrain_tokens = min(plan.pretrain_tokens, 20_000) if plan.pretrain_tokens else 0
-    info = bundle(args.out, plan=plan, python=args.python, force=args.force,
-                  from_environment=args.from_environment)
+    if args.make_room:
+        moved, size = set_aside()
+        print(f"gpu-bundle: set aside {moved:,} files ({size / 2**20:.1f} MiB: the run cache's "
+              f"logs and event files, the freeze) in {ROOM_DIR}/; the run cache and the book "
+              "are incomplete here until `finetune-lab gpu-unpack` puts them back")
+    try:
+        info = bundle(args.out, plan=plan, python=args.python, force=args.force,
+                      from_environment=args.from_environment)
+    except BaseException:
+        if args.make_room:  # no call will run: everything back at once
+            put_back()
+            print(f"gpu-bundle: what was set aside in {ROOM_DIR}/ is back", file=sys.stderr)
+        raise
     made = Path(info["bundle"]).resolve()
     where = (made.relative_to(PROJECT_ROOT).as_posix() if made.is_relative_to(PROJECT_ROOT)
              else None)
@@ -128,6 +145,17 @@ def _bundle(args: argparse.Namespace) -> int:
 
 
 def _unpack(args: argparse.Namespace) -> int:
+    back, kept = put_back()  # first: the placed runs are checked against the committed ones
+    if back:
+        print(f"gpu-unpack: {back:,} files set aside by gpu-bundle --make-room are back")
+    if kept:
+        print(f"gpu-unpack: {len(kept):,} files set aside stay in {ROOM_DIR}/, as something "
+              f"else lies at their place now (the first: {kept[0]}); compare and move them "
+              "by hand, then run `finetune-lab gpu-unpack` again", file=sys.stderr)
+    if args.files is None:
+        if not back and not kept:
+            raise UserError("nothing is set aside: pass the folder the call's files came back in")
+        return 2 if kept else 0
     placed = unpack(args.files)
     if not placed:  # trial 24's G-i2: an unpack that placed nothing said nothing
         print("gpu-unpack: nothing new was placed in the project")
@@ -152,7 +180,7 @@ def _unpack(args: argparse.Namespace) -> int:
     if bad:  # placed all the same (trial 29's L-21: exit 1, which no other fault gives)
         print(f"gpu-unpack: {bad} of the placed folders failed the checks above; the book "
               "leaves them out", file=sys.stderr)
-    return 2 if bad else 0
+    return 2 if bad or kept else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

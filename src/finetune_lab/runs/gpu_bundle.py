@@ -21,7 +21,7 @@ import tarfile
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,9 @@ from finetune_lab.data import cls_books, pretrain_corpus, tokenizer
 from finetune_lab.data.split_checks import published_test_texts
 from finetune_lab.errors import UserError
 from finetune_lab.models import checkpoints
-from finetune_lab.runs.gpu_plan import BUNDLE_DIR, GPU_CORPUS, PLAN_FILE, TEST_FILE_ROOT, Plan
+from finetune_lab.runs.gpu_plan import (BUNDLE_DIR, GPU_CORPUS, PLAN_FILE, TEST_FILE_ROOT, Plan,
+                                        lab_jobs)
+from finetune_lab.runs.gpu_room import movable, sent_files
 from finetune_lab.runs.recording import run_dir_for
 
 TRANSFER_LIMIT = 64 * 2**20
@@ -226,12 +228,31 @@ def disk_bytes(path: Path) -> int:
 
 
 def tree_bytes(root: Path = PROJECT_ROOT, under: str = "") -> int:
-    """What a device call sends besides carried paths (tracked files and untracked ones that git
-    does not ignore), in blocks; ``under``: only that folder's."""
-    proc = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
-                           "--", under or "."], cwd=root, capture_output=True, check=True)
-    return sum(disk_bytes(root / p) for p in proc.stdout.decode().split("\0")
-               if p and (root / p).is_file())
+    """What a device call sends besides carried paths, in blocks; ``under``: only that
+    folder's."""
+    return sum(disk_bytes(root / p) for p in sent_files(root, under))
+
+
+def taken_runs(plan: Plan) -> list[str]:
+    """The plan's lab runs (``experiment/name``) that exist here already. The call would skip
+    them, or redo a failed one that it then never sends back (a snapshot carries only the runs
+    that were not there when it started): a call spent for nothing."""
+    if "lab" not in plan.steps:
+        return []
+    runs = [f"{job.argv[job.argv.index('--experiment') + 1]}/{job.name.split('-', 1)[1]}"
+            for job in lab_jobs(plan, Path("."))]
+    return [r for r in runs if os.path.lexists(paths().runs / r)]
+
+
+def free_seeds(plan: Plan) -> list[int]:
+    """As many seeds as the plan has, the lowest for which none of its runs exists here."""
+    free: list[int] = []
+    seed = 0
+    while len(free) < len(plan.seeds):
+        if not taken_runs(replace(plan, seeds=[seed])):
+            free.append(seed)
+        seed += 1
+    return free
 
 
 def bundle(out: Path | None = None, *, plan: Plan | None = None,
@@ -244,6 +265,9 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
     and the call there installs nothing."""
     plan = plan or Plan()
     out = Path(out) if out else PROJECT_ROOT / BUNDLE_DIR
+    if taken := taken_runs(plan):
+        raise UserError(f"{len(taken)} of the call's runs exist here already ({taken[0]}, ...): "
+                        f"choose other seeds, e.g. --seeds {' '.join(map(str, free_seeds(plan)))}")
     cls_dir, tok_dir = cls_books.default_output(), tokenizer.default_output()
     for what, path, fix in (("CLS-Books texts", cls_dir, "finetune-lab prepare-cls"),
                             ("tokenizer", tok_dir, "finetune-lab adopt-tokenizer")):
@@ -320,9 +344,9 @@ def bundle(out: Path | None = None, *, plan: Plan | None = None,
                 f"of which {ckpt.name} {held}) exceed the device "
                 f"call's {TRANSFER_LIMIT / 2**20:.0f} MiB: carry a smaller corpus slice "
                 "(--pretrain-tokens), leave out a part (--lab-parts; QLoRA carries bitsandbytes, "
-                "3.6 MiB), move _freeze/ out of the tree for the call (the call does not read "
-                f"it; {tree_bytes(under='_freeze') / 2**20:.1f} MiB), or move the checkpoint out "
-                "for a pretraining call")
+                "3.6 MiB), set aside what the call does not read (--make-room: "
+                f"{sum(disk_bytes(PROJECT_ROOT / p) for p in movable()) / 2**20:.1f} MiB), "
+                "or move the checkpoint out for a pretraining call")
     return {"bundle": str(out), "carried_bytes": carried, "tree_bytes": tree, "plan": asdict(plan)}
 
 
