@@ -134,6 +134,15 @@ def hidden(relative: Path | str) -> bool:
     return any(part.startswith(".") for part in Path(relative).parts)
 
 
+def run_key(stored: str | Path) -> str:
+    """``experiment/name`` of a run folder's path as a manifest stores it (project-relative or
+    absolute), as :attr:`RunRecord.key <finetune_lab.runs.registry.RunRecord.key>` names runs:
+    lineages and checkpoint sources are matched on it, whatever runs root or clone holds them.
+    Here, below every stage, because packages (models) and runs both match on it."""
+    p = Path(stored)
+    return f"{p.parent.name}/{p.name}"
+
+
 def is_run_manifest(manifest: Path) -> bool:
     """A run's ``manifest.json`` names its framework and experiment, which a data step's does
     not; read whole (trial 17's A-v7: a failed run's error text pushed both past the first

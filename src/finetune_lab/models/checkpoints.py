@@ -29,7 +29,7 @@ from finetune_lab._files import (
     utc_now,
     write_json_atomic,
 )
-from finetune_lab.config import PROJECT_ROOT, paths
+from finetune_lab.config import PROJECT_ROOT, paths, run_key
 from finetune_lab.errors import DamagedFileError, UserError, library_write
 from finetune_lab.models.fairseq_compat import preserved_root_logger
 from finetune_lab.models.trust import MANIFEST_FILE, load_trusted, trusting
@@ -128,8 +128,7 @@ def lineage_chain_problem(lineage: list[Any], run: str, run_manifest: dict[str, 
 
 def _run_of(step: Any) -> str:
     """A lineage step's run, as ``experiment/name`` wherever the run store was."""
-    run = step.get("run") if isinstance(step, dict) else None
-    return "/".join(Path(str(run)).parts[-2:])
+    return run_key(str(step.get("run") if isinstance(step, dict) else None))
 
 
 def _damaged(manifest: Path, why: str) -> UserError:

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import regular_bytes
-from finetune_lab.runs.eventfiles import (accuracy_steps, all_sound, logged_values,
+from finetune_lab.runs.eventfiles import (accuracy_steps, all_sound, log_text, logged_values,
                                          once_per_log_and_events)
 from finetune_lab.runs.fairseq_logs import printed_metrics
 
@@ -106,7 +105,7 @@ def log_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) -> lis
         return ["its manifest lists no train.log, which every fairseq run writes and its event "
                 "files' values are held against"]
     try:  # read once; a byte that is not UTF-8 must not switch the check off (trial 11's N4)
-        text = regular_bytes(log).decode("utf-8", errors="replace")
+        text = log_text(log)
     except OSError:
         return []  # the log's own check names it (missing, changed)
     return _values_against_log(text, path, events)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from finetune_lab._files import regular_bytes
 from finetune_lab.errors import UserError
 
 try:
@@ -349,6 +350,19 @@ def files_key(run: Path, files: Sequence[Path]) -> tuple[tuple[Any, ...], ...]:
     """Each file by its name in ``run`` and its identity (inode, size, modification time): what
     a check of them may be kept under (OSError for a file gone, ValueError for one outside)."""
     return tuple((f.relative_to(run).as_posix(), *_identity(f)) for f in files)
+
+
+def log_text(log: Path) -> str:
+    """A run's ``train.log`` as text (a byte that is not UTF-8 replaced, so that it cannot turn
+    a check off), read once per process and version of the file (its identity): the registry
+    holds each log against its timeline, times, clock, configuration and event values, and
+    read it once for each (session 39's review). OSError for a log gone or not a regular file."""
+    return _log_text(str(log), _identity(log))
+
+
+@functools.lru_cache(maxsize=8)
+def _log_text(log: str, _identity: tuple[int, int, int, int]) -> str:
+    return regular_bytes(log).decode("utf-8", errors="replace")
 
 
 def _identity(path: Path) -> tuple[int, int, int, int]:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from finetune_lab._files import regular_bytes
+from finetune_lab.runs.eventfiles import log_text
 from finetune_lab.runs.log_timeline import _parsed
 
 LAUNCH_KEYS = frozenset({"max_update", "reset_dataloader", "stop_time_hours",
@@ -202,7 +202,7 @@ def config_problems(path: Path, man: dict[str, Any]) -> list[str]:
     if man.get("framework") != "fairseq" or "train.log" not in (man.get("logs") or {}):
         return []
     try:
-        text = regular_bytes(path / "train.log").decode("utf-8", errors="replace")
+        text = log_text(path / "train.log")
     except OSError:
         return []  # the log's own check names it (missing, changed)
     lines, procs, _why = _parsed(text)

@@ -30,6 +30,7 @@ from finetune_lab._files import (
     write_json_atomic,
 )
 from finetune_lab.config import PROJECT_ROOT
+from finetune_lab.config import run_key as run_key  # (where runs import it from)
 from finetune_lab.errors import UserError
 from finetune_lab.runs.portable import TRACKED_PACKAGES as TRACKED_PACKAGES
 from finetune_lab.runs.portable import cpu_model as cpu_model
@@ -103,14 +104,6 @@ def resolve_stored_path(stored: str) -> Path:
     """Inverse of :func:`portable_path`."""
     p = Path(stored)
     return p if p.is_absolute() else PROJECT_ROOT / p
-
-
-def run_key(stored: str | Path) -> str:
-    """``experiment/name`` of a run folder's path as a manifest stores it (project-relative or
-    absolute), as :attr:`RunRecord.key <finetune_lab.runs.registry.RunRecord.key>` names runs:
-    lineages and checkpoint sources are matched on it, whatever runs root or clone holds them."""
-    p = Path(stored)
-    return f"{p.parent.name}/{p.name}"
 
 
 BUILD_RECORD = "manifest.json"

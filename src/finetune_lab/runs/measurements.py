@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import regular_bytes
-from finetune_lab.runs.eventfiles import loss_times, once_per_log_and_events, wall_span
+from finetune_lab.runs.eventfiles import log_text, loss_times, once_per_log_and_events, wall_span
 from finetune_lab.runs.fairseq_logs import printed_times
 from finetune_lab.runs.log_timeline import timeline_problems
 
@@ -191,8 +191,8 @@ def log_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
             problems.append(f"segments[{i}].wall_time_s {wall:g} s is not the "
                             f"{(end - start).total_seconds():.0f} s from its start to its end")
     try:
-        raw = regular_bytes(path / "train.log")  # read once for the stamps and the processes
-        stamps = log_stamps(path / "train.log", raw)
+        text = log_text(path / "train.log")  # for the stamps and the processes
+        stamps = log_stamps(path / "train.log", text.encode())
     except OSError:
         stamps = []  # the log's own checks name it
     except ValueError as exc:  # one line stamped with no time must not turn the check off
@@ -200,7 +200,6 @@ def log_time_problems(path: Path, man: dict[str, Any]) -> list[str]:
     wall, late = man.get("wall_time_s"), _kind(man)
     if not stamps:
         return problems
-    text = raw.decode("utf-8", errors="replace")
     if len(segments) <= 1:
         logged = (stamps[-1] - stamps[0]).total_seconds()
         if _seconds(wall) and not -2.0 <= wall - logged <= LOG_SPAN_SLACK_S[late]:
@@ -278,7 +277,7 @@ def log_clock_problems(path: Path, man: dict[str, Any], events: Sequence[Path]) 
     if man.get("framework") != "fairseq":
         return []
     try:
-        text = regular_bytes(path / "train.log").decode("utf-8", errors="replace")
+        text = log_text(path / "train.log")
     except OSError:
         return []  # the log's own checks name it
     return _stamps_against_events(text, path, events) or _meter_problems(text, man)
