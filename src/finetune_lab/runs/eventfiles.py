@@ -357,12 +357,18 @@ def log_text(log: Path) -> str:
     a check off), read once per process and version of the file (its identity): the registry
     holds each log against its timeline, times, clock, configuration and event values, and
     read it once for each (session 39's review). OSError for a log gone or not a regular file."""
-    return _log_text(str(log), _identity(log))
+    before = _identity(log)
+    if (str(log), before) in _LOG_TEXT:
+        return _LOG_TEXT[(str(log), before)]
+    text = regular_bytes(log).decode("utf-8", errors="replace")
+    if _identity(log) == before:  # kept only if nothing wrote to it meanwhile (a run going on)
+        if len(_LOG_TEXT) >= 8:
+            _LOG_TEXT.pop(next(iter(_LOG_TEXT)))
+        _LOG_TEXT[(str(log), before)] = text
+    return text
 
 
-@functools.lru_cache(maxsize=8)
-def _log_text(log: str, _identity: tuple[int, int, int, int]) -> str:
-    return regular_bytes(log).decode("utf-8", errors="replace")
+_LOG_TEXT: dict[tuple[str, tuple[int, int, int, int]], str] = {}
 
 
 def _identity(path: Path) -> tuple[int, int, int, int]:
