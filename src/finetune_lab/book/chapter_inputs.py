@@ -156,6 +156,11 @@ MODULE_READS: dict[str, tuple[str, ...]] = {
         "data/runs/pretrain/*/manifest.json", *_PREPARED, "data/work/hf/**"),
     # the data chapter's statistics, from the prepared data when it is there
     "src/finetune_lab/book/data_summary.py": (*_PREPARED, "data/work/pretrain-bin/manifest.json"),
+    # the stand-in's corpus, from the prepared corpus's record when it is there (trial 30's R-15)
+    "src/finetune_lab/book/pretrain_budget.py": ("data/work/pretrain-bin/manifest.json",),
+    # the lab's own command and the two frameworks' inputs, from the prepared data
+    **{f"src/finetune_lab/book/{m}.py": _PREPARED
+       for m in ("fairseq_command", "hf_compare", "probe_report")},
     "src/finetune_lab/data/cls_splits.py": ("data/summaries/data.json",),
 }
 """Data a module reads whatever the chapter asks of it: a chapter whose code imports the

@@ -29,6 +29,7 @@ from finetune_lab.runs.file_facts import file_fact_problems
 from finetune_lab.runs.log_config import config_problems
 from finetune_lab.runs.measurements import (log_clock_problems, log_time_problems,
                                             measurement_problems, peak_problems, pretraining)
+from finetune_lab.runs.recorded_facts import fact_problems
 from finetune_lab.runs.run_inputs import cached_sha256
 
 CLOCK_SLACK_S = 2.0
@@ -342,7 +343,7 @@ def manifest_contradictions(path: Path, man: dict[str, Any], events: Sequence[Pa
             + log_problems(path, man, events)
             + trainer_loss_problems(path, man, events) + measurement_problems(man, events)
             + log_time_problems(path, man) + log_clock_problems(path, man, events)
-            + config_problems(path, man))
+            + config_problems(path, man) + fact_problems(path, man, events))
 
 
 def _valid_subset(man: dict[str, Any]) -> str | None:

@@ -121,6 +121,8 @@ class Scanned(NamedTuple):
     trainer_seed: int | None = None
     """The seed the Trainer's arguments hold (its ``args`` text, which Transformers' TensorBoard
     callback writes first): the run's seed as the process that trained saw it."""
+    model_config: str | None = None
+    """The model's configuration as the Trainer logged it (JSON text of :data:`CONFIG_TAG`)."""
 
 
 _CHECKED: dict[tuple[int, int, int, int], Scanned] = {}
@@ -180,7 +182,7 @@ def _scan(path: Path) -> Scanned:
     logged: list[tuple[str, int, float]] = []
     loss_times: list[tuple[int, float]] = []
     seen: set[tuple[str, int]] = set()
-    trainer_seed = None
+    trainer_seed = model_config = None
     for index, event in enumerate(strict_events(path)):
         _check_kind(path, index, event, last)
         last = max(last, event.step)
@@ -189,6 +191,8 @@ def _scan(path: Path) -> Scanned:
         for value in event.summary.value:
             if value.tag == ARGS_TAG and trainer_seed is None:
                 trainer_seed = _args_seed(value)
+            if value.tag == CONFIG_TAG and model_config is None and value.tensor.string_val:
+                model_config = value.tensor.string_val[0].decode(errors="replace")
             numeric = value.tag in LOGGED_TAGS or value.tag in LR_TAGS or \
                 _accuracy_tag(value.tag) or _metric_tag(value.tag)
             if numeric and not value.HasField("simple_value"):  # trial 14's E1
@@ -224,9 +228,11 @@ def _scan(path: Path) -> Scanned:
         raise EventFileError(f"event file {path} records no wall-clock time")
     return Scanned(last, peak, min(walls, default=None), max(walls, default=None),
                    tuple(sorted((tag, frozenset(steps)) for tag, steps in accuracy.items())),
-                   tuple(logged), tuple(loss_times), trainer_seed)
+                   tuple(logged), tuple(loss_times), trainer_seed, model_config)
 
 
+CONFIG_TAG = "model_config/text_summary"
+"""The model's configuration as JSON text (``TensorBoardCallback``'s ``add_text``)."""
 ARGS_TAG = "args/text_summary"
 """The Trainer's arguments as JSON text (``TensorBoardCallback``'s ``add_text("args", ...)``)."""
 
@@ -245,6 +251,20 @@ def trainer_seeds(paths: Iterable[Path]) -> set[int]:
     """The seeds the sound files among ``paths`` record in a Trainer's arguments (empty for a
     fairseq run, whose seed its train.log holds)."""
     return {s.trainer_seed for s in _sound(paths) if s.trainer_seed is not None}
+
+
+def model_configs(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """The model configurations the sound files among ``paths`` log (those that are JSON
+    objects): what the Trainer really loaded, to hold the manifest's init and quantization to."""
+    found = []
+    for text in {s.model_config for s in _sound(paths) if s.model_config}:
+        try:
+            config = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(config, dict):
+            found.append(config)
+    return found
 
 
 def _scalar(value: Any) -> float | None:

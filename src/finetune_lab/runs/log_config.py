@@ -180,8 +180,13 @@ def _phase_problems(man: dict[str, Any], configs: Sequence[tuple[str, dict[str, 
         return [f"hyperparameters.phases {[p.get('until_update') for p in phases if isinstance(p, dict)]} "
                 f"on {['/'.join(t[0] or []) for t in told]}, but its train.log's processes "
                 f"trained to {[u for _d, u in ran]} on {['/'.join(d) for d, _u in ran]}"]
-    share, total = hp.get("tapt_fraction"), hp.get("max_update")
     names = [p.get("name") for p in phases]
+    for name, (folder, _until) in zip(names, told):  # trial 30's R-2: names swapped
+        kind = next((k for k in ("tapt", "dapt") if folder and k in folder[0]), "general")
+        if name != kind:
+            return [f"hyperparameters.phases names {name!r} the phase that trained on "
+                    f"…/{'/'.join(folder or [])}, a {kind} corpus"]
+    share, total = hp.get("tapt_fraction"), hp.get("max_update")
     if isinstance(share, (int, float)) and isinstance(total, int) and total > 0:
         if len(phases) == 2:
             fits = phases[0].get("until_update") == max(1, round(total * (1 - share)))
@@ -224,4 +229,17 @@ def config_problems(path: Path, man: dict[str, Any]) -> list[str]:
             + _recipe_problems(recipe, config, at)
         if problems:
             return problems
-    return _phase_problems(man, configs)
+    return _budget_problems(hp, *configs[-1]) or _phase_problems(man, configs)
+
+
+def _budget_problems(hp: dict[str, Any], at: str, config: dict[str, Any]) -> list[str]:
+    """A time budget (``budget_minutes``, and the calibration's copy of it) against the stop
+    time its last process was given (trial 30's R-10: an ablation's 8 minutes shown as 12)."""
+    budget = hp.get("budget_minutes")
+    if not isinstance(budget, (int, float)) or isinstance(budget, bool):
+        return []
+    hours = config.get("stop_time_hours")
+    if not isinstance(hours, (int, float)) or abs(budget - 60 * hours) > 0.01:
+        return [f"hyperparameters.budget_minutes {budget:g}, but {at} was configured with "
+                f"stop_time_hours={hours!r}"]
+    return []
