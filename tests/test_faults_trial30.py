@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,141 @@ def test_a_second_text_or_rating_in_an_item_is_refused(tmp_path, tag, second):
     with pytest.raises(ClsDataError, match=rf"train\.review: item 4.*2 <{tag}> elements"):
         prepare_cls(root, tmp_path / "out")
     assert not (tmp_path / "out").exists() and (root / BOOKS / "train.review").is_file()
+
+
+# --- trial 30's R: a run's labels against what its processes recorded ----------------------------
+
+def _change(manifest: Path, change) -> None:
+    man = json.loads(manifest.read_text())
+    change(man)
+    manifest.write_text(json.dumps(man, indent=2))
+
+
+def _quantized(man: dict) -> None:
+    man["hyperparameters"]["quantization"] = {"bnb_4bit_compute_dtype": "bfloat16",
+                                              "bnb_4bit_quant_type": "nf4", "load_in_4bit": True}
+
+
+def _renamed_gpu(man: dict) -> None:
+    text = json.dumps(man).replace("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+    man.clear()
+    man.update(json.loads(text))
+
+
+def _random_as_pretrained(man: dict) -> None:
+    man["init"] = "pretrained"
+    man["command"][man["command"].index("random")] = "pretrained"
+
+
+RELABELLED_30 = {
+    # R-1: a sinusoid run said to be none, and the other way
+    "pretrain/cpu-sinpos1": (lambda m: m["hyperparameters"].pop("position_init"),
+                             "position_init None, but the run recorded writing 'sinusoidal'"),
+    "pretrain/cpu-docbow1": (lambda m: m["hyperparameters"].update(position_init="sinusoidal"),
+                             "position_init 'sinusoidal', but"),
+    # R-2: the long run's phase names swapped
+    "pretrain/cpu-long": (lambda m: [p.update(name=n) for p, n in
+                                     zip(m["hyperparameters"]["phases"], ("tapt", "general"))],
+                          "names 'tapt' the phase that trained on …/pretrain-bin/bin"),
+    # R-3: LoRA said to be 4-bit, QLoRA said to be not
+    "lora/lora-qv-seed0": (_quantized, "but the model its event file logs was loaded with no"),
+    "lora-gpu/qlora-qv-seed1": (lambda m: m["hyperparameters"].pop("quantization"),
+                                "hyperparameters.quantization None, but"),
+    # R-10: an ablation's 8 minutes said to be 12
+    "pretrain-ablation/fp32-dropout": (lambda m: m["hyperparameters"].update(budget_minutes=12.0),
+                                       "budget_minutes 12, but"),
+    # R-11: an H100 run said to have run on an A100
+    "fairseq-gpu/pretrained-seed9": (_renamed_gpu, "its train.log says it trained on "
+                                                   "['NVIDIA H100 80GB HBM3']"),
+    # R-12: a random init said to be pretrained
+    "transformers-gpu/random-seed9": (_random_as_pretrained,
+                                      "init 'pretrained', but the model its event file logs "
+                                      "was initialised at random"),
+}
+
+
+def test_a_run_relabelled_against_what_its_processes_recorded_is_rejected(cache):
+    """Trial 30's R-1, R-2, R-3, R-10, R-11, R-12: each relabelling, made across the manifest,
+    stayed valid and changed a table; what the processes recorded contradicts each."""
+    for key, (change, _why) in RELABELLED_30.items():
+        _change(cache / key / "manifest.json", change)
+    judged = {r.key: r for r in discover_runs(cache)}
+    for key, (_change_it, why) in RELABELLED_30.items():
+        assert not judged[key].valid, key
+        assert any(why in p for p in judged[key].problems), (key, judged[key].problems)
+    assert judged["lora/qlora-qv-seed0"].valid and judged["pretrain/cpu-long2"].valid
+
+
+def test_the_pretraining_chapter_depends_on_the_prepared_corpus_record():
+    """R-15: the chapter described the prepared corpus from its record, which its freeze did
+    not count: a changed record left a stale freeze called current."""
+    from finetune_lab.book.chapter_inputs import chapter_inputs
+    from finetune_lab.config import PROJECT_ROOT
+
+    assert "data/work/pretrain-bin/manifest.json" in chapter_inputs(
+        PROJECT_ROOT, "chapters/pretraining.qmd")
+
+
+def test_a_corpus_prepared_again_is_not_described_as_the_stand_ins(tmp_path, monkeypatch):
+    """R-7: `prepare-pretrain --max-novels 2` had the chapter describe two novels as the
+    stand-in's corpus. A prepared corpus counts only where the runs trained on it."""
+    from finetune_lab.book import pretrain_budget
+    from finetune_lab.data.cls_splits import read_summary
+
+    record = read_summary()["pretrain"]
+    record["counts"]["train"]["novels"] = 2
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setattr(pretrain_budget, "default_corpus", lambda: tmp_path)
+    from finetune_lab.config import PROJECT_ROOT
+
+    run = PROJECT_ROOT / "data" / "runs" / "pretrain" / "cpu-sinpos1" / "manifest.json"
+    ran = next(d["sha256"]["train.bin"] for d in json.loads(run.read_text())["inputs"]["data"])
+    for sha, novels in (("0" * 64, "429 ELTeC-fra novels"), (ran, "2 ELTeC-fra novels")):
+        (tmp_path / "manifest.json").write_text(json.dumps(
+            {**record, "outputs": {"bin/train.bin": sha}}))
+        assert pretrain_budget.corpus_description().startswith(novels)
+
+
+def test_a_fill_mask_answer_that_is_no_piece_of_the_runs_dictionary_is_set_aside(tmp_path):
+    """R-9: a candidate's record (its weights not on this machine) answered a word that is in
+    no dictionary, and the table showed it; its run trained with the committed dict.txt."""
+    import shutil
+
+    from finetune_lab.book.fill_mask import fill_mask_dir, recorded_fill_masks
+
+    shutil.copytree(fill_mask_dir(), tmp_path / "fm")
+    record = tmp_path / "fm" / "cpu-sinpos1.json"
+    text = record.read_text()
+    assert '"predicted piece": "vraiment"' in text
+    record.write_text(text.replace('"predicted piece": "vraiment"',
+                                   '"predicted piece": "ordinateurquantique"', 1))
+    bad: list[str] = []
+    assert list(recorded_fill_masks(tmp_path / "fm", set_aside=bad)) == ["cpu-sinpos1-bow"]
+    assert len(bad) == 1 and "'ordinateurquantique'" in bad[0] and "dict.txt" in bad[0]
+
+
+@pytest.mark.parametrize("edit, said", [
+    # R-8: the novels, and the documents with them
+    (lambda d: d["pretrain"]["counts"]["train"].update(novels=329, documents=409),
+     "pretrain.counts.train.novels is 329 but ELTeC-fra's 438 novels less the 9"),
+    # R-20: the reviews' repetition
+    (lambda d: d["pretrain"]["parameters"].update(review_repeat=10),
+     "pretrain.counts.train.documents is 509 but pretrain.counts.train.novels 429 + 4 review "
+     "files written pretrain.parameters.review_repeat 10 times each gives 469"),
+    # R-21: an example's piece
+    (lambda d: d["examples"][0]["pieces"].__setitem__(4, "\u2581catastrophe"),
+     "examples.0 has pieces that do not spell its text"),
+    (lambda d: d["examples"][1]["ids"].__setitem__(0, d["examples"][0]["ids"][0]),
+     "examples.1 has id 414 for '\u2581In', which names '\u2581Ce' elsewhere"),
+])
+def test_a_data_summary_edited_against_its_other_facts_is_refused(tmp_path, edit, said):
+    """R-8, R-20, R-21: the pretraining corpus's row and the tokenizer's examples showed edited
+    counts and pieces that the summary's other facts contradict."""
+    from finetune_lab.data.cls_splits import read_summary, summary_path
+    from finetune_lab.errors import UserError
+
+    data = json.loads(summary_path().read_text())
+    edit(data)
+    (tmp_path / "data.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match=re.escape(said)):
+        read_summary(tmp_path / "data.json")

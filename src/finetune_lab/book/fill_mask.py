@@ -18,6 +18,7 @@ import pandas as pd
 
 from finetune_lab._files import (
     not_there,
+    read_json,
     utc_now,
     write_record,
 )
@@ -31,7 +32,7 @@ from finetune_lab.book.summary_files import (
     weights_record_problem,
 )
 from finetune_lab.config import check_new_record, paths
-from finetune_lab.errors import UserError
+from finetune_lab.errors import DamagedFileError, UserError
 from finetune_lab.models.checkpoints import (
     DICT_FILE,
     MODEL_FILE,
@@ -51,7 +52,7 @@ from finetune_lab.runs.manifest import (
     weights_record,
 )
 from finetune_lab.runs.consistency import recorded_time
-from finetune_lab.runs.crosscheck import packaged_origin
+from finetune_lab.runs.crosscheck import CANDIDATE, packaged_origin
 from finetune_lab.runs.record_names import check_record_name
 from finetune_lab.runs.run_inputs import cached_sha256
 
@@ -198,7 +199,7 @@ def record_vocabulary(record: dict[str, Any]) -> tuple[Path, set[str]] | None:
     answers are shown (:func:`shown_piece`: ``▁,`` and ``,`` are both ``,``); None where that
     dictionary is not on this machine or is not the file its manifest lists (which the book's
     readers of the checkpoint report themselves)."""
-    folder = checkpoint_folder(record)
+    folder = checkpoint_folder(record) or _trained_with_committed(record)
     if folder is None:
         return None
     try:
@@ -206,6 +207,23 @@ def record_vocabulary(record: dict[str, Any]) -> tuple[Path, set[str]] | None:
     except UserError:
         return None
     return folder / DICT_FILE, {*SYMBOLS, *(shown_piece(piece) for piece, _ in pieces)}
+
+
+def _trained_with_committed(record: dict[str, Any]) -> Path | None:
+    """The committed checkpoint's folder, where the run that made a candidate's weights (its
+    folder is not on this machine) trained with the committed ``dict.txt``, as its recorded
+    sha256 says: trial 30's R-9, an answer edited to no piece of it was shown."""
+    path = record["checkpoint"].get("path")
+    named = CANDIDATE.fullmatch(path) if isinstance(path, str) else None
+    try:
+        man = read_json(paths().runs / "pretrain" / named["run"] / "manifest.json") if named \
+            else None
+        committed = cached_sha256(packaged_dir() / DICT_FILE)
+    except (OSError, DamagedFileError):
+        return None
+    data = (man.get("inputs") or {}).get("data") if isinstance(man, dict) else None
+    shas = {(d.get("sha256") or {}).get(DICT_FILE) for d in data or [] if isinstance(d, dict)}
+    return packaged_dir() if shas == {committed} else None
 
 
 def _predictions_problem(record: dict[str, Any]) -> str | None:

@@ -81,9 +81,21 @@ def _corpus_record() -> dict[str, Any]:
     (:func:`~finetune_lab.data.cls_splits.read_summary`), which refuses a file whose counts
     contradict each other in one line naming it (never a silent "–")."""
     prepared = _json_object(default_corpus() / "manifest.json")
-    if prepared is not None and counts_agree(prepared):
+    if prepared is not None and counts_agree(prepared) and _read_by_runs(prepared):
         return prepared
     return read_summary(summary_path())["pretrain"]
+
+
+def _read_by_runs(prepared: dict[str, Any]) -> bool:
+    """Whether the prepared corpus is one the valid pretraining runs trained on (its training
+    file's sha256 among theirs): trial 30's R-7, a corpus prepared again with two novels was
+    described as the stand-in's."""
+    sha = (prepared.get("outputs") or {}).get("bin/train.bin") \
+        if isinstance(prepared.get("outputs"), dict) else None
+    read = {(d.get("sha256") or {}).get("train.bin")
+            for rec in valid_runs(discover_runs(paths().runs, [PRETRAIN]))
+            for d in (rec.manifest.get("inputs") or {}).get("data") or [] if isinstance(d, dict)}
+    return isinstance(sha, str) and sha in read
 
 
 def counts_agree(record: dict[str, Any]) -> bool:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 import math
-
 from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import not_there, read_json
 from finetune_lab.config import paths
-from finetune_lab.data.tokenizer import ADDED_BY_TASK, FAIRSEQ_SPECIALS, SPM_SPECIAL_IDS
+from finetune_lab.data.eltec import ELTEC_SHA256, REVIEW_DOMAINS, REVIEW_FILES
+from finetune_lab.data.tokenizer import (ADDED_BY_TASK, FAIRSEQ_SPECIALS, SPM_SPECIAL_IDS,
+                                         spelling_problem)
 from finetune_lab.errors import UserError
 
 SUMMARY_NAME = "data.json"
@@ -230,6 +231,27 @@ def _pretrain_counts(record: Any) -> None:
                "pretrain.parameters.review_valid"), "pretrain.parameters.review_valid")
     _fraction(record, "pretrain.parameters.valid_fraction")
     _timings(record, "pretrain.timings_s", ("encode", "fairseq_preprocess"))
+    _pretrain_documents(record, sum(1 for name in valid if str(name).endswith(".txt.xz")))
+
+
+def _pretrain_documents(record: Any, held: int) -> None:
+    """The corpus's documents from its parameters (trial 30's R-8, R-20): each novel once, each
+    review file ``review_repeat`` times, every ELTeC-fra novel unless fewer were asked for."""
+    params = _get(record, "pretrain.parameters")
+    if not isinstance(params, dict) or params.get("task_repeat") or params.get("corpus") \
+            or params.get("train_novels") is False:
+        return
+    novels = _count(record, "pretrain.counts.train.novels")
+    files = len(REVIEW_DOMAINS) * len(REVIEW_FILES)
+    repeat = _count(record, "pretrain.parameters.review_repeat") if params.get("with_reviews") \
+        else 0
+    _equal(record, "pretrain.counts.train.documents", novels + files * repeat,
+           f"pretrain.counts.train.novels {novels} + {files} review files written "
+           f"pretrain.parameters.review_repeat {repeat} times each")
+    if params.get("max_novels") is None:
+        _equal(record, "pretrain.counts.train.novels", len(ELTEC_SHA256) - held,
+               f"ELTeC-fra's {len(ELTEC_SHA256)} novels less the {held} of "
+               "pretrain.valid_documents")
 
 
 def _timings(record: Any, base: str, parts: tuple[str, ...]) -> None:
@@ -351,7 +373,7 @@ def _quantiles_in_bins(record: Any, stats: str, path: str, hist: list[int], widt
 
 def _example_counts(record: Any) -> None:
     vocab = _count(record, "tokenizer.parameters.vocab_size")
-    examples = _get(record, "examples", [])
+    examples, named = _get(record, "examples", []), {}
     if not isinstance(examples, list):
         raise _Contradiction("examples is not a list")
     for i, example in enumerate(examples):
@@ -363,6 +385,8 @@ def _example_counts(record: Any) -> None:
         if bad:
             raise _Contradiction(f"examples.{i}.ids holds {bad[0]!r}, not an id below "
                                  f"tokenizer.parameters.vocab_size {vocab}")
+        if (why := spelling_problem(_get(example, "text", None), pieces, ids, named)) is not None:
+            raise _Contradiction(f"examples.{i} {why}")
 
 
 def split_sizes(path: Path | None = None) -> dict[str, int]:

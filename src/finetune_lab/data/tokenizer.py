@@ -16,9 +16,11 @@ import io
 import random
 import re
 import time
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from finetune_lab import _files
 from finetune_lab.data.tools import tool_versions
@@ -348,3 +350,18 @@ def _run(args: argparse.Namespace) -> int:
     print(f"train-tokenizer: wrote {out} ({manifest['parameters']['embedding_rows']} embedding rows, "
           f"spm training {manifest['timings_s']['spm_train']:.0f} s)")
     return 0
+
+
+def spelling_problem(text: Any, pieces: list[Any], ids: list[Any], named: dict[Any, Any]
+                     ) -> str | None:
+    """Why an encoded example cannot be what the tokenizer made of its text, or None: its pieces
+    must spell the text as sentencepiece normalises it (NFKC), and an id must name one piece
+    wherever it stands (``named``: the ids seen so far, across examples). Trial 30's R-21: a
+    piece edited alone showed "merveille" encoded as "▁catastrophe"."""
+    spelt = "".join(map(str, pieces)).replace("\u2581", " ").split()
+    if not isinstance(text, str) or spelt != unicodedata.normalize("NFKC", text).split():
+        return f"has pieces that do not spell its text {text!r}"
+    for piece, n in zip(pieces, ids):
+        if named.setdefault(n, piece) != piece:
+            return f"has id {n} for {piece!r}, which names {named[n]!r} elsewhere"
+    return None
