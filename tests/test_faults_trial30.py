@@ -210,3 +210,111 @@ def test_a_data_summary_edited_against_its_other_facts_is_refused(tmp_path, edit
     (tmp_path / "data.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match=re.escape(said)):
         read_summary(tmp_path / "data.json")
+
+
+# --- trial 30's L: a folder replaced that the command did not make, or lost at the swap ----------
+
+def _legacy(folder: Path, step: str = "prepare-cls") -> Path:
+    """A data step's folder as made before output markers: its files, and a manifest listing
+    each with its sha256."""
+    import hashlib
+
+    folder.mkdir()
+    for name in ("train.review", "valid.review"):
+        (folder / name).write_text(f"{name}\n")
+    (folder / "manifest.json").write_text(json.dumps({"step": step, "outputs": {
+        n: hashlib.sha256(f"{n}\n".encode()).hexdigest() for n in ("train.review", "valid.review")}}))
+    return folder
+
+
+@pytest.mark.parametrize("fault", ["edited", "log in a folder of the user's", "none"])
+def test_an_old_output_is_replaced_only_as_it_was_made(tmp_path, fault):
+    """Trial 30's L-1, L-3: a folder made before markers was recognised by its files' names
+    alone, so an edited file, or a user's folder holding a `preprocess.log`, was replaced
+    without --force."""
+    from finetune_lab._files import check_replaceable
+    from finetune_lab.errors import UserError
+
+    dest = _legacy(tmp_path / "cls")
+    if fault == "edited":
+        (dest / "valid.review").write_text("MY EDIT valid.review\n")
+    elif fault != "none":
+        (dest / "notes").mkdir()
+        (dest / "notes" / "preprocess.log").write_text("my notes\n")
+    if fault == "none":
+        check_replaceable(dest, "prepare-cls")
+    else:
+        with pytest.raises(UserError, match="--force"):
+            check_replaceable(dest, "prepare-cls")
+
+
+def test_an_old_conversion_is_replaced_only_as_it_was_made(tmp_path):
+    """Trial 30's L-2: a conversion made before markers, its `config.json` edited, was
+    replaced: each file must be of the sha256 its `conversion.json` lists."""
+    import hashlib
+
+    from finetune_lab.models.conversion_check import converted_output
+
+    conv = tmp_path / "conv"
+    conv.mkdir()
+    (conv / "config.json").write_text("{}\n")
+    (conv / "conversion.json").write_text(json.dumps({"files": {"config.json": {
+        "sha256": hashlib.sha256(b"{}\n").hexdigest()}}}))
+    assert converted_output(conv)
+    (conv / "config.json").write_text('{"mine": 1}\n')
+    assert not converted_output(conv)
+
+
+def test_an_interrupt_at_the_swap_keeps_the_old_folder(tmp_path, monkeypatch):
+    """Trial 30's L-4: Ctrl-C delivered during the exchange of `--force` (or just after it)
+    found the swap unrecorded, and the old folder, now at the temporary name, was deleted as
+    the new. The signal now waits until the swap is recorded; the old folder is kept."""
+    import os
+    import signal
+
+    from finetune_lab import _files
+
+    real = _files._swap
+
+    def swap_then_interrupted(a, b):
+        done = real(a, b)
+        os.kill(os.getpid(), signal.SIGINT)  # as if it came at the end of the system call
+        return done
+
+    monkeypatch.setattr(_files, "_swap", swap_then_interrupted)
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("my thesis notes")
+    with pytest.raises(KeyboardInterrupt):
+        with _files.atomic_dir(dest, "prepare-cls", force=True) as tmp:
+            (tmp / "train.review").write_text("new\n")
+    kept = [p for p in tmp_path.rglob("notes.txt")]
+    assert [p.read_text() for p in kept] == ["my thesis notes"]
+
+
+def test_an_old_folder_a_killed_command_left_is_never_cleared_as_half_written(tmp_path):
+    """Trial 30's L-5: SIGKILL between the swap and keeping the old folder left it under the
+    temporary name, and the next write removed it as an interrupted command's half-written
+    output. The old folder never has that name now."""
+    import subprocess
+    import sys
+    import textwrap
+
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("my thesis notes")
+    script = textwrap.dedent(f"""
+        import os, signal
+        from pathlib import Path
+        from finetune_lab import _files
+        _files._drop_old = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+        with _files.atomic_dir(Path({str(dest)!r}), "prepare-cls", force=True) as tmp:
+            (tmp / "train.review").write_text("new\\n")
+    """)
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, check=False)
+    assert ran.returncode == -9, ran.stderr
+    from finetune_lab._files import atomic_dir
+
+    with atomic_dir(dest, "prepare-cls", force=True) as tmp:
+        (tmp / "train.review").write_text("newer\n")
+    assert [p.read_text() for p in tmp_path.rglob("notes.txt")] == ["my thesis notes"]

@@ -4,11 +4,9 @@ implementation of each, at the bottom of the package, used by every stage alike.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
-import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -21,7 +19,9 @@ from finetune_lab.config import (check_protected_file, hidden, protected,  # noq
                                  replaces_weights)
 from finetune_lab.errors import DamagedFileError, UserError
 from finetune_lab.errors import check_writable as check_writable
-from finetune_lab.errors import clear_stale_temps, short_name
+from finetune_lab.errors import clear_stale_temps, short_name, signals_held
+from finetune_lab.errors import regular_only as _regular
+from finetune_lab.errors import sha256_file as sha256_file
 from finetune_lab.errors import move_aside as move_aside
 from finetune_lab.errors import rename_noreplace as rename_noreplace
 from finetune_lab.errors import swap_paths as _swap
@@ -37,17 +37,6 @@ the command replaces that folder and nothing else. Hashes and run inputs leave i
 def utc_now() -> str:
     """ISO-8601 UTC timestamp with seconds; one format everywhere so times compare as strings."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes, read in chunks so checkpoints do not fill memory; a pipe,
-    socket or device is an OSError, never opened (a pipe blocked its reader for ever)."""
-    _regular(path)
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def sha256_tree(path: Path | str, exclude: Iterable[str] = ()) -> dict[str, str]:
@@ -130,12 +119,6 @@ def regular_bytes(path: Path | str) -> bytes:
     return Path(path).read_bytes()
 
 
-def _regular(path: Path | str) -> None:
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise OSError(errno.EINVAL, "not a regular file (a pipe, socket, device or folder)",
-                      str(path))
-
-
 def read_utf8(path: Path, fix: str) -> str:
     """A text file the project reads, as UTF-8; one that is not is one line naming it, the
     byte where it stops being text, and ``fix`` (what to do), not a UnicodeDecodeError."""
@@ -204,8 +187,9 @@ def _stamps_of(path: Path) -> list[int]:
 
 def data_step_output(*steps: str) -> Recognizer:
     """A folder a data step wrote before markers: its ``manifest.json`` names one of ``steps``
-    (any step when none is given) and every file is one its ``outputs`` list (or the manifest,
-    or a ``preprocess.log``)."""
+    (any step when none is given), every file is one its ``outputs`` list, of the sha256 listed
+    (or the manifest, or a ``preprocess.log`` beside an output: trial 30's L-1, L-3, a file
+    edited or a user's folder holding such a log was replaced without --force)."""
     def recognize(folder: Path) -> bool:
         try:
             manifest = read_json(folder / "manifest.json")
@@ -216,10 +200,19 @@ def data_step_output(*steps: str) -> Recognizer:
         step = manifest.get("step")
         if not isinstance(step, str) or (steps and step not in steps):
             return False
-        entries = tree_entries(folder)
-        logs = {e for e in entries if e.rsplit("/", 1)[-1] == "preprocess.log"}
-        return not _within(entries, {*manifest["outputs"], "manifest.json", *logs})
+        outputs, entries = manifest["outputs"], tree_entries(folder)
+        logs = {f"{Path(o).parent.as_posix()}/preprocess.log".lstrip("./") for o in outputs}
+        return not _within(entries, {*outputs, "manifest.json", *(logs & entries)}) \
+            and unchanged(folder, outputs)
     return recognize
+
+
+def unchanged(folder: Path, listed: dict[str, Any]) -> bool:
+    """Whether each file ``listed`` (path: sha256, or a dict holding one) is in ``folder`` with
+    that sha256, never through a link."""
+    wants = {rel: w.get("sha256") if isinstance(w, dict) else w for rel, w in listed.items()}
+    return all(isinstance(w, str) and not (folder / rel).is_symlink() and (folder / rel).is_file()
+               and sha256_file(folder / rel) == w for rel, w in wants.items())
 
 
 def _refusal(dest: Path, problem: str, force_hint: bool) -> UserError:
@@ -359,8 +352,12 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
         keep = keep_old or force and not replaceable(dest, owner, earlier) or replaces_weights(dest, tmp)
         if not os.path.lexists(dest):
             os.replace(tmp, dest)
-        elif _swap(tmp, dest):  # one atomic exchange: ``dest`` is the old or the new, always
-            swapped = True  # ``tmp`` is now the old one: never removed below (trial 29's L-30)
+            return
+        new = dest.parent / f".{short_name(dest.name)}.new-{os.getpid()}"  # not a half-written
+        tmp = new if rename_noreplace(tmp, new) else tmp  # name, which the old gets (30's L-5)
+        with signals_held():  # the exchange and its record, one step (trial 30's L-4)
+            swapped = _swap(tmp, dest)  # ``dest`` is the old or the new, always
+        if swapped:  # ``tmp`` is the old one: never removed below (trial 29's L-30)
             _drop_old(tmp, dest, keep)
         else:  # no exchange here: two renames, and the old put back if the second fails
             old = dest.parent / f".{short_name(dest.name)}.old-{os.getpid()}"

@@ -75,6 +75,20 @@ def stop_signals_raise(handler: Callable[[int, object], None]) -> Iterator[None]
 
 
 @contextmanager
+def signals_held() -> Iterator[None]:
+    """Within the block, Ctrl-C and :data:`STOP_SIGNALS` wait (blocked, not lost) until it
+    ends: a rename and the caller's record of it are one step for an interrupt (trial 30's L-4:
+    Ctrl-C during the swap of ``--force`` had the old folder deleted as the new)."""
+    held = hasattr(signal, "pthread_sigmask")
+    was = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *STOP_SIGNALS}) if held else None
+    try:
+        yield
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, was)
+
+
+@contextmanager
 def library_write(dest: object) -> Iterator[None]:
     """A library's writer (``torch.save``, ``save_pretrained``) whose full disk is its own
     exception type (a RuntimeError, a SafetensorError), not an OSError: as one, named with
@@ -198,6 +212,24 @@ def rename_noreplace(src: Path, dst: Path) -> bool:
         return True
     os.unlink(src)
     return True
+
+
+def regular_only(path: Path | str) -> None:
+    """An OSError for a path that is no regular file (a pipe, socket, device or folder)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file (a pipe, socket, device or folder)",
+                      str(path))
+
+
+def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in chunks so checkpoints do not fill memory; a pipe,
+    socket or device is an OSError, never opened (a pipe blocked its reader for ever)."""
+    regular_only(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 STAMP_LEN = 26

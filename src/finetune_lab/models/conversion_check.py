@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab._files import (CONVERSION_RECORD, OUTPUT_MARKER, parse_json, read_json,
-                                 sha256_file)
+                                 sha256_file, tree_entries, unchanged)
 from finetune_lab.errors import UserError
+from finetune_lab.models.hf_tokenizer import CONFIG_FILE, DICT_FILE, SPM_FILE
 
 FILES_KEY = "files"
 """The key, in ``conversion.json``, of ``{name: {"bytes", "sha256"}}`` for every file written."""
@@ -188,3 +189,21 @@ def require_conversion(folder: Path, *, tokenizer: bool = True) -> Path:
     raise UserError(f"{problem}: {folder} is not {what}; convert into it (`finetune-lab "
                     f"convert-hf --out {folder}{' --force' if full else ''}`), or drop "
                     "--model-dir (the work dir's conversion is then used, made on first use)")
+
+
+CONVERTED_FILES = frozenset({"config.json", "model.safetensors", "generation_config.json",
+                             SPM_FILE, DICT_FILE, CONFIG_FILE, CONVERSION_RECORD})
+
+
+def converted_output(folder: Path) -> bool:
+    """A conversion written before output markers: its record, nothing a conversion does not
+    write (so a user's folder once converted into is never replaced), and each file of the
+    sha256 its record lists (trial 30's L-2: an edited ``config.json`` was replaced)."""
+    if not (folder / CONVERSION_RECORD).is_file() or not tree_entries(folder) <= CONVERTED_FILES:
+        return False
+    try:
+        listed = read_json(folder / CONVERSION_RECORD).get("files")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(listed, dict) and set(listed) == tree_entries(folder) - {
+        CONVERSION_RECORD} and unchanged(folder, listed)

@@ -34,28 +34,18 @@ import pandas as pd
 
 from finetune_lab.argtypes import folder
 from finetune_lab._files import (CONVERSION_RECORD, atomic_dir, check_replaceable, not_there,
-                                 sha256_file, tree_entries, utc_now)
+                                 sha256_file, utc_now)
 from finetune_lab.config import paths
 from finetune_lab.errors import UserError, library_write
 from finetune_lab.models.checkpoints import MODEL_FILE, packaged_dir
-from finetune_lab.models.conversion_check import FILES_KEY, file_records
-from finetune_lab.models.hf_tokenizer import (BOS, CONFIG_FILE, DICT_FILE, EOS, SPM_FILE,
-                                              FairseqIdTokenizer, pad_batch)
+from finetune_lab.models.conversion_check import FILES_KEY, converted_output, file_records
+from finetune_lab.models.hf_tokenizer import (BOS, EOS, FairseqIdTokenizer, pad_batch)
 from finetune_lab.models.params import SMALL, RobertaSize, fairseq_model, hf_config
 from finetune_lab.models.trust import load_trusted
 
 TOLERANCE = 1e-4
 HEAD = "sentence_classification_head"
 COMMAND = "convert-hf"
-CONVERTED_FILES = frozenset({"config.json", "model.safetensors", "generation_config.json",
-                             SPM_FILE, DICT_FILE, CONFIG_FILE, CONVERSION_RECORD})
-
-
-def converted_output(folder: Path) -> bool:
-    """A conversion written before output markers: its record, and nothing a conversion does not
-    write (so a user's folder once converted into is never replaced)."""
-    return (folder / CONVERSION_RECORD).is_file() and tree_entries(folder) <= CONVERTED_FILES
-
 _LAYER = {
     "self_attn.q_proj": "attention.self.query",
     "self_attn.k_proj": "attention.self.key",
