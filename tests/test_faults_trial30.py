@@ -318,3 +318,36 @@ def test_an_old_folder_a_killed_command_left_is_never_cleared_as_half_written(tm
     with atomic_dir(dest, "prepare-cls", force=True) as tmp:
         (tmp / "train.review").write_text("newer\n")
     assert [p.read_text() for p in tmp_path.rglob("notes.txt")] == ["my thesis notes"]
+
+
+def test_a_record_folder_that_is_a_link_is_refused(tmp_path, monkeypatch):
+    """Trial 30's L-9: `data/summaries/fill-mask` made a link to a folder elsewhere, and the
+    record was written there, through it."""
+    from finetune_lab import config
+    from finetune_lab.errors import UserError
+
+    project = tmp_path / "project"
+    monkeypatch.setattr(config, "PROJECT_ROOT", project)
+    (tmp_path / "elsewhere").mkdir()
+    (project / "data" / "summaries").mkdir(parents=True)
+    (project / "data" / "summaries" / "fill-mask").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UserError, match=r"fill-mask is a link .*put the folder back"):
+        config.check_new_record(project / "data" / "summaries" / "fill-mask" / "x.json",
+                                "a record")
+    config.check_new_record(project / "data" / "summaries" / "x.json", "a record")
+
+
+def test_a_superseded_folder_that_is_a_link_is_refused_and_the_run_stays(tmp_path):
+    """Trial 30's L-8: `data/runs/.superseded` as a link moved a replaced run out of the
+    project."""
+    from finetune_lab.errors import UserError
+    from finetune_lab.runs.recording import SUPERSEDED, set_aside
+
+    run = tmp_path / "runs" / "fairseq" / "random-seed0"
+    run.mkdir(parents=True)
+    (run / "train.log").write_text("a run\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "runs" / SUPERSEDED).symlink_to(tmp_path / "out")
+    with pytest.raises(UserError, match=r"\.superseded is a link"):
+        set_aside(run)
+    assert (run / "train.log").read_text() == "a run\n" and not any((tmp_path / "out").iterdir())

@@ -260,6 +260,12 @@ def check_new_record(path: Path, what: str, *, force: bool = False) -> None:
     if os.path.islink(path):  # trial 12's L4, L5: through it, another record or a source file
         raise UserError(f"{path} is a link (to {Path(path).resolve()}): a record is a file of "
                         "its own; remove the link or choose another --name")
+    folder = Path(os.path.abspath(path)).parent
+    linked = next((p for p in (folder, *folder.parents) if p.is_relative_to(PROJECT_ROOT)
+                   and p != PROJECT_ROOT and p.is_symlink()), None)
+    if linked is not None:  # trial 30's L-9: the record went where the link pointed
+        raise UserError(f"{linked} is a link (to {linked.resolve()}): a record is written only "
+                        "into the project's own folders; put the folder back in place")
     if os.path.exists(path) and not os.path.isfile(path):  # trial 29's L-2: said after the work
         raise UserError(f"{path} is a folder or other non-file where the record goes: move it "
                         "away or choose another --name (--force replaces only a record)")

@@ -331,6 +331,9 @@ def move_aside_stamped(path: Path, folder: Path) -> Path:
     """Move ``path`` to ``folder/<name>-<UTC time>`` (``-2``, ``-3``… when taken), never over
     anything (:func:`~finetune_lab._files.move_aside`): where a replaced run, or a replaced
     run's resumable state, is kept."""
+    for kept in (p for p in (folder, folder.parent) if p.name == SUPERSEDED and p.is_symlink()):
+        raise UserError(f"{kept} is a link: what a re-run replaces is kept in the project, never "
+                        "moved through one (trial 30's L-8); remove the link")
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     return move_aside(path, folder / f"{path.name}-{stamp}")
 
