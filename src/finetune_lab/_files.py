@@ -19,7 +19,7 @@ from finetune_lab.config import (check_protected_file, hidden, protected,  # noq
                                  replaces_weights)
 from finetune_lab.errors import DamagedFileError, UserError
 from finetune_lab.errors import check_writable as check_writable
-from finetune_lab.errors import clear_stale_temps, short_name, signals_held
+from finetune_lab.errors import clear_stale_temps, short_name
 from finetune_lab.errors import regular_only as _regular
 from finetune_lab.errors import sha256_file as sha256_file
 from finetune_lab.errors import move_aside as move_aside
@@ -208,8 +208,7 @@ def data_step_output(*steps: str) -> Recognizer:
 
 
 def unchanged(folder: Path, listed: dict[str, Any]) -> bool:
-    """Whether each file ``listed`` (path: sha256, or a dict holding one) is in ``folder`` with
-    that sha256, never through a link."""
+    """Whether each file ``listed`` (path: sha256, or a dict holding one) is so in ``folder``."""
     wants = {rel: w.get("sha256") if isinstance(w, dict) else w for rel, w in listed.items()}
     return all(isinstance(w, str) and not (folder / rel).is_symlink() and (folder / rel).is_file()
                and sha256_file(folder / rel) == w for rel, w in wants.items())
@@ -317,17 +316,14 @@ def _remove(path: Path) -> None:
 def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, earlier:
                Recognizer | None = None, marker: bool = True, keep_old: bool = False,
                flag: str = "--out") -> Iterator[Path]:
-    """Yield a temp folder beside ``dest``; on success it replaces ``dest``, on failure it is removed.
-
-    Readers therefore never see a half-written dataset, and a failed run leaves the previous
-    complete output (or nothing) in place. ``dest`` is replaced only if ``owner`` made it
-    (:func:`check_replaceable`, asked before the work and again before the swap), so a user's
-    folder given as ``--out`` is never wiped; ``force`` replaces anything, and keeps what it
-    replaced beside it unless ``owner`` made it (:func:`_drop_old`). ``marker``: write
-    :data:`OUTPUT_MARKER` (off for a folder whose exact files identify it, the packaged
-    checkpoint, which stays byte for byte what it was). ``keep_old``: keep it, whoever made it.
-    ``flag``: the caller's option that names ``dest``, for the advice on an unwritable one.
-    """
+    """Yield a temp folder beside ``dest``; on success it replaces ``dest``, on failure it is
+    removed: readers never see a half-written dataset, and a failed run leaves the previous
+    output (or nothing) in place. ``dest`` is replaced only if ``owner`` made it
+    (:func:`check_replaceable`, before the work and again before the swap); ``force`` replaces
+    anything, and keeps what it replaced beside it unless ``owner`` made it (:func:`_drop_old`).
+    ``marker``: write :data:`OUTPUT_MARKER` (off for a folder whose exact files identify it, the
+    packaged checkpoint). ``keep_old``: keep it, whoever made it. ``flag``: the caller's option
+    that names ``dest``, for the advice on an unwritable one."""
     dest = Path(os.path.abspath(dest))  # trial 28's L-m2: `.` has no name to rename it by
     check_replaceable(dest, owner, force=force, earlier=earlier)
     check_writable(dest.parent, flag)
@@ -338,7 +334,7 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
     except OSError as exc:
         raise UserError(f"cannot write into {dest.parent}: {exc.strerror}. Choose a writable "
                         f"location ({flag}) or fix its permissions.") from exc
-    swapped = False
+    swapped, old_id = False, None
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; give it normal permissions
@@ -355,8 +351,8 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
             return
         new = dest.parent / f".{short_name(dest.name)}.new-{os.getpid()}"  # not a half-written
         tmp = new if rename_noreplace(tmp, new) else tmp  # name, which the old gets (30's L-5)
-        with signals_held():  # the exchange and its record, one step (trial 30's L-4)
-            swapped = _swap(tmp, dest)  # ``dest`` is the old or the new, always
+        old_id = _identity(dest)  # what the old one is, whenever an interrupt comes (30's L-4)
+        swapped = _swap(tmp, dest)  # ``dest`` is the old or the new, always
         if swapped:  # ``tmp`` is the old one: never removed below (trial 29's L-30)
             _drop_old(tmp, dest, keep)
         else:  # no exchange here: two renames, and the old put back if the second fails
@@ -369,13 +365,15 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
                 raise
             _drop_old(old, dest, keep)
     except BaseException as exc:
+        swapped = swapped or old_id is not None and _identity(tmp) == old_id
         if swapped:  # the old folder, out of clear_stale_temps' reach, and said where
             held = dest.parent / f".{short_name(dest.name)}.old-{os.getpid()}"
             try:
                 held = held if rename_noreplace(tmp, held) else tmp
             except OSError:
                 held = tmp
-            if not isinstance(exc, Exception):  # an interrupt: handled as one
+            if not isinstance(exc, Exception):  # an interrupt: handled as one, said where
+                print(f"{dest} was replaced; what it held is kept in {held}", file=sys.stderr)
                 raise
             raise UserError(f"{dest} was replaced, but what it held could not be kept beside it "
                             f"({exc}); it is in {held}: move it where you want it") from exc
@@ -386,6 +384,11 @@ def atomic_dir(dest: Path, owner: str | None = None, *, force: bool = False, ear
         if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
             exc.filename = str(dest)  # a full disk: name the output (not a DataRootError's)
         raise
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    st = os.lstat(path) if os.path.lexists(path) else None
+    return (st.st_dev, st.st_ino) if st else None
 
 
 def _step_of(folder: Path) -> str | None:

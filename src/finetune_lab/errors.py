@@ -75,20 +75,6 @@ def stop_signals_raise(handler: Callable[[int, object], None]) -> Iterator[None]
 
 
 @contextmanager
-def signals_held() -> Iterator[None]:
-    """Within the block, Ctrl-C and :data:`STOP_SIGNALS` wait (blocked, not lost) until it
-    ends: a rename and the caller's record of it are one step for an interrupt (trial 30's L-4:
-    Ctrl-C during the swap of ``--force`` had the old folder deleted as the new)."""
-    held = hasattr(signal, "pthread_sigmask")
-    was = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *STOP_SIGNALS}) if held else None
-    try:
-        yield
-    finally:
-        if held:
-            signal.pthread_sigmask(signal.SIG_SETMASK, was)
-
-
-@contextmanager
 def library_write(dest: object) -> Iterator[None]:
     """A library's writer (``torch.save``, ``save_pretrained``) whose full disk is its own
     exception type (a RuntimeError, a SafetensorError), not an OSError: as one, named with
