@@ -296,9 +296,11 @@ def test_atomic_dir_replaces_its_own_and_older_outputs(tmp_path):
     old.mkdir()
     (old / "train.review").write_text("r\n")
     (old / "input0").mkdir()
+    (old / "input0" / "train.bin").write_bytes(b"\0")
     (old / "input0" / "preprocess.log").write_text("log\n")
     (old / "manifest.json").write_text(json.dumps(
-        {"step": "prepare-cls", "outputs": {"train.review": "0"}}))
+        {"step": "prepare-cls", "outputs": {"train.review": _files.sha256_file(old / "train.review"),
+                                            "input0/train.bin": _files.sha256_file(old / "input0" / "train.bin")}}))
     _write(old, "prepare-cls")
     for folder in (own, tmp_path / "empty", old):
         assert (folder / "data.txt").is_file() and not (folder / "train.review").exists()
