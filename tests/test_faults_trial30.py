@@ -351,3 +351,94 @@ def test_a_superseded_folder_that_is_a_link_is_refused_and_the_run_stays(tmp_pat
     with pytest.raises(UserError, match=r"\.superseded is a link"):
         set_aside(run)
     assert (run / "train.log").read_text() == "a run\n" and not any((tmp_path / "out").iterdir())
+
+
+# --- trial 30's E: tracebacks ---------------------------------------------------------------------
+
+HOOK = """
+import os, signal, sys
+class _Hook:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["AT"] and signal.getsignal(SIG) not in (signal.SIG_DFL, None):
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), SIG)
+        return None
+SIG = getattr(signal, os.environ["SIG"])
+sys.meta_path.insert(0, _Hook())
+"""
+
+
+@pytest.mark.parametrize("at, sig, code", [
+    ("datetime", "SIGTERM", 143),  # E-10: inside numpy's C import, once the handlers are set
+    ("finetune_lab.config", "SIGINT", 130),  # E-11: Ctrl-C before the command's main runs
+])
+def test_a_signal_while_the_modules_load_is_one_line(tmp_path, at, sig, code):
+    """Trial 30's E-10, E-11: SIGTERM while numpy imported gave its "bad install" traceback
+    and exit 1, and Ctrl-C before `main` set its handlers a KeyboardInterrupt traceback. A
+    signal now waits until the modules have loaded, then stops the command as ever."""
+    import os
+    import subprocess
+    import sys
+
+    from finetune_lab.config import PROJECT_ROOT
+
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(HOOK)
+    env = {**os.environ, "AT": at, "SIG": sig,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "hook"), str(PROJECT_ROOT / "src")])}
+    ran = subprocess.run(
+        [sys.executable, "-c", "import sys, finetune_lab; sys.argv = ['finetune-lab', 'params']; "
+                               "sys.exit(finetune_lab.main())"],
+        env=env, capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert (ran.returncode, ran.stderr) == (code, "finetune-lab params: interrupted\n")
+
+
+def test_bad_arguments_and_inputs_of_trial_30_are_one_line(tmp_path, capsys):
+    """E-18, E-19, E-21, E-12, E-14: a port, a rank, a seed, a worker count and a Python
+    version no command can use were taken, and failed later with another program's traceback
+    (or hung); E-16, E-17: a damaged model folder for lora-qa; E-20: an empty split."""
+    from finetune_lab.cli import main
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for argv, said in [
+        (["pretrain", "--master-port", "99999", "--run", "x"], "--master-port: must be at most 65535"),
+        (["pretrain", "--nnodes", "2", "--node-rank", "5", "--run", "x"], "--node-rank 5 of --nnodes 2"),
+        (["train-tokenizer", "--seed", "4294967296"], "--seed: must be at most 4294967295"),
+        (["binarize-cls", "--workers", "100000"], "--workers: must be at most 256"),
+        (["gpu-bundle", "--python", "3"], "--python: must be a Python version such as 3.12"),
+    ]:
+        with pytest.raises(SystemExit) if "--node-rank" not in argv else _no_exit():
+            assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, (argv, err)
+    for text, said in [('{"model_type": "bloom", ', "config.json is damaged"),
+                       ("[1]", "is not a model configuration")]:
+        (model / "config.json").write_text(text)
+        assert main(["lora-qa", "--model", str(model), "--max-steps", "1",
+                     "--runs-root", str(tmp_path / "runs")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+    (model / "config.json").write_text('{"model_type": "bloom"}')
+    assert main(["lora-qa", "--model", str(model), "--max-steps", "1",
+                 "--runs-root", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load the tokenizer" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def _no_exit():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_an_empty_split_is_refused_before_binarizing(tmp_path):
+    """E-20: an empty `valid.review` and `valid.label` were binarized into an empty
+    `valid.bin`, which fairseq then could not read (its traceback, relayed)."""
+    from finetune_lab.data.cls_books import ClsDataError, check_same_length
+
+    (tmp_path / "valid.review").write_text("")
+    (tmp_path / "valid.label").write_text("")
+    with pytest.raises(ClsDataError, match=r"valid\.review is empty"):
+        check_same_length(tmp_path / "valid.review", 0, tmp_path / "valid.label", 0)

@@ -38,6 +38,30 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    """A TCP port, 1 to 65535 (trial 30's E-18: 99999 started fairseq, which failed)."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be at most 65535, not {value}")
+    return value
+
+
+def bounded_workers(text: str) -> int:
+    """Worker processes: 1 to 256 (trial 30's E-12: 100000 forked hundreds of processes a
+    second, and Ctrl-C could not stop them)."""
+    value = positive_int(text)
+    if value > 256:
+        raise argparse.ArgumentTypeError(f"must be at most 256, not {value}")
+    return value
+
+
+def python_version(text: str) -> str:
+    """A CPython 3 version as pip's ``--python-version`` takes it (trial 30's E-14)."""
+    if not re.fullmatch(r"3\.\d{1,2}", text):
+        raise argparse.ArgumentTypeError(f"must be a Python version such as 3.12, not {text!r}")
+    return text
+
+
 def segment_minutes(text: str) -> float:
     """A launch's length: 2 minutes at least, since a launch with less than a minute left stops
     before training (trial 15's W2-n3: `--segment-minutes 1` trained nothing)."""

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+from finetune_lab import HELD, hold
 from finetune_lab.config import paths
 from finetune_lab.errors import Interrupted, UserError, stop_signals_raise
 from finetune_lab.runs.gpu_room import room_note
@@ -121,14 +122,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     # SIGTERM and SIGHUP (a closed terminal; trial 20's X-z6) as an exception, like Ctrl-C:
     # what a command was writing is removed or marked on the way out (a half-made output
-    # folder is deleted), and the message is one line. All are handled from the start:
-    # importing the commands' modules takes seconds. A SIGHUP ignored (`nohup`) stays ignored.
+    # folder is deleted), and the message is one line. While the commands' modules load (for
+    # seconds) a signal waits (:func:`finetune_lab.hold`), and is handled as soon as they have:
+    # raised inside numpy's import, it gave a "bad install" traceback (trial 30's E-10). A
+    # SIGHUP ignored (`nohup`) stays ignored.
     stops = ExitStack()
-    stops.enter_context(stop_signals_raise(_terminated))
+    stops.enter_context(stop_signals_raise(hold, ctrl_c=hold))
     command = words[0] if words and not words[0].startswith("-") else "command"
     try:
         light = LIGHT_COMMANDS.get(words[0]) if words else None
         parser = build_parser([light] if light else COMMAND_MODULES)
+        stops.close()
+        stops.enter_context(stop_signals_raise(_terminated, ctrl_c=_ctrl_c))
+        if HELD:
+            raise Interrupted(HELD[0])
         args = parser.parse_args(argv)
         command = args.command
         _refuse_repeats(args)
@@ -136,14 +143,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"finetune-lab {command}: note: {note}", file=sys.stderr)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try, so that a closed pipe is handled below
+        if HELD:  # raised where it was lost (an import's callback): stopped all the same
+            raise Interrupted(HELD[0])
         return code
     except UserError as exc:
+        if HELD:  # what an interrupt left half done
+            return _said_interrupted(command, Interrupted(HELD[0]))
         print(f"finetune-lab {command}: error: {exc}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C, or SIGTERM during a run
-        print(f"finetune-lab {command}: {_interrupted(exc)}", file=sys.stderr)
-        return 128 + int(getattr(exc, "signum", signal.SIGINT))
+        return _said_interrupted(command, exc)
     except RuntimeError as exc:  # pathlib's resolve() of a link loop (Python < 3.13)
+        if HELD:
+            return _said_interrupted(command, Interrupted(HELD[0]))
         if not str(exc).startswith("Symlink loop from "):
             raise
         print(f"finetune-lab {command}: error: {str(exc)[len('Symlink loop from '):]} is a link "
@@ -154,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:
+        if HELD:
+            return _said_interrupted(command, Interrupted(HELD[0]))
         if exc.errno is None and exc.filename is None:
             raise  # no fault of the machine's: a bug, shown whole
         # a copy that fails to write names its source first and its destination second
@@ -166,12 +180,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"finetune-lab {command}: error: cannot {verb} {name or 'a file'}: "
               f"{exc.strerror or exc}; {advice}", file=sys.stderr)
         return 2
+    except Exception:  # numpy's "bad install" for a signal inside its import (trial 30's E-10)
+        if HELD:
+            return _said_interrupted(command, Interrupted(HELD[0]))
+        raise
     finally:
         stops.close()
+        HELD.clear()  # (a caller's next command starts with none)
 
 
 def _terminated(signum: int, _frame: object) -> None:
+    HELD.append(signum)  # also where what it raises turns into another error (a module's import)
     raise Interrupted(signum)
+
+
+def _ctrl_c(signum: int, _frame: object) -> None:
+    HELD.append(signum)
+    raise KeyboardInterrupt
+
+
+def _said_interrupted(command: str, exc: BaseException) -> int:
+    print(f"finetune-lab {command}: {_interrupted(exc)}", file=sys.stderr)
+    return 128 + int(getattr(exc, "signum", signal.SIGINT))
 
 
 def fault_advice(code: int, filename: str | os.PathLike | None) -> str:

@@ -61,10 +61,13 @@ list of names always lacked the next one tried)."""
 
 
 @contextmanager
-def stop_signals_raise(handler: Callable[[int, object], None]) -> Iterator[None]:
-    """Within the block, :data:`STOP_SIGNALS` call ``handler`` (which raises), in the main
-    thread only (the only one that takes signals); a signal ignored (``nohup``) stays ignored."""
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS
+def stop_signals_raise(handler: Callable[[int, object], None],
+                       ctrl_c: Callable[[int, object], None] | None = None) -> Iterator[None]:
+    """Within the block, :data:`STOP_SIGNALS` call ``handler`` (which raises), and Ctrl-C
+    ``ctrl_c`` where one is given, in the main thread only (the only one that takes signals); a
+    signal ignored (``nohup``) stays ignored."""
+    wanted = {**dict.fromkeys(STOP_SIGNALS, handler), **({signal.SIGINT: ctrl_c} if ctrl_c else {})}
+    previous = {sig: signal.signal(sig, wanted[sig]) for sig in wanted
                 if threading.current_thread() is threading.main_thread()
                 and signal.getsignal(sig) is not signal.SIG_IGN}
     try:

@@ -29,6 +29,7 @@ from finetune_lab.argtypes import (
     non_negative_float,
     positive_float,
     positive_int,
+    python_version,
     seed_arg,
 )
 from finetune_lab.config import PROJECT_ROOT
@@ -70,7 +71,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", type=folder, default=None,
                    help="packaged weights under data/ (a candidate) for the fairseq pretrained "
                         "runs; they go to the next fairseq-candidate experiment")
-    p.add_argument("--python", default=GPU_PYTHON, help="the device's Python, for the wheels")
+    p.add_argument("--python", type=python_version, default=GPU_PYTHON,
+                   help="the device's Python, for the wheels")
     p.add_argument("--from-environment", action="store_true",
                    help="a rehearsal where the call runs on a machine that has fairseq and the "
                         "wheels' packages (the tests): download nothing, carry no wheels")

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from finetune_lab.argtypes import folder, positive_int, resolved_folder
+from finetune_lab.argtypes import bounded_workers, folder, resolved_folder
 from finetune_lab import _files
 from finetune_lab.data.child import PRE_EXEC
 from finetune_lab.data.tools import tool_versions
@@ -200,7 +200,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="folder with spm.model and dict.txt (default: <work dir>/tokenizer)")
     parser.add_argument("--out", type=resolved_folder, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
-    parser.add_argument("--workers", type=positive_int, default=2)
+    parser.add_argument("--workers", type=bounded_workers, default=2)
     parser.add_argument("--force", action="store_true",
                         help="rebuild even if up to date, replacing --out even if "
                              "binarize-cls did not make it")

@@ -199,7 +199,11 @@ def read_split(folder: Path, split: str) -> tuple[list[str], list[int]]:
 
 
 def check_same_length(a: Path, n_a: int, b: Path, n_b: int) -> None:
-    """Reviews and labels are paired by line number, so their counts must agree."""
+    """Reviews and labels are paired by line number, so their counts must agree; and a split
+    holds one at least (trial 30's E-20: an empty one reached fairseq, which cannot read it)."""
+    if n_a == 0:
+        raise ClsDataError(f"{a} is empty: every split holds reviews. Regenerate it with "
+                           "`finetune-lab prepare-cls`.")
     if n_a != n_b:
         raise ClsDataError(
             f"{a} has {n_a} lines but {b} has {n_b}: reviews and labels must pair line by line. "

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from finetune_lab.argtypes import (
+    bounded_workers,
     folder,
     non_negative_int,
-    positive_int,
     resolved_folder,
 )
 from finetune_lab import _files
@@ -215,7 +215,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--other-corpus", action="store_true",
                         help="read review files that are not Webis-CLS-10's (each still checked "
                              "against the books test reviews)")
-    parser.add_argument("--workers", type=positive_int, default=2)
+    parser.add_argument("--workers", type=bounded_workers, default=2)
     parser.add_argument("--max-novels", type=int, default=None, help="use only the first N novels")
     parser.add_argument("--force", action="store_true",
                         help="rebuild even if up to date, and replace --out even if this "

@@ -25,7 +25,7 @@ from typing import Any
 from finetune_lab import _files
 from finetune_lab.data.tools import tool_versions
 from finetune_lab.data.child import ChildFailed, in_child
-from finetune_lab.argtypes import folder, positive_int
+from finetune_lab.argtypes import folder, positive_int, seed_arg
 from finetune_lab.config import paths, require_data_root
 from finetune_lab.errors import UserError
 from finetune_lab.data import eltec
@@ -322,7 +322,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-root", type=folder, default=None)
     parser.add_argument("--out", type=folder, default=None,
                         help=f"output folder (default: <work dir>/{OUTPUT_NAME})")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--seed", type=seed_arg, default=DEFAULT_SEED)  # 30's E-21
     parser.add_argument("--vocab-size", type=positive_int, default=DEFAULT_VOCAB_SIZE,
                         help=f"sentencepiece pieces (default {DEFAULT_VOCAB_SIZE}: "
                         f"{EMBEDDING_ROWS} embedding rows with fairseq's <mask>)")

@@ -11,6 +11,7 @@ files), optionally a slice of the binarized pretraining corpus, and the plan
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -83,6 +84,10 @@ def _pip(*args: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
+        for code in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT):  # the machine's, not PyPI's
+            if os.strerror(code) in proc.stderr:  # (trial 30's E-13: pip's traceback relayed)
+                raise OSError(code, os.strerror(code), args[args.index("-d") + 1]
+                              if "-d" in args else tempfile.gettempdir())
         raise UserError(f"pip {' '.join(args[:3])} … failed (is PyPI reachable?):\n"
                         f"{proc.stderr.strip()[-2000:]}")
 

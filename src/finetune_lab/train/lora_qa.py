@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune_lab.argtypes import folder, run_name
-from finetune_lab._files import parse_json, write_json_atomic
+from finetune_lab.argtypes import folder, run_name, seed_arg
+from finetune_lab._files import read_json, write_json_atomic
 from finetune_lab.data.qa_prompts import (
     CausalLMCollator,
     encode_faq,
@@ -162,8 +162,9 @@ def load_tokenizer(name: str):
 
     try:
         tok = AutoTokenizer.from_pretrained(name)
-    except OSError as exc:
-        raise UserError(f"cannot load the tokenizer of {name!r} ({exc})") from exc
+    except (OSError, ValueError) as exc:  # ValueError: a folder with no tokenizer (30's E-17)
+        raise UserError(f"cannot load the tokenizer of {name!r} ({str(exc).splitlines()[0]}): "
+                        "pass a BLOOM-560m folder or hub name to --model") from exc
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -251,8 +252,11 @@ def run_lora_qa(
     checkpoint = local if local.exists() else None
     init = "pretrained"
     if checkpoint is not None and (local / "config.json").is_file():
-        if parse_json((local / "config.json").read_text()).get(RANDOM_INIT_FLAG):
-            init = "random"
+        config = read_json(local / "config.json")  # damaged: one line naming it (trial 30's E-16)
+        if not isinstance(config, dict):
+            raise UserError(f"{local / 'config.json'} is not a model configuration (a JSON "
+                            "object): pass a BLOOM-560m folder to --model")
+        init = "random" if config.get(RANDOM_INIT_FLAG) else init
     run_name = run or f"{'qlora' if plan.use_4bit else 'lora'}-{local.name or model}-seed{seed}"
     run_name = run_name.replace("/", "_")
 
@@ -328,7 +332,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: the lab's 200")
     p.add_argument("--questions", type=int, default=DEFAULT_QUESTIONS,
                    help="generate for the first N FAQ questions, before and after")
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=seed_arg, default=42)
     p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     p.set_defaults(func=_cmd)
 

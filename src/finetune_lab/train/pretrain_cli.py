@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from finetune_lab.argtypes import (
+    port,
     experiment_name,
     folder,
     fraction,
@@ -111,7 +112,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     dist.add_argument("--nnodes", type=positive_int, default=1, help="machines")
     dist.add_argument("--node-rank", type=non_negative_int, default=0, help="this machine's rank")
     dist.add_argument("--master-addr", default="127.0.0.1", help="rank 0's address")
-    dist.add_argument("--master-port", type=positive_int, default=29500)
+    dist.add_argument("--master-port", type=port, default=29500)
     p.add_argument("--continue-from", type=folder, metavar="CHECKPOINT_DIR",
                    help="continue pretraining from a packaged checkpoint folder (e.g. "
                         "data/checkpoints/roberta-small-fr) with a fresh warm-up and decay, so "
@@ -150,6 +151,10 @@ def refuse_before_work(args: argparse.Namespace, cited_fix: str = PACKAGE_FIX) -
     if args.continue_from is not None and not Path(args.continue_from).is_dir():  # 25's E-k14
         raise UserError(f"--continue-from {args.continue_from} does not exist: give a folder "
                         "of packaged weights (package-checkpoint makes one)")
+    if not args.node_rank < args.nnodes or not args.master_addr.strip():  # trial 30's E-19
+        raise UserError(f"--node-rank {args.node_rank} of --nnodes {args.nnodes}, --master-addr "
+                        f"{args.master_addr!r}: a rank is below the machines' count, and rank "
+                        "0's address is a host name or IP address")
     if not args.no_package:  # before any work, as package-checkpoint refuses without --force
         refuse_cited_dest(args.package_to or checkpoints.packaged_dir(), cited_fix)
 
