@@ -1,8 +1,9 @@
 """finetune-lab: the NLP-frameworks lab as a reproducible report."""
 
 import logging as _logging
-import os as _os
 import signal as _signal
+
+from finetune_lab.errors import hold
 
 __version__ = "0.1.0"
 
@@ -19,25 +20,13 @@ class _OptionalKernelNotice(_logging.Filter):
 _logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_OptionalKernelNotice())
 
 
-HELD: list[int] = []
-"""The signals that asked the command to stop (trial 30's E-10, E-11): one that came while its
-modules loaded waits here until they have, since an exception raised inside numpy's import left
-it half-imported, and a "bad install" traceback, not the one line an interrupt gives."""
-
-
-def hold(signum: int, _frame: object) -> None:
-    """Keep a stop signal for later; a second one ends the process at once."""
-    if HELD:
-        _os._exit(128 + signum)
-    HELD.append(signum)
-
-
 def main() -> int:
     """The ``finetune-lab`` console script: Ctrl-C and SIGTERM wait from its first line until
-    the command's modules have loaded (:func:`finetune_lab.cli.main` then stops as ever)."""
+    the command's modules have loaded (:func:`finetune_lab.errors.hold`; the CLI then stops as
+    ever)."""
     for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
         if _signal.getsignal(sig) is not _signal.SIG_IGN:
             _signal.signal(sig, hold)
-    from finetune_lab.cli import main as run
+    from finetune_lab.cli import main as run  # ordered: after the handlers, not at the top
 
     return run()

@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-from finetune_lab import HELD, hold
 from finetune_lab.config import paths
-from finetune_lab.errors import Interrupted, UserError, stop_signals_raise
+from finetune_lab.errors import HELD, Interrupted, UserError, hold, stop_signals_raise
 from finetune_lab.runs.gpu_room import room_note
 
 COMMAND_MODULES: list[str] = [
@@ -123,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM and SIGHUP (a closed terminal; trial 20's X-z6) as an exception, like Ctrl-C:
     # what a command was writing is removed or marked on the way out (a half-made output
     # folder is deleted), and the message is one line. While the commands' modules load (for
-    # seconds) a signal waits (:func:`finetune_lab.hold`), and is handled as soon as they have:
+    # seconds) a signal waits (:func:`~finetune_lab.errors.hold`), and is handled as soon as they have:
     # raised inside numpy's import, it gave a "bad install" traceback (trial 30's E-10). A
     # SIGHUP ignored (`nohup`) stays ignored.
     stops = ExitStack()

@@ -60,6 +60,19 @@ terminal's, Ctrl-\\, ``timeout -s``, a CPU limit, the real-time ones (trials 20 
 list of names always lacked the next one tried)."""
 
 
+HELD: list[int] = []
+"""The signals that asked the command to stop (trial 30's E-10, E-11): one that came while its
+modules loaded waits here until they have, since an exception raised inside numpy's import left
+it half-imported, and a "bad install" traceback, not the one line an interrupt gives."""
+
+
+def hold(signum: int, _frame: object) -> None:
+    """Keep a stop signal for later; a second one ends the process at once."""
+    if HELD:
+        os._exit(128 + signum)
+    HELD.append(signum)
+
+
 @contextmanager
 def stop_signals_raise(handler: Callable[[int, object], None],
                        ctrl_c: Callable[[int, object], None] | None = None) -> Iterator[None]:
