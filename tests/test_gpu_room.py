@@ -4,6 +4,7 @@ existing runs is refused before it is made."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -110,3 +111,27 @@ def test_the_whole_lab_fits_beside_the_tree_once_room_is_made():
     aside = sum(gpu_bundle.disk_bytes(PROJECT_ROOT / p) for p in gpu_room.movable())
     assert tree - aside + 6 * 2**20 <= gpu_bundle.TRANSFER_LIMIT
     assert aside > 10 * 2**20  # the run cache's logs and events, and the freeze
+
+
+def test_a_room_that_is_a_link_is_refused_and_nothing_moves(repo):
+    """Check 30b's 30b-1: `.gpu-room` a link back to the project made each file its own twin,
+    deleted as "put back" (553 files, a user's note among them)."""
+    (repo / "data/runs/fairseq/NOTES.txt").write_text("my notes\n")
+    (repo / gpu_room.ROOM_DIR).symlink_to(".")
+    with pytest.raises(UserError, match="is a link or no folder"):
+        gpu_room.set_aside(repo)
+    with pytest.raises(UserError, match="is a link or no folder"):
+        gpu_room.put_back(repo)
+    assert {rel: (repo / rel).read_text() for rel in FILES} == FILES
+    assert (repo / "data/runs/fairseq/NOTES.txt").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("listed", ["/etc/hostname", "../outside.txt", "src/a.py",
+                                    "data/runs/fairseq/seed0/manifest.json"])
+def test_a_list_naming_what_make_room_never_moves_is_refused(repo, listed):
+    """Check 30b's 30b-2: an absolute path in the room's list was its own twin, deleted."""
+    (repo / gpu_room.ROOM_DIR).mkdir()
+    (repo / gpu_room.ROOM_DIR / gpu_room.LIST_FILE).write_text(json.dumps([listed]))
+    with pytest.raises(UserError, match="is not a list of the paths --make-room moves"):
+        gpu_room.put_back(repo)
+    assert {rel: (repo / rel).read_text() for rel in FILES} == FILES

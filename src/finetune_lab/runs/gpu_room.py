@@ -39,14 +39,29 @@ def sent_files(root: Path = PROJECT_ROOT, under: str = "") -> list[str]:
 
 def movable(root: Path = PROJECT_ROOT) -> list[str]:
     """The files a call never reads: the freeze, and the run cache but for its manifests."""
-    return [p for p in sent_files(root) if p.startswith("_freeze/")
-            or p.startswith("data/runs/") and Path(p).name not in KEPT]
+    return [p for p in sent_files(root) if _movable_path(p)]
+
+
+def _movable_path(rel: str) -> bool:
+    parts = Path(rel).parts
+    return not Path(rel).is_absolute() and ".." not in parts and Path(rel).name not in KEPT \
+        and (parts[:1] == ("_freeze",) or parts[:2] == ("data", "runs")) and len(parts) > 1
+
+
+def _room(root: Path) -> Path:
+    """The room, refused where it is a link or no folder (check 30b's 30b-1: a link back into
+    the project made every file its own "twin", deleted as put back)."""
+    room = root / ROOM_DIR
+    if room.is_symlink() or os.path.lexists(room) and not room.is_dir():
+        raise UserError(f"{room} is a link or no folder: files are set aside only in a folder of "
+                        "its own; move it away (nothing has been moved)")
+    return room
 
 
 def set_aside(root: Path = PROJECT_ROOT) -> tuple[int, int]:
     """Move :func:`movable` into ``.gpu-room/``; (files, bytes). The list is written first, so
     that :func:`put_back` finds every file, whatever stopped the moves."""
-    room = root / ROOM_DIR
+    room = _room(root)
     if (room / LIST_FILE).exists():
         raise UserError(f"{room / LIST_FILE} lists files set aside for an earlier call: put them "
                         "back first (`finetune-lab gpu-unpack`, with or without the call's folder)")
@@ -66,7 +81,7 @@ def set_aside(root: Path = PROJECT_ROOT) -> tuple[int, int]:
 def put_back(root: Path = PROJECT_ROOT) -> tuple[int, list[str]]:
     """Move what :func:`set_aside` moved back to its place; (files moved back, files kept in the
     room because something else now lies at their place). No list: (0, [])."""
-    room = root / ROOM_DIR
+    room = _room(root)
     try:
         files = read_json(room / LIST_FILE)
     except FileNotFoundError:
@@ -74,16 +89,18 @@ def put_back(root: Path = PROJECT_ROOT) -> tuple[int, list[str]]:
     except (OSError, DamagedFileError) as exc:
         raise UserError(f"{room / LIST_FILE} cannot be read ({exc}): move the files under {room} "
                         "back to the same paths in the project by hand") from exc
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        raise UserError(f"{room / LIST_FILE} is not a list of paths: move the files under {room} "
-                        "back to the same paths in the project by hand")
+    if not isinstance(files, list) or not all(isinstance(f, str) and _movable_path(f)
+                                              for f in files):  # (check 30b's 30b-2)
+        raise UserError(f"{room / LIST_FILE} is not a list of the paths --make-room moves: move "
+                        f"the files under {room} back to the same paths in the project by hand")
     back, kept = 0, []
     for rel in files:
         src, dst = room / rel, root / rel
         if not src.is_file():
             continue  # never moved, or back already
         if os.path.lexists(dst):
-            if dst.is_file() and filecmp.cmp(src, dst, shallow=False):
+            if dst.is_file() and not os.path.samefile(src, dst) \
+                    and filecmp.cmp(src, dst, shallow=False):
                 src.unlink()  # its twin is back (git checkout): nothing is lost
                 back += 1
             else:
