@@ -442,3 +442,57 @@ def test_an_empty_split_is_refused_before_binarizing(tmp_path):
     (tmp_path / "valid.label").write_text("")
     with pytest.raises(ClsDataError, match=r"valid\.review is empty"):
         check_same_length(tmp_path / "valid.review", 0, tmp_path / "valid.label", 0)
+
+
+# --- check 30b: what the checks of trial 30 still let through ------------------------------------
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda d: d["pretrain"]["valid_documents"].__setitem__(0, "eltec-fra/level1/FRA99999_X.txt.xz"),
+     "names a novel twice or not ELTeC-fra's"),
+    (lambda d: d["pretrain"]["valid_documents"].__setitem__(1, d["pretrain"]["valid_documents"][0]),
+     "names a novel twice or not ELTeC-fra's"),
+    (lambda d: (d["pretrain"]["parameters"].update(with_reviews=False),
+                d["pretrain"]["counts"]["train"].update(documents=429)),
+     "pretrain.counts.valid1 holds reviews, but with_reviews is off"),
+])
+def test_a_corpus_record_edited_against_its_own_lists_is_refused(tmp_path, edit, said):
+    """Check 30b's 30b-9, 30b-10: a held-out novel ELTeC-fra does not hold (or one named twice),
+    and reviews said to be left out of a corpus that holds them, were shown."""
+    from finetune_lab.data.cls_splits import read_summary, summary_path
+    from finetune_lab.errors import UserError
+
+    data = json.loads(summary_path().read_text())
+    edit(data)
+    (tmp_path / "data.json").write_text(json.dumps(data))
+    with pytest.raises(UserError, match=re.escape(said)):
+        read_summary(tmp_path / "data.json")
+
+
+def test_a_sinusoid_run_relabelled_as_keep_in_both_places_is_rejected(cache):
+    """Check 30b's 30b-4: `keep` in `hyperparameters` and in `extra.position_init` alike, the
+    written table's sha256 and cosines left: no run records `keep` with a table."""
+    def keep(man: dict) -> None:
+        man["hyperparameters"]["position_init"] = "keep"
+        man["extra"]["position_init"]["position_init"] = "keep"
+
+    _change(cache / "pretrain/cpu-sinpos1/manifest.json", keep)
+    rec = {r.key: r for r in discover_runs(cache)}["pretrain/cpu-sinpos1"]
+    assert not rec.valid and any("with the table's sha256" in p for p in rec.problems)
+
+
+def test_a_model_file_cut_short_is_one_line(monkeypatch):
+    """Check 30b's 30b-12: lora-qa with a `model.safetensors` cut short printed safetensors'
+    traceback."""
+    import transformers
+    from safetensors import SafetensorError
+
+    from finetune_lab.errors import UserError
+    from finetune_lab.train import lora_qa
+
+    def cut(*_args, **_kwargs):
+        raise SafetensorError("Error while deserializing header: incomplete metadata")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", cut)
+    plan = lora_qa.Plan(use_4bit=False, optim="adamw_torch", mixed_precision="no", device="cpu")
+    with pytest.raises(UserError, match="cannot load model 'm' \\(Error while deserializing"):
+        lora_qa.load_model("m", plan)

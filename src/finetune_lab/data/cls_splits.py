@@ -152,14 +152,10 @@ def _tokenization_bounds(record: Any, base: str, unit: str) -> None:
 
 
 def count_contradiction(record: dict[str, Any]) -> str | None:
-    """The first count the data chapter prints that the counts bounding it in the same summary
-    contradict, said in one phrase naming both fields and their values; None when all fit.
-
-    The bounds are the ones the code that writes each count guarantees: ``<unk>`` pieces are
-    pieces, a whitespace word is one sentencepiece piece or more, a totals is the sum of its
-    parts, a sample is part of what it was drawn from, and the tokenizer's sizes follow from
-    its ``dict.txt`` (fairseq's 4 specials + one row per line + ``<mask>`` is the embedding;
-    sentencepiece's 4 specials + one piece per line is its vocabulary)."""
+    """The first count the data chapter prints that the counts bounding it contradict, in one
+    phrase naming both fields and their values (None when all fit): the bounds the code that
+    writes each count guarantees (``<unk>`` pieces are pieces, a word is one piece or more, a
+    total the sum of its parts, a sample part of its source, the tokenizer's sizes its dict's)."""
     try:
         _cls_counts(record)
         _pretrain_counts(record)
@@ -231,26 +227,30 @@ def _pretrain_counts(record: Any) -> None:
                "pretrain.parameters.review_valid"), "pretrain.parameters.review_valid")
     _fraction(record, "pretrain.parameters.valid_fraction")
     _timings(record, "pretrain.timings_s", ("encode", "fairseq_preprocess"))
-    _pretrain_documents(record, sum(1 for name in valid if str(name).endswith(".txt.xz")))
+    _pretrain_documents(record, valid)
 
 
-def _pretrain_documents(record: Any, held: int) -> None:
-    """The corpus's documents from its parameters (trial 30's R-8, R-20): each novel once, each
-    review file ``review_repeat`` times, every ELTeC-fra novel unless fewer were asked for."""
-    params = _get(record, "pretrain.parameters")
+def _pretrain_documents(record: Any, valid: list[Any]) -> None:
+    """The corpus's documents from its parameters (trial 30's R-8, R-20, check 30b): each novel
+    once, each review file ``review_repeat`` times, every ELTeC-fra novel unless fewer asked."""
+    params, names = _get(record, "pretrain.parameters"), [str(v) for v in valid]
     if not isinstance(params, dict) or params.get("task_repeat") or params.get("corpus") \
             or params.get("train_novels") is False:
         return
+    held = [n for n in names if n.endswith(".txt.xz")]
+    if len(set(names)) < len(names) or not set(held) <= set(ELTEC_SHA256):
+        raise _Contradiction("pretrain.valid_documents names a novel twice or not ELTeC-fra's")
+    if not params.get("with_reviews") and _get(record, "pretrain.counts.valid1", None):
+        raise _Contradiction("pretrain.counts.valid1 holds reviews, but with_reviews is off")
     novels = _count(record, "pretrain.counts.train.novels")
     files = len(REVIEW_DOMAINS) * len(REVIEW_FILES)
-    repeat = _count(record, "pretrain.parameters.review_repeat") if params.get("with_reviews") \
-        else 0
+    repeat = int(params.get("with_reviews") and _count(record, "pretrain.parameters.review_repeat"))
     _equal(record, "pretrain.counts.train.documents", novels + files * repeat,
            f"pretrain.counts.train.novels {novels} + {files} review files written "
            f"pretrain.parameters.review_repeat {repeat} times each")
     if params.get("max_novels") is None:
-        _equal(record, "pretrain.counts.train.novels", len(ELTEC_SHA256) - held,
-               f"ELTeC-fra's {len(ELTEC_SHA256)} novels less the {held} of "
+        _equal(record, "pretrain.counts.train.novels", len(ELTEC_SHA256) - len(held),
+               f"ELTeC-fra's {len(ELTEC_SHA256)} novels less the {len(held)} of "
                "pretrain.valid_documents")
 
 

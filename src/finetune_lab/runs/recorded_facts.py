@@ -34,10 +34,11 @@ def position_problems(man: dict[str, Any]) -> list[str]:
     hp = man.get("hyperparameters") if isinstance(man.get("hyperparameters"), dict) else {}
     extra = man.get("extra") if isinstance(man.get("extra"), dict) else {}
     said, wrote = hp.get("position_init"), extra.get("position_init")
+    table = isinstance(wrote, dict) and "sha256" in wrote  # a table was written: a sinusoid's
     wrote = wrote.get("position_init") if isinstance(wrote, dict) else wrote
-    if said != wrote:
+    if said != wrote or table != (said == "sinusoidal"):  # check 30b's 30b-4: "keep" twice
         return [f"hyperparameters.position_init {said!r}, but the run recorded writing "
-                f"{wrote!r} (extra.position_init)"]
+                f"{wrote!r} (extra.position_init" + (", with the table's sha256)" if table else ")")]
     return []
 
 

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
 from finetune_lab.argtypes import folder, run_name, seed_arg
 from finetune_lab._files import read_json, write_json_atomic
 from finetune_lab.data.qa_prompts import (
@@ -151,8 +153,9 @@ def load_model(name: str, plan: Plan):
                 device_map={"": 0} if plan.device == "cuda" else "cpu")
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
         return model.to(plan.device)
-    except OSError as exc:
-        raise UserError(f"cannot load model {name!r} ({exc}). Pass --model a local folder "
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:  # a cut file: 30b-12
+        raise UserError(f"cannot load model {name!r} ({str(exc).splitlines()[0]}). Pass --model "
+                        "a local folder "
                         "holding BLOOM-560m's config and weights (or a hub name this machine "
                         "can download)") from exc
 
