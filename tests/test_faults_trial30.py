@@ -496,3 +496,13 @@ def test_a_model_file_cut_short_is_one_line(monkeypatch):
     plan = lora_qa.Plan(use_4bit=False, optim="adamw_torch", mixed_precision="no", device="cpu")
     with pytest.raises(UserError, match="cannot load model 'm' \\(Error while deserializing"):
         lora_qa.load_model("m", plan)
+
+
+@pytest.mark.parametrize("key", ["pretrain/cpu-sinpos1", "pretrain/cpu-tapt1"])
+def test_a_token_budget_the_updates_do_not_give_is_rejected(cache, key):
+    """Check 30b's 30b-5: `budget_tokens` doubled alone stayed valid, and the chapter printed a
+    budget of 24.0 M tokens for 2,930 updates of 4,096 tokens."""
+    _change(cache / key / "manifest.json",
+            lambda m: m["hyperparameters"].update(budget_tokens=2 * m["hyperparameters"]["budget_tokens"]))
+    rec = {r.key: r for r in discover_runs(cache)}[key]
+    assert not rec.valid and any("updates of 4,096 tokens" in p for p in rec.problems)

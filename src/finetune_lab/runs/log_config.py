@@ -233,8 +233,13 @@ def config_problems(path: Path, man: dict[str, Any]) -> list[str]:
 
 
 def _budget_problems(hp: dict[str, Any], at: str, config: dict[str, Any]) -> list[str]:
-    """A time budget (``budget_minutes``, and the calibration's copy of it) against the stop
-    time its last process was given (trial 30's R-10: an ablation's 8 minutes shown as 12)."""
+    """A token budget against the updates its last process was given, and a time budget
+    (``budget_minutes``) against its stop time (trial 30's R-10: 8 minutes shown as 12)."""
+    tokens, per, last = (hp.get(k) for k in ("budget_tokens", "tokens_per_update", "max_update"))
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (tokens, per, last)) \
+            and math.ceil(tokens / per) != last:  # check 30b's 30b-5: 12 M tokens shown as 24 M
+        return [f"hyperparameters.budget_tokens {tokens:,} is not the {last:,} updates of "
+                f"{per:,} tokens that {at} was configured to train"]
     budget = hp.get("budget_minutes")
     if not isinstance(budget, (int, float)) or isinstance(budget, bool):
         return []
