@@ -403,7 +403,7 @@ def test_bad_arguments_and_inputs_of_trial_30_are_one_line(tmp_path, capsys):
     model.mkdir()
     for argv, said in [
         (["pretrain", "--master-port", "99999", "--run", "x"], "--master-port: must be at most 65535"),
-        (["pretrain", "--nnodes", "2", "--node-rank", "5", "--run", "x"], "--node-rank 5 of --nnodes 2"),
+        (["pretrain", "--nnodes", "2", "--node-rank", "5", "--run", "x"], "--node-rank 5 is not below --nnodes 2"),
         (["train-tokenizer", "--seed", "4294967296"], "--seed: must be at most 4294967295"),
         (["binarize-cls", "--workers", "100000"], "--workers: must be at most 256"),
         (["gpu-bundle", "--python", "3"], "--python: must be a Python version such as 3.12"),

@@ -151,10 +151,12 @@ def refuse_before_work(args: argparse.Namespace, cited_fix: str = PACKAGE_FIX) -
     if args.continue_from is not None and not Path(args.continue_from).is_dir():  # 25's E-k14
         raise UserError(f"--continue-from {args.continue_from} does not exist: give a folder "
                         "of packaged weights (package-checkpoint makes one)")
-    if not args.node_rank < args.nnodes or not args.master_addr.strip():  # trial 30's E-19
-        raise UserError(f"--node-rank {args.node_rank} of --nnodes {args.nnodes}, --master-addr "
-                        f"{args.master_addr!r}: a rank is below the machines' count, and rank "
-                        "0's address is a host name or IP address")
+    if not args.node_rank < args.nnodes:  # trial 30's E-19: accepted, then it hung
+        raise UserError(f"--node-rank {args.node_rank} is not below --nnodes {args.nnodes}: "
+                        "the machines are ranked 0 to --nnodes - 1")
+    if not args.master_addr.strip():
+        raise UserError(f"--master-addr {args.master_addr!r} is empty: give rank 0's host name "
+                        "or IP address")
     if not args.no_package:  # before any work, as package-checkpoint refuses without --force
         refuse_cited_dest(args.package_to or checkpoints.packaged_dir(), cited_fix)
 
