@@ -506,3 +506,20 @@ def test_a_token_budget_the_updates_do_not_give_is_rejected(cache, key):
             lambda m: m["hyperparameters"].update(budget_tokens=2 * m["hyperparameters"]["budget_tokens"]))
     rec = {r.key: r for r in discover_runs(cache)}[key]
     assert not rec.valid and any("updates of 4,096 tokens" in p for p in rec.problems)
+
+
+def test_an_answer_given_twice_where_one_piece_shows_so_is_set_aside(tmp_path):
+    """Check 30b's 30b-11: rank 2's answer made rank 1's ("vraiment" twice in one top 5) was
+    shown; only two pieces that show alike (`▁,` and `,`) can both be answered."""
+    import shutil
+
+    from finetune_lab.book.fill_mask import fill_mask_dir, recorded_fill_masks
+
+    shutil.copytree(fill_mask_dir(), tmp_path / "fm")
+    record = tmp_path / "fm" / "cpu-sinpos1-bow.json"
+    data = json.loads(record.read_text())
+    data["predictions"][1]["predicted piece"] = data["predictions"][0]["predicted piece"]
+    record.write_text(json.dumps(data))
+    bad: list[str] = []
+    assert list(recorded_fill_masks(tmp_path / "fm", set_aside=bad)) == ["cpu-sinpos1"]
+    assert len(bad) == 1 and "2 times, more than the pieces that show so" in bad[0]

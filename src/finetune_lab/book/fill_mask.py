@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections import Counter
 import time
 from pathlib import Path
 from typing import Any
@@ -194,9 +195,10 @@ def checkpoint_folder(record: dict[str, Any]) -> Path | None:
     return None
 
 
-def record_vocabulary(record: dict[str, Any]) -> tuple[Path, set[str]] | None:
+def record_vocabulary(record: dict[str, Any]) -> tuple[Path, Counter[str]] | None:
     """The dictionary of the checkpoint a record names and every answer it can give, as the
-    answers are shown (:func:`shown_piece`: ``▁,`` and ``,`` are both ``,``); None where that
+    answers are shown (:func:`shown_piece`: ``▁,`` and ``,`` are both ``,``), with how many of
+    its pieces show so (one answer per piece: check 30b's 30b-11); None where that
     dictionary is not on this machine or is not the file its manifest lists (which the book's
     readers of the checkpoint report themselves)."""
     folder = checkpoint_folder(record) or _trained_with_committed(record)
@@ -206,7 +208,7 @@ def record_vocabulary(record: dict[str, Any]) -> tuple[Path, set[str]] | None:
         pieces = dictionary_counts(folder)
     except UserError:
         return None
-    return folder / DICT_FILE, {*SYMBOLS, *(shown_piece(piece) for piece, _ in pieces)}
+    return folder / DICT_FILE, Counter([*SYMBOLS, *(shown_piece(piece) for piece, _ in pieces)])
 
 
 def _trained_with_committed(record: dict[str, Any]) -> Path | None:
@@ -258,6 +260,11 @@ def _predictions_problem(record: dict[str, Any]) -> str | None:
             if row["predicted piece"] not in known:
                 return (f"answers {row['predicted piece']!r} (item {i}), which is no piece of "
                         f"the dictionary of the checkpoint it names ({portable_path(dictionary)})")
+        for sentence in DEMO_SENTENCES:
+            given = Counter(row["predicted piece"] for row in rows if row["sentence"] == sentence)
+            if (twice := next((p for p, n in given.items() if n > known[p]), None)) is not None:
+                return (f"answers {twice!r} to {sentence!r} {given[twice]} times, more than the "
+                        "pieces that show so")
     return None
 
 
