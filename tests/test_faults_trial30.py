@@ -523,3 +523,23 @@ def test_an_answer_given_twice_where_one_piece_shows_so_is_set_aside(tmp_path):
     bad: list[str] = []
     assert list(recorded_fill_masks(tmp_path / "fm", set_aside=bad)) == ["cpu-sinpos1"]
     assert len(bad) == 1 and "2 times, more than the pieces that show so" in bad[0]
+
+
+def test_a_model_folder_without_readable_weights_makes_no_run(tmp_path):
+    """Check 30b's 30b-13: a `--model` folder without weights (or with a file cut short) was
+    refused by the loader inside the run, which left a failed run that blocked the retry."""
+    from safetensors.numpy import save_file
+
+    from finetune_lab.errors import UserError
+    from finetune_lab.train.lora_qa import check_weights
+
+    with pytest.raises(UserError, match="holds no weights"):
+        check_weights(tmp_path)
+    import numpy as np
+
+    save_file({"w": np.zeros((64, 64), dtype=np.float32)}, str(tmp_path / "model.safetensors"))
+    check_weights(tmp_path)
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match="model.safetensors cannot be read"):
+        check_weights(tmp_path)

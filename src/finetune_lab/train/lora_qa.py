@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 from finetune_lab.argtypes import folder, run_name, seed_arg
 from finetune_lab._files import read_json, write_json_atomic
@@ -160,6 +160,22 @@ def load_model(name: str, plan: Plan):
                         "can download)") from exc
 
 
+def check_weights(folder: Path) -> None:
+    """A local model folder holds weights whose header reads: refused before a run folder is
+    made, which a refusal from the loader left behind as a failed run."""
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
+    if not files:
+        raise UserError(f"{folder} holds no weights (model.safetensors): pass a BLOOM-560m "
+                        "folder to --model")
+    for path in (f for f in files if f.suffix == ".safetensors"):
+        try:
+            with safe_open(str(path), framework="numpy"):
+                pass
+        except (OSError, SafetensorError) as exc:
+            raise UserError(f"{path} cannot be read ({str(exc).splitlines()[0]}): download it "
+                            "again") from exc
+
+
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
@@ -264,6 +280,8 @@ def run_lora_qa(
     run_name = run_name.replace("/", "_")
 
     tokenizer = load_tokenizer(model)  # fails fast, before a run folder is created
+    if checkpoint is not None:  # and so do weights missing or cut short (check 30b's 30b-13)
+        check_weights(checkpoint)
     with record_run(EXPERIMENT, run_name, framework=FRAMEWORK, init=init, seed=seed,
                     hyperparameters=hyperparameters(model, plan, train, gen, len(pairs)),
                     data=[faq_file], checkpoint=checkpoint, runs_root=runs_root,
