@@ -122,39 +122,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM and SIGHUP (a closed terminal; trial 20's X-z6) as an exception, like Ctrl-C:
     # what a command was writing is removed or marked on the way out (a half-made output
     # folder is deleted), and the message is one line. While the commands' modules load (for
-    # seconds) a signal waits (:func:`~finetune_lab.errors.hold`), and is handled as soon as they have:
-    # raised inside numpy's import, it gave a "bad install" traceback (trial 30's E-10). A
-    # SIGHUP ignored (`nohup`) stays ignored.
+    # seconds) a signal waits (:func:`~finetune_lab.errors.hold`), handled as soon as they
+    # have: raised inside numpy's import, it gave a "bad install" traceback (trial 30's E-10).
+    # A SIGHUP ignored (`nohup`) stays ignored.
     stops = ExitStack()
     stops.enter_context(stop_signals_raise(hold, ctrl_c=hold))
     command = words[0] if words and not words[0].startswith("-") else "command"
     try:
-        light = LIGHT_COMMANDS.get(words[0]) if words else None
-        parser = build_parser([light] if light else COMMAND_MODULES)
-        stops.close()
-        stops.enter_context(stop_signals_raise(_terminated, ctrl_c=_ctrl_c))
-        if HELD:
-            raise Interrupted(HELD[0])
-        args = parser.parse_args(argv)
-        command = args.command
-        _refuse_repeats(args)
-        if command not in ("gpu-bundle", "gpu-unpack") and (note := room_note()):
-            print(f"finetune-lab {command}: note: {note}", file=sys.stderr)
-        code = int(args.func(args) or 0)
-        sys.stdout.flush()  # inside the try, so that a closed pipe is handled below
-        if HELD:  # raised where it was lost (an import's callback): stopped all the same
-            raise Interrupted(HELD[0])
-        return code
+        try:
+            light = LIGHT_COMMANDS.get(words[0]) if words else None
+            parser = build_parser([light] if light else COMMAND_MODULES)
+            stops.close()
+            stops.enter_context(stop_signals_raise(_terminated, ctrl_c=_ctrl_c))
+            if HELD:
+                raise Interrupted(HELD[0])
+            args = parser.parse_args(argv)
+            command = args.command
+            _refuse_repeats(args)
+            if command not in ("gpu-bundle", "gpu-unpack") and (note := room_note()):
+                print(f"finetune-lab {command}: note: {note}", file=sys.stderr)
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # inside the try, so that a closed pipe is handled below
+            if HELD:  # raised where it was lost (an import's callback): stopped all the same
+                raise Interrupted(HELD[0])
+            return code
+        # What a stop signal left behind (numpy's "bad install" inside its import, a half-done
+        # step's error) is the interrupt (trial 30's E-10).
+        except Exception:
+            if HELD:
+                raise Interrupted(HELD[0]) from None
+            raise
     except UserError as exc:
-        if HELD:  # what an interrupt left half done
-            return _said_interrupted(command, Interrupted(HELD[0]))
         print(f"finetune-lab {command}: error: {exc}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as exc:  # Ctrl-C, or SIGTERM during a run
         return _said_interrupted(command, exc)
     except RuntimeError as exc:  # pathlib's resolve() of a link loop (Python < 3.13)
-        if HELD:
-            return _said_interrupted(command, Interrupted(HELD[0]))
         if not str(exc).startswith("Symlink loop from "):
             raise
         print(f"finetune-lab {command}: error: {str(exc)[len('Symlink loop from '):]} is a link "
@@ -165,8 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:
-        if HELD:
-            return _said_interrupted(command, Interrupted(HELD[0]))
         if exc.errno is None and exc.filename is None:
             raise  # no fault of the machine's: a bug, shown whole
         # a copy that fails to write names its source first and its destination second
@@ -179,10 +180,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"finetune-lab {command}: error: cannot {verb} {name or 'a file'}: "
               f"{exc.strerror or exc}; {advice}", file=sys.stderr)
         return 2
-    except Exception:  # numpy's "bad install" for a signal inside its import (trial 30's E-10)
-        if HELD:
-            return _said_interrupted(command, Interrupted(HELD[0]))
-        raise
     finally:
         stops.close()
         HELD.clear()  # (a caller's next command starts with none)
